@@ -1,0 +1,312 @@
+//! The RoCEv2 invariant CRC (IBTA A17.3.3), computed as Linux rxe does (`rxe_icrc.c`).
+//!
+//! CRC-32 (IEEE 802.3, the zlib one) over: 8 bytes of 0xFF standing for the masked LRH,
+//! the IP header with its variant fields set to ones (IPv4 TOS, TTL, header checksum;
+//! IPv6 traffic class, flow label, hop limit), the UDP header with checksum 0xFFFF, the
+//! BTH with its reserved byte 4 (FECN/BECN/resv6) set to 0xFF, then everything up to the
+//! ICRC. rxe stores the result least significant byte first.
+//!
+//! A UDP socket never shows us the IP header, so [`UdpPseudo`] carries the fields the
+//! ICRC covers and the masked IP/UDP headers are rebuilt on the stack.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crc32fast::Hasher;
+
+use crate::bth::BTH_LEN;
+use crate::Error;
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+
+const IPV4_LEN: usize = 20;
+const IPV6_LEN: usize = 40;
+const UDP_LEN: usize = 8;
+const UDP_PROTOCOL: u8 = 17;
+
+/// The IP header fields the ICRC covers (everything not masked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpPseudo {
+    /// IPv4 without options.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+        /// Identification field. rxe fills it with `__ip_select_ident()` (non-zero, per
+        /// destination counter); Linux UDP sockets send 0 when DF is set and unconnected.
+        id: u16,
+        /// DF flag (rxe sets it when the path MTU discovery mode asks; the capture has DF).
+        dont_fragment: bool,
+    },
+    /// IPv6 without extension headers.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+    },
+}
+
+/// The IP and UDP header fields the ICRC covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpPseudo {
+    /// IP part.
+    pub ip: IpPseudo,
+    /// UDP source port.
+    pub sport: u16,
+    /// UDP destination port (4791).
+    pub dport: u16,
+}
+
+impl UdpPseudo {
+    /// The same flow with the IPv4 ID replaced (no effect on IPv6).
+    #[must_use]
+    pub const fn with_ipv4_id(mut self, new_id: u16) -> UdpPseudo {
+        if let IpPseudo::V4 { id, .. } = &mut self.ip {
+            *id = new_id;
+        }
+        self
+    }
+}
+
+/// Masked IPv4 header + LRH for a RoCE UDP payload of `udp_payload_len` bytes (ICRC incl.).
+#[inline]
+fn ipv4_head(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    df: bool,
+    udp_payload_len: usize,
+) -> [u8; 8 + IPV4_LEN] {
+    let total = (IPV4_LEN + UDP_LEN).wrapping_add(udp_payload_len) as u16;
+    let [t0, t1] = total.to_be_bytes();
+    let [i0, i1] = id.to_be_bytes();
+    let [s0, s1, s2, s3] = src.octets();
+    let [d0, d1, d2, d3] = dst.octets();
+    let ff = 0xff;
+    [
+        ff,
+        ff,
+        ff,
+        ff,
+        ff,
+        ff,
+        ff,
+        ff, // masked LRH
+        0x45,
+        ff,
+        t0,
+        t1,
+        i0,
+        i1,
+        if df { 0x40 } else { 0 },
+        0,
+        ff,
+        UDP_PROTOCOL,
+        ff,
+        ff, // TOS, TTL, csum masked
+        s0,
+        s1,
+        s2,
+        s3,
+        d0,
+        d1,
+        d2,
+        d3,
+    ]
+}
+
+/// Masked IPv6 header + LRH for a RoCE UDP payload of `udp_payload_len` bytes (ICRC incl.).
+#[inline]
+fn ipv6_head(src: Ipv6Addr, dst: Ipv6Addr, udp_payload_len: usize) -> [u8; 8 + IPV6_LEN] {
+    let mut h = [0xffu8; 8 + IPV6_LEN];
+    let plen = UDP_LEN.wrapping_add(udp_payload_len) as u16;
+    let fixed: [u8; 8] = {
+        let [p0, p1] = plen.to_be_bytes();
+        // Version 6 with traffic class and flow label all ones; hop limit masked.
+        [0x6f, 0xff, 0xff, 0xff, p0, p1, UDP_PROTOCOL, 0xff]
+    };
+    let (_, ip) = h.split_at_mut(8);
+    let (first, addrs) = ip.split_at_mut(8);
+    first.copy_from_slice(&fixed);
+    let (s, d) = addrs.split_at_mut(16);
+    s.copy_from_slice(&src.octets());
+    d.copy_from_slice(&dst.octets());
+    h
+}
+
+#[inline]
+fn udp_head(p: &UdpPseudo, udp_payload_len: usize) -> [u8; UDP_LEN] {
+    let len = UDP_LEN.wrapping_add(udp_payload_len) as u16;
+    let [s0, s1] = p.sport.to_be_bytes();
+    let [d0, d1] = p.dport.to_be_bytes();
+    let [l0, l1] = len.to_be_bytes();
+    [s0, s1, d0, d1, l0, l1, 0xff, 0xff]
+}
+
+/// Feed the UDP header, the BTH with byte 4 masked, and the rest of `roce`.
+#[inline]
+fn update_udp_and_roce(h: &mut Hasher, p: &UdpPseudo, roce: &[u8]) {
+    let udp_payload_len = roce.len().wrapping_add(ICRC_LEN);
+    let mut head = [0u8; UDP_LEN + BTH_LEN];
+    let (udp, bth) = head.split_at_mut(UDP_LEN);
+    udp.copy_from_slice(&udp_head(p, udp_payload_len));
+    let n = roce.len().min(BTH_LEN);
+    let (roce_bth, rest) = roce.split_at(n);
+    let (bth, _) = bth.split_at_mut(n);
+    bth.copy_from_slice(roce_bth);
+    if let Some(b) = bth.get_mut(4) {
+        *b = 0xff;
+    }
+    h.update(head.get(..UDP_LEN + n).unwrap_or(&head));
+    h.update(rest);
+}
+
+/// ICRC of a RoCE UDP payload without its trailing ICRC (`roce` = BTH … pad).
+pub fn icrc(p: &UdpPseudo, roce: &[u8]) -> u32 {
+    let udp_payload_len = roce.len().wrapping_add(ICRC_LEN);
+    let mut h = Hasher::new();
+    match p.ip {
+        IpPseudo::V4 {
+            src,
+            dst,
+            id,
+            dont_fragment,
+        } => h.update(&ipv4_head(src, dst, id, dont_fragment, udp_payload_len)),
+        IpPseudo::V6 { src, dst } => h.update(&ipv6_head(src, dst, udp_payload_len)),
+    }
+    update_udp_and_roce(&mut h, p, roce);
+    h.finalize()
+}
+
+/// Append the ICRC of `buf[..len]` at `buf[len..len + 4]` (little-endian, as rxe); returns `len + 4`.
+pub fn seal(p: &UdpPseudo, buf: &mut [u8], len: usize) -> Result<usize, Error> {
+    let have = buf.len();
+    let need = len.checked_add(ICRC_LEN).filter(|&n| n <= have);
+    let Some(end) = need else {
+        return Err(Error::Truncated {
+            what: "ICRC",
+            need: len.saturating_add(ICRC_LEN),
+            have,
+        });
+    };
+    let (body, rest) = buf.split_at_mut(len);
+    let c = icrc(p, body);
+    if let Some(t) = rest.get_mut(..ICRC_LEN) {
+        t.copy_from_slice(&c.to_le_bytes());
+    }
+    Ok(end)
+}
+
+/// Split a RoCE UDP payload into body and stored ICRC.
+#[inline]
+fn split_icrc(udp_payload: &[u8]) -> Option<(&[u8], u32)> {
+    let at = udp_payload.len().checked_sub(ICRC_LEN)?;
+    let (body, tail) = udp_payload.split_at(at);
+    let t: [u8; ICRC_LEN] = tail.try_into().ok()?;
+    Some((body, u32::from_le_bytes(t)))
+}
+
+/// Check the ICRC of a whole RoCE UDP payload (its last 4 bytes). False if shorter than a BTH + ICRC.
+pub fn verify(p: &UdpPseudo, udp_payload: &[u8]) -> bool {
+    match split_icrc(udp_payload) {
+        Some((body, stored)) if body.len() >= BTH_LEN => icrc(p, body) == stored,
+        _ => false,
+    }
+}
+
+/// Check the ICRC of a datagram whose IPv4 ID we cannot see: try ID 0 (what a Linux UDP
+/// socket with DF set and no connect sends), then `p`'s own ID, then each candidate
+/// (e.g. the IDs following the last one seen from this peer: rxe increments them). The
+/// CRC of the part after the IP header is computed once and combined with each candidate's
+/// 28-byte head. Returns the matching ID. For IPv6 returns `Some(0)` if the ICRC matches.
+pub fn verify_ipv4_any_id(
+    p: &UdpPseudo,
+    udp_payload: &[u8],
+    candidates: impl Iterator<Item = u16>,
+) -> Option<u16> {
+    let (body, stored) = split_icrc(udp_payload).filter(|(b, _)| b.len() >= BTH_LEN)?;
+    let IpPseudo::V4 {
+        src,
+        dst,
+        id,
+        dont_fragment,
+    } = p.ip
+    else {
+        return (icrc(p, body) == stored).then_some(0);
+    };
+    let mut tail = Hasher::new();
+    update_udp_and_roce(&mut tail, p, body);
+    let try_id = |cand: u16| {
+        let mut h = Hasher::new();
+        h.update(&ipv4_head(src, dst, cand, dont_fragment, udp_payload.len()));
+        h.combine(&tail);
+        h.finalize() == stored
+    };
+    core::iter::once(0)
+        .chain(core::iter::once(id))
+        .chain(candidates)
+        .find(|&c| try_id(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(id: u16) -> UdpPseudo {
+        UdpPseudo {
+            ip: IpPseudo::V4 {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+                id,
+                dont_fragment: true,
+            },
+            sport: 0xc123,
+            dport: 4791,
+        }
+    }
+
+    #[test]
+    fn seal_then_verify_and_masks() {
+        let mut buf = [0u8; 40];
+        buf[0] = 0x04;
+        let n = seal(&v4(0), &mut buf, 36).unwrap();
+        assert_eq!(n, 40);
+        assert!(verify(&v4(0), &buf));
+        assert!(!verify(&v4(1), &buf));
+        // BTH byte 4 (FECN/BECN) is not covered: a switch may set FECN in flight.
+        buf[4] = 0x80;
+        assert!(verify(&v4(0), &buf));
+        buf[5] = 1;
+        assert!(!verify(&v4(0), &buf));
+        assert!(seal(&v4(0), &mut buf, 37).is_err());
+        assert!(!verify(&v4(0), &buf[..15]));
+    }
+
+    #[test]
+    fn any_id_finds_the_id() {
+        let mut buf = [7u8; 64];
+        buf[1] = 0;
+        let n = seal(&v4(0x4466), &mut buf, 60).unwrap();
+        let pkt = &buf[..n];
+        assert_eq!(
+            verify_ipv4_any_id(&v4(0), pkt, 0x4460..0x4470),
+            Some(0x4466)
+        );
+        assert_eq!(verify_ipv4_any_id(&v4(0), pkt, 0..0x4000), None);
+        let n = seal(&v4(0), &mut buf, 60).unwrap();
+        assert_eq!(
+            verify_ipv4_any_id(&v4(9), &buf[..n], core::iter::empty()),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn ipv6_head_layout() {
+        let h = ipv6_head(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 100);
+        assert_eq!(&h[..8], &[0xff; 8]);
+        assert_eq!(&h[8..16], &[0x6f, 0xff, 0xff, 0xff, 0, 108, 17, 0xff]);
+        assert_eq!(h[8 + 39], 1);
+    }
+}
