@@ -250,6 +250,92 @@ pub fn verify_ipv4_any_id(
         .find(|&c| try_id(c))
 }
 
+/// Finds the IPv4 ID that makes a received packet's ICRC match, when no candidate did.
+///
+/// Why: the ICRC covers the IPv4 Identification field (IBTA A17.4.1 masks only TOS, TTL and
+/// the checksum) but a UDP socket never shows it, and senders number it freely (kernel rxe
+/// counts per packet, GSO numbers segments). The CRC is affine over GF(2), so
+/// `icrc(id) = icrc(0) ^ L(id)` with `L` linear in the 16 ID bits: solving `L(id) = stored ^
+/// icrc(0)` by elimination recovers the one ID that fits, or proves none does. This check is
+/// 16 bits weaker than a full ICRC check (a random corruption passes with probability
+/// 2^-16), so callers use it only to resynchronise a per-peer ID prediction, which then
+/// checks the following packets at full strength.
+pub fn solve_ipv4_id(p: &UdpPseudo, udp_payload: &[u8]) -> Option<u16> {
+    let (body, stored) = split_icrc(udp_payload).filter(|(b, _)| b.len() >= BTH_LEN)?;
+    let IpPseudo::V4 {
+        src,
+        dst,
+        dont_fragment,
+        ..
+    } = p.ip
+    else {
+        return None;
+    };
+    let mut tail = Hasher::new();
+    update_udp_and_roce(&mut tail, p, body);
+    let crc_with = |id: u16| {
+        let mut h = Hasher::new();
+        h.update(&ipv4_head(src, dst, id, dont_fragment, udp_payload.len()));
+        h.combine(&tail);
+        h.finalize()
+    };
+    let base = crc_with(0);
+    // Rows of the augmented system: one 32-bit column per ID bit plus the target.
+    let mut cols = [0u32; 16];
+    for (bit, col) in cols.iter_mut().enumerate() {
+        *col = crc_with(1 << bit) ^ base;
+    }
+    solve_gf2(&cols, stored ^ base)
+}
+
+/// Solves `sum(x_i * cols[i]) = target` over GF(2) for a 16-bit `x` by Gaussian elimination
+/// on the 32 equations (one per CRC bit). Returns `None` when the system is inconsistent.
+fn solve_gf2(cols: &[u32; 16], target: u32) -> Option<u16> {
+    // Each equation: 16 coefficient bits (bit i = bit of cols[i]) and the right-hand side.
+    let mut rows = [(0u16, false); 32];
+    for (r, row) in rows.iter_mut().enumerate() {
+        let mut coeff = 0u16;
+        for (i, col) in cols.iter().enumerate() {
+            if (col >> r) & 1 == 1 {
+                coeff |= 1 << i;
+            }
+        }
+        *row = (coeff, (target >> r) & 1 == 1);
+    }
+    let mut pivot_rows = [usize::MAX; 16];
+    let mut next = 0usize;
+    for var in 0..16 {
+        let Some(found) =
+            (next..32).find(|&r| rows.get(r).is_some_and(|row| (row.0 >> var) & 1 == 1))
+        else {
+            continue;
+        };
+        rows.swap(next, found);
+        let pivot = *rows.get(next)?;
+        for (r, row) in rows.iter_mut().enumerate() {
+            if r != next && (row.0 >> var) & 1 == 1 {
+                row.0 ^= pivot.0;
+                row.1 ^= pivot.1;
+            }
+        }
+        if let Some(slot) = pivot_rows.get_mut(var) {
+            *slot = next;
+        }
+        next += 1;
+    }
+    // Any all-zero equation with a 1 on the right means no ID fits.
+    if rows.iter().any(|&(c, rhs)| c == 0 && rhs) {
+        return None;
+    }
+    let mut id = 0u16;
+    for (var, &r) in pivot_rows.iter().enumerate() {
+        if rows.get(r).is_some_and(|row| row.1) {
+            id |= 1 << var;
+        }
+    }
+    Some(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +394,22 @@ mod tests {
         assert_eq!(&h[..8], &[0xff; 8]);
         assert_eq!(&h[8..16], &[0x6f, 0xff, 0xff, 0xff, 0, 108, 17, 0xff]);
         assert_eq!(h[8 + 39], 1);
+    }
+
+    #[test]
+    fn solve_finds_any_id_and_rejects_corruption() {
+        let mut buf = [0u8; 64];
+        buf[0] = 0x04; // RC SEND ONLY
+        buf[1] = 0x40;
+        buf[2] = 0xff;
+        buf[3] = 0xff;
+        for id in [0u16, 1, 0x4465, 0xffff, 0x8001] {
+            let len = seal(&v4(id), &mut buf, 60).unwrap();
+            assert_eq!(solve_ipv4_id(&v4(0), &buf[..len]), Some(id));
+            let mut bad = buf;
+            bad[20] ^= 0x10;
+            // A corrupted packet is refused unless it happens to collide (2^-16); this one does not.
+            assert_ne!(solve_ipv4_id(&v4(0), &bad[..len]), Some(id));
+        }
     }
 }

@@ -61,7 +61,9 @@ pub use ext::{
     ATOMIC_ETH_LEN, DETH_LEN, IETH_LEN, IMM_DT_LEN, RETH_LEN,
 };
 pub use headers::{emit_packet, pad_count, parse, Headers, Packet};
-pub use icrc::{icrc, seal, verify, verify_ipv4_any_id, IpPseudo, UdpPseudo, ICRC_LEN};
+pub use icrc::{
+    icrc, seal, solve_ipv4_id, verify, verify_ipv4_any_id, IpPseudo, UdpPseudo, ICRC_LEN,
+};
 pub use ip::{
     icrc_ip_packet, internet_checksum, parse_ip_udp, stored_icrc_ip_packet, EthernetHeader,
     Ipv4Header, Ipv6Header, UdpHeader, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6,

@@ -156,6 +156,8 @@ fn icrc_reproduced_both_ways() {
             ),
             Some(id)
         );
+        // With no candidate at all, the ID is recovered by solving the affine CRC system.
+        assert_eq!(solve_ipv4_id(&blind, f.udp_payload), Some(id));
         // A flipped payload bit is caught.
         let mut bad = f.udp_payload.to_vec();
         bad[40] ^= 1;
