@@ -1,1 +1,53 @@
-//! placeholder
+//! softhca: a user-space RDMA host channel adapter speaking RoCEv2 over UDP — the Rust
+//! verbs API.
+//!
+//! A [`Context`] is an open device: one UDP socket per served address (the GID table),
+//! the sans-IO transport engine, and a datapath thread that moves packets between them
+//! in batches. The objects are the verbs ones: [`Pd`], [`Mr`], [`Cq`], [`CompChannel`],
+//! [`Qp`], [`Srq`], [`Ah`]; work requests, completions and attributes are the
+//! transport's verbs types, re-exported here.
+//!
+//! ```no_run
+//! use softhca::*;
+//! # fn main() -> Result<(), Error> {
+//! let ctx = Context::open(&Config::loopback("127.0.0.1".parse().unwrap()))?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(256, None)?;
+//! let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+//! // exchange qp.qpn(), a PSN and ctx.gids()[0] with the peer, then:
+//! // qp.connect_rc(psn, &RemoteQp { qpn, psn, gid }, Mtu::M4096, 0)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Configuration (addresses, MTU, CPU, port, polling) comes from [`Config`], usually
+//! [`Config::from_env`]; see the `config` table there and [`Context::open`] for how
+//! addresses are chosen with zero configuration.
+#![warn(missing_docs)]
+
+mod addr;
+mod attr;
+mod config;
+mod context;
+mod cq;
+mod datapath;
+mod error;
+mod event;
+mod mr;
+mod qp;
+mod sys;
+
+pub use smallvec::{smallvec, SmallVec};
+pub use softhca_transport::verbs::*;
+pub use softhca_transport::Counters;
+
+pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
+pub use config::{Config, PollMode, DEFAULT_SPIN_US, ROCE_UDP_PORT};
+pub use context::{devices, Context, MAX_CQE};
+pub use cq::{CompChannel, Cq, CqHandleId};
+pub use error::Error;
+pub use event::AsyncEvent;
+pub use mr::{Mr, Pd, RawMr, PAGE_SIZE};
+pub use qp::{defaults, Ah, Qp, QpInit, RemoteQp, Srq};
+pub use softhca_io::IoError;
+pub use softhca_transport::TransportError;

@@ -1,0 +1,71 @@
+//! The live progress line on stderr (only on a terminal, only for runs past ~2 s).
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// Draws `\r`-updated status on stderr.
+pub struct Progress {
+    enabled: bool,
+    start: Instant,
+    next: Instant,
+    drawn: bool,
+    label: String,
+}
+
+/// Runs shorter than this never show a progress line.
+const QUIET_FOR: Duration = Duration::from_secs(2);
+const EVERY: Duration = Duration::from_millis(250);
+
+impl Progress {
+    /// A progress line for `label` (hidden unless stderr is a terminal, or `quiet`).
+    pub fn new(label: String, quiet: bool) -> Progress {
+        let now = Instant::now();
+        Progress {
+            enabled: !quiet && std::io::stderr().is_terminal(),
+            start: now,
+            next: now + QUIET_FOR,
+            drawn: false,
+            label,
+        }
+    }
+
+    /// Updates the line with messages done so far (`total` 0 = unknown / duration mode).
+    pub fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
+        if !self.enabled || now < self.next {
+            return;
+        }
+        self.next = now + EVERY;
+        let secs = now.duration_since(self.start).as_secs_f64();
+        let gbps = done as f64 * bytes_per_msg as f64 * 8.0 / secs / 1e9;
+        let of = if total > 0 {
+            format!(
+                "{done}/{total} ({:.0}%)",
+                done as f64 * 100.0 / total as f64
+            )
+        } else {
+            format!("{done}")
+        };
+        let mut e = std::io::stderr().lock();
+        let _ = write!(
+            e,
+            "\r\x1b[K{}: {of} messages, {gbps:.2} Gb/s, {secs:.1} s",
+            self.label
+        );
+        let _ = e.flush();
+        self.drawn = true;
+    }
+
+    /// Erases the line.
+    pub fn finish(&mut self) {
+        if self.drawn {
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
+            self.drawn = false;
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,266 @@
+//! Which addresses a device serves, and their MTU: zero configuration for both "two
+//! processes on one host" and "two hosts (or namespaces)".
+//!
+//! Like rxe on a netdev, a device is its addresses + UDP 4791: the GID table lists the
+//! served addresses (IPv4-mapped for IPv4), one [`RoceSocket`] per address.
+
+use std::ffi::CStr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+
+use softhca_io::{IoError, RoceSocket};
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::Mtu;
+
+/// One address of a local interface, from `getifaddrs(3)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IfAddr {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// The address.
+    pub ip: IpAddr,
+    /// `IFF_LOOPBACK`.
+    pub loopback: bool,
+    /// `IFF_UP`.
+    pub up: bool,
+}
+
+/// Every IPv4/IPv6 address of every interface.
+pub(crate) fn interface_addrs() -> Result<Vec<IfAddr>, Error> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(Error::last_os("getifaddrs"));
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: ifa_addr is non-null and points to a sockaddr whose family tells its
+        // real type; we read the sockaddr_in/in6 only for the matching family.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        let flags = ifa.ifa_flags;
+        out.push(IfAddr {
+            name,
+            ip,
+            loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
+            up: flags & libc::IFF_UP as u32 != 0,
+        });
+    }
+    // SAFETY: `head` came from getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// An IPv6 link-local address needs a scope id to bind and to route; RoCE GIDs of that
+/// kind are not useful without one, so we do not serve them automatically.
+fn is_link_local_v6(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+/// The netdev MTU of an interface (`/sys/class/net/<name>/mtu`).
+pub(crate) fn netdev_mtu(name: &str) -> Option<usize> {
+    if name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// rxe's `RXE_MAX_HDR_LENGTH`-style overhead: IP + UDP + BTH + the largest extension
+/// headers + ICRC must fit around the payload in one netdev MTU (`eth_mtu_int_to_enum`).
+const ROCE_OVERHEAD: usize = 80;
+
+/// The largest IBTA MTU whose packets fit a netdev MTU (rxe `eth_mtu_int_to_enum`).
+pub(crate) fn ib_mtu_for_netdev(netdev_mtu: usize) -> Mtu {
+    Mtu::from_bytes(netdev_mtu.saturating_sub(ROCE_OVERHEAD)).unwrap_or(Mtu::M256)
+}
+
+/// One served address: its socket and where it lives.
+#[derive(Debug)]
+pub(crate) struct Served {
+    /// The bound socket.
+    pub socket: RoceSocket,
+    /// The address (the GID).
+    pub ip: IpAddr,
+    /// The interface it belongs to, when known.
+    pub ifname: Option<String>,
+    /// True for 127.0.0.0/8 and ::1.
+    pub loopback: bool,
+}
+
+fn bind(ip: IpAddr, port: u16) -> Result<RoceSocket, IoError> {
+    RoceSocket::bind(SocketAddr::new(ip, port))
+}
+
+/// Binds the sockets `cfg` asks for, interface addresses first (so GID 0 names a
+/// routable address), then the loopback one.
+pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
+    let ifaddrs = interface_addrs().unwrap_or_default();
+    let ifname_of = |ip: &IpAddr| ifaddrs.iter().find(|a| a.ip == *ip).map(|a| a.name.clone());
+    let mut out = Vec::new();
+    if !cfg.addrs.is_empty() {
+        // Exactly these addresses: any failure is the user's to fix, with a clear message.
+        for &ip in &cfg.addrs {
+            let socket = bind(ip, cfg.udp_port)?;
+            out.push(Served {
+                socket,
+                ip,
+                ifname: ifname_of(&ip),
+                loopback: ip.is_loopback(),
+            });
+        }
+        return Ok(sort_interfaces_first(out));
+    }
+    if let Some(dev) = &cfg.netdev {
+        let mine: Vec<&IfAddr> = ifaddrs.iter().filter(|a| &a.name == dev).collect();
+        if mine.is_empty() {
+            return Err(Error::Config(format!(
+                "interface {dev} does not exist or has no IP address (SOFTHCA_NETDEV)"
+            )));
+        }
+        for a in mine.into_iter().filter(|a| !is_link_local_v6(&a.ip)) {
+            let socket = bind(a.ip, cfg.udp_port)?;
+            out.push(Served {
+                socket,
+                ip: a.ip,
+                ifname: Some(a.name.clone()),
+                loopback: a.loopback,
+            });
+        }
+        return Ok(sort_interfaces_first(out));
+    }
+    // Automatic: every usable interface address nobody else serves...
+    for a in ifaddrs
+        .iter()
+        .filter(|a| a.up && !a.loopback && !a.ip.is_loopback() && !is_link_local_v6(&a.ip))
+    {
+        match bind(a.ip, cfg.udp_port) {
+            Ok(socket) => out.push(Served {
+                socket,
+                ip: a.ip,
+                ifname: Some(a.name.clone()),
+                loopback: false,
+            }),
+            // Another process (another softhca device, or rxe) serves it: leave it to them.
+            Err(IoError::AddrInUse(_)) => {}
+            // e.g. an IPv6 address still in duplicate address detection.
+            Err(e) => tracing::debug!("not serving {}: {e}", a.ip),
+        }
+    }
+    // ...plus the first free loopback address, so processes on one host each get one.
+    out.push(first_free_loopback(cfg.udp_port)?);
+    Ok(out)
+}
+
+/// 127.0.0.1, 127.0.0.2, ... 127.0.0.254: the first one nobody serves on `port`.
+fn first_free_loopback(port: u16) -> Result<Served, Error> {
+    for host in 1..=254u8 {
+        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, host));
+        match bind(ip, port) {
+            Ok(socket) => {
+                return Ok(Served {
+                    socket,
+                    ip,
+                    ifname: Some(loopback_ifname()),
+                    loopback: true,
+                })
+            }
+            Err(IoError::AddrInUse(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Config(format!(
+        "no free address for softhca: 127.0.0.1..254 port {port} all in use"
+    )))
+}
+
+fn loopback_ifname() -> String {
+    interface_addrs()
+        .ok()
+        .and_then(|v| v.into_iter().find(|a| a.loopback).map(|a| a.name))
+        .unwrap_or_else(|| "lo".to_string())
+}
+
+fn sort_interfaces_first(mut v: Vec<Served>) -> Vec<Served> {
+    // Stable: keeps the user's order within each group.
+    v.sort_by_key(|s| s.loopback);
+    v
+}
+
+/// The active MTU: the configured one, capped by every served interface's netdev MTU.
+pub(crate) fn active_mtu(cfg_mtu: Mtu, served: &[Served]) -> Mtu {
+    served
+        .iter()
+        .filter_map(|s| s.ifname.as_deref().and_then(netdev_mtu))
+        .map(ib_mtu_for_netdev)
+        .fold(cfg_mtu, Mtu::min)
+}
+
+/// The source address the kernel routing table picks to reach `peer` (connecting a
+/// throw-away UDP socket sends nothing).
+pub(crate) fn route_source(peer: IpAddr) -> Option<IpAddr> {
+    let any: SocketAddr = match peer {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect((peer, crate::config::ROCE_UDP_PORT)).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_like_rxe() {
+        assert_eq!(ib_mtu_for_netdev(1500), Mtu::M1024);
+        assert_eq!(ib_mtu_for_netdev(9000), Mtu::M4096);
+        assert_eq!(ib_mtu_for_netdev(65536), Mtu::M4096);
+        assert_eq!(ib_mtu_for_netdev(2200), Mtu::M2048);
+        assert_eq!(ib_mtu_for_netdev(100), Mtu::M256);
+    }
+
+    #[test]
+    fn lists_loopback() {
+        let v = interface_addrs().unwrap();
+        assert!(v
+            .iter()
+            .any(|a| a.ip == IpAddr::V4(Ipv4Addr::LOCALHOST) && a.loopback));
+        assert!(netdev_mtu("lo").unwrap() >= 1500);
+    }
+
+    #[test]
+    fn route_source_for_loopback() {
+        assert_eq!(
+            route_source("127.0.0.1".parse().unwrap()),
+            Some("127.0.0.1".parse().unwrap())
+        );
+    }
+}

@@ -1,0 +1,612 @@
+//! The open device: UDP sockets + the transport engine + the datapath thread.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use softhca_io::{EventFd, RoceSocket};
+use softhca_transport::{Engine, EngineConfig};
+
+use crate::addr::{self, Served};
+use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
+use crate::config::{Config, PollMode};
+use crate::cq::{CompChannel, Cq, CqRing, PushRun};
+use crate::error::Error;
+use crate::event::{AsyncEvent, AsyncQueue};
+use crate::mr::Pd;
+use crate::{CqId, Gid, Mtu, Nanos};
+
+/// Largest CQ (rxe `RXE_MAX_CQE`).
+pub const MAX_CQE: u32 = (1 << 15) - 1;
+
+/// I/O counters of the datapath, updated once per batch.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub rx_datagrams: AtomicU64,
+    pub rx_packets: AtomicU64,
+    pub rx_batches: AtomicU64,
+    pub rx_gro_datagrams: AtomicU64,
+    pub rx_truncated: AtomicU64,
+    pub rx_errors: AtomicU64,
+    pub tx_transmits: AtomicU64,
+    pub tx_batches: AtomicU64,
+    pub tx_errors: AtomicU64,
+    pub tx_no_socket: AtomicU64,
+    pub tx_would_block: AtomicU64,
+    pub loop_iterations: AtomicU64,
+    pub sleeps: AtomicU64,
+    pub doorbells: AtomicU64,
+    pub cq_overflows: AtomicU64,
+    pub completions_no_cq: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        if n != 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("io_rx_datagrams", r(&self.rx_datagrams)),
+            ("io_rx_packets", r(&self.rx_packets)),
+            ("io_rx_batches", r(&self.rx_batches)),
+            ("io_rx_gro_datagrams", r(&self.rx_gro_datagrams)),
+            ("io_rx_truncated", r(&self.rx_truncated)),
+            ("io_rx_errors", r(&self.rx_errors)),
+            ("io_tx_transmits", r(&self.tx_transmits)),
+            ("io_tx_batches", r(&self.tx_batches)),
+            ("io_tx_errors", r(&self.tx_errors)),
+            ("io_tx_no_socket", r(&self.tx_no_socket)),
+            ("io_tx_would_block", r(&self.tx_would_block)),
+            ("dp_loop_iterations", r(&self.loop_iterations)),
+            ("dp_sleeps", r(&self.sleeps)),
+            ("dp_doorbells", r(&self.doorbells)),
+            ("cq_overflows", r(&self.cq_overflows)),
+            ("completions_no_cq", r(&self.completions_no_cq)),
+        ]
+        .into_iter()
+    }
+}
+
+/// Everything behind the one engine lock: the engine and the CQ rings it feeds (so the
+/// ring table needs no lock of its own).
+pub(crate) struct Core {
+    pub engine: Engine,
+    pub cqs: HashMap<u32, Arc<CqRing>>,
+}
+
+// SAFETY: the engine holds raw pointers into registered memory (the MR table). They are
+// only dereferenced by engine code running under `Shared::core`'s mutex, and the memory
+// stays valid until deregistered under that same mutex (see `crate::mr`), so moving the
+// engine between threads is sound. Everything else in `Core` is Send already.
+unsafe impl Send for Core {}
+
+/// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
+type RingRun<'a> = (
+    CqId,
+    &'a Arc<CqRing>,
+    parking_lot::MutexGuard<'a, std::collections::VecDeque<crate::Completion>>,
+    PushRun,
+);
+
+impl Core {
+    /// Moves every completion the engine has into its CQ ring and every async event into
+    /// the event queue. Called with the engine lock held, once per datapath batch and
+    /// after each control/post call. Completions for the same CQ in a row share one ring
+    /// lock and one notification.
+    pub(crate) fn deliver(&mut self, shared: &Shared) {
+        let Core { engine, cqs } = self;
+        let mut run: Option<RingRun<'_>> = None;
+        while let Some((cq, c)) = engine.poll_completion() {
+            if run.as_ref().map(|r| r.0) != Some(cq) {
+                if let Some((_, ring, guard, pr)) = run.take() {
+                    drop(guard);
+                    ring.notify(pr);
+                }
+                match cqs.get(&cq.0) {
+                    Some(ring) => run = Some((cq, ring, ring.lock(), PushRun::default())),
+                    None => {
+                        Stats::add(&shared.stats.completions_no_cq, 1);
+                        continue;
+                    }
+                }
+            }
+            if let Some((_, ring, guard, pr)) = run.as_mut() {
+                let before = ring.overflows.load(Ordering::Relaxed);
+                ring.push_locked(guard, c, pr, &shared.events);
+                if ring.overflows.load(Ordering::Relaxed) != before {
+                    Stats::add(&shared.stats.cq_overflows, 1);
+                }
+            }
+        }
+        if let Some((_, ring, guard, pr)) = run.take() {
+            drop(guard);
+            ring.notify(pr);
+        }
+        while let Some(e) = engine.poll_event() {
+            shared.events.push(AsyncEvent::from(e));
+        }
+    }
+}
+
+/// State shared by the application-facing handles and the datapath thread.
+pub(crate) struct Shared {
+    pub core: Mutex<Core>,
+    epoch: Instant,
+    pub sockets: Vec<RoceSocket>,
+    pub doorbell: EventFd,
+    /// Set by the datapath just before it sleeps in epoll: posters ring the doorbell only
+    /// then, so a busy datapath costs posters no syscall.
+    pub sleeping: AtomicBool,
+    /// Set by posters: the engine has new work (the datapath must lock it even if no
+    /// packet arrived). Dekker pair with `sleeping` (both SeqCst).
+    pub pending: AtomicBool,
+    pub stop: AtomicBool,
+    pub events: AsyncQueue,
+    pub stats: Stats,
+    pub poll: PollMode,
+}
+
+impl Shared {
+    /// Nanoseconds since the device was opened: the engine's clock.
+    pub(crate) fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Tells the datapath there is new work; rings the doorbell only if it sleeps.
+    pub(crate) fn kick(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            Stats::add(&self.stats.doorbells, 1);
+            self.doorbell.notify();
+        }
+    }
+}
+
+/// One served address, as the context remembers it.
+#[derive(Debug, Clone)]
+struct ServedAddr {
+    ip: IpAddr,
+    loopback: bool,
+}
+
+/// An open device (`ibv_context`): one UDP socket per served address, the transport
+/// engine, and a datapath thread that moves packets between them. Always handled as
+/// `Arc<Context>`; every object created from it keeps it alive, and the datapath thread
+/// stops (and is joined) when the last reference goes.
+pub struct Context {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    name: String,
+    served: Vec<ServedAddr>,
+    gids: Vec<Gid>,
+    mtu: Mtu,
+    udp_port: u16,
+    caps: (bool, bool),
+    attr: DeviceAttr,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.name)
+            .field(
+                "addrs",
+                &self.served.iter().map(|s| s.ip).collect::<Vec<_>>(),
+            )
+            .field("mtu", &self.mtu)
+            .field("udp_port", &self.udp_port)
+            .finish()
+    }
+}
+
+fn node_guid(gids: &[Gid]) -> u64 {
+    // An EUI-64 with the locally-administered bit, from the last bytes of GID 0 (rxe
+    // derives it from the netdev MAC; we have no MAC, the address is as unique).
+    let g = gids.first().copied().unwrap_or_default().0;
+    u64::from_be_bytes([0x02, 0x53, 0x48, g[12], 0xfe, g[13], g[14], g[15]])
+}
+
+fn device_attr(ecfg: &EngineConfig, gids: &[Gid]) -> DeviceAttr {
+    let guid = node_guid(gids);
+    // Limits from rxe_param.h where the engine has no say.
+    DeviceAttr {
+        fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+        node_guid: guid,
+        sys_image_guid: guid,
+        max_mr_size: u64::MAX,
+        page_size_cap: 0xffff_f000,
+        vendor_id: 0x00ff_ffff,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: 0x1_0000,
+        max_qp_wr: ecfg.max_qp_wr,
+        // IBV_DEVICE_BAD_PKEY_CNTR | BAD_QKEY_CNTR | AUTO_PATH_MIG? no: SHUTDOWN_PORT |
+        // PORT_ACTIVE_EVENT | SYS_IMAGE_GUID | RC_RNR_NAK_GEN | SRQ_RESIZE, as rxe.
+        device_cap_flags: (1 << 0)
+            | (1 << 1)
+            | (1 << 7)
+            | (1 << 9)
+            | (1 << 10)
+            | (1 << 12)
+            | (1 << 13),
+        max_sge: ecfg.max_sge,
+        max_sge_rd: ecfg.max_sge,
+        max_cq: 0x4000,
+        max_cqe: MAX_CQE,
+        max_mr: 0x4000,
+        max_pd: 0x7ffc,
+        max_qp_rd_atom: u32::from(ecfg.max_qp_rd_atom),
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: 0x3f000,
+        max_qp_init_rd_atom: u32::from(ecfg.max_qp_rd_atom),
+        max_ee_init_rd_atom: 0,
+        atomic_cap: AtomicCap::Hca,
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: 0,
+        max_mcast_qp_attach: 0,
+        max_total_mcast_qp_attach: 0,
+        max_ah: 0x7ffc,
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: 0x3ffc,
+        max_srq_wr: ecfg.max_qp_wr,
+        max_srq_sge: ecfg.max_sge,
+        max_pkeys: 64,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+    }
+}
+
+impl Context {
+    /// Opens a device as `cfg` asks: binds one RoCE UDP socket per served address, builds
+    /// the engine and starts the datapath thread.
+    ///
+    /// Served addresses (the GID table, in this order):
+    /// * `cfg.addrs` not empty (`SOFTHCA_ADDR`): exactly those; an address not on this
+    ///   host fails with "address … is not assigned to any interface on this host", one
+    ///   already served by another process with "address … is already in use".
+    /// * else `cfg.netdev` (`SOFTHCA_NETDEV`): that interface's addresses (IPv6
+    ///   link-local excepted).
+    /// * else automatically: every up, non-loopback interface address that no other
+    ///   process serves on `cfg.udp_port` yet (another softhca process or rxe got it
+    ///   first: skipped), then the first free loopback address among 127.0.0.1 …
+    ///   127.0.0.254. So two processes on one host each get their own loopback address
+    ///   with no configuration, and hosts or network namespaces talk over their
+    ///   interface addresses. GID 0 is the first interface address if there is one.
+    ///
+    /// Active MTU: `cfg.mtu` capped by the netdev MTU of every served interface, like
+    /// rxe's `eth_mtu_int_to_enum` (1500 → 1024; loopback 65536 → 4096).
+    pub fn open(cfg: &Config) -> Result<Arc<Context>, Error> {
+        let served = addr::bind_served(cfg)?;
+        Self::open_served(cfg, served)
+    }
+
+    /// [`Context::open`] with [`Config::from_env`].
+    pub fn open_default() -> Result<Arc<Context>, Error> {
+        Self::open(&Config::from_env()?)
+    }
+
+    fn open_served(cfg: &Config, served: Vec<Served>) -> Result<Arc<Context>, Error> {
+        if served.is_empty() {
+            return Err(Error::Config("no address to serve".to_string()));
+        }
+        let mtu = addr::active_mtu(cfg.mtu, &served);
+        let gids: Vec<Gid> = served.iter().map(|s| Gid::from_ip(s.ip)).collect();
+        let caps = served.iter().fold((true, true), |(gso, gro), s| {
+            let c = s.socket.capabilities();
+            (gso && c.gso, gro && c.gro)
+        });
+        let max_gso_segments = served
+            .iter()
+            .map(|s| s.socket.capabilities().max_gso_segments)
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        let ecfg = EngineConfig {
+            gids: gids.clone(),
+            udp_port: cfg.udp_port,
+            seed: rand::random(),
+            max_mtu: mtu,
+            max_gso_segments,
+            ..EngineConfig::default()
+        };
+        let attr = device_attr(&ecfg, &gids);
+        let served_addrs: Vec<ServedAddr> = served
+            .iter()
+            .map(|s| ServedAddr {
+                ip: s.ip,
+                loopback: s.loopback,
+            })
+            .collect();
+        let mut engine = Engine::new(ecfg);
+        // Every datagram leaves from the socket bound to `udp_port`, so that is its UDP
+        // source port; the ICRC covers it, so the engine must seal with it (rxe picks a
+        // per-QP source port instead, 0xC000 + hash(QPN); one socket per QP would be
+        // needed for that).
+        engine.set_source_port(Some(cfg.udp_port));
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                cqs: HashMap::new(),
+            }),
+            epoch: Instant::now(),
+            sockets: served.into_iter().map(|s| s.socket).collect(),
+            doorbell: EventFd::new()?,
+            sleeping: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            events: AsyncQueue::new()?,
+            stats: Stats::default(),
+            poll: cfg.poll,
+        });
+        let dp = crate::datapath::Datapath::new(shared.clone())?;
+        let cpu = cfg.cpu;
+        let thread = std::thread::Builder::new()
+            .name(format!("softhca-dp-{}", cfg.name))
+            .spawn(move || dp.run(cpu))
+            .map_err(|e| Error::Os {
+                what: "spawn datapath thread",
+                source: e,
+            })?;
+        tracing::info!(name = %cfg.name, addrs = ?served_addrs.iter().map(|s| s.ip).collect::<Vec<_>>(),
+            ?mtu, port = cfg.udp_port, gso = caps.0, gro = caps.1, "softhca device open");
+        Ok(Arc::new(Context {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            name: cfg.name.clone(),
+            served: served_addrs,
+            gids,
+            mtu,
+            udp_port: cfg.udp_port,
+            caps,
+            attr,
+        }))
+    }
+
+    /// The device name (`ibv_get_device_name`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Device attributes (`ibv_query_device`).
+    pub fn query_device(&self) -> DeviceAttr {
+        self.attr.clone()
+    }
+
+    /// Port attributes (`ibv_query_port`); the only port is 1.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, Error> {
+        if port != 1 {
+            return Err(Error::InvalidArgument("port number (the only port is 1)"));
+        }
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::M4096,
+            active_mtu: self.mtu,
+            gid_tbl_len: self.gids.len() as i32,
+            // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.
+            port_cap_flags: (1 << 16) | (1 << 26),
+            max_msg_sz: 0x8000_0000,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: 1,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 0,
+            init_type_reply: 0,
+            active_width: 1,
+            active_speed: 1,
+            phys_state: 5,
+            link_layer: LinkLayer::Ethernet,
+        })
+    }
+
+    /// The GID table: the served addresses (IPv4-mapped for IPv4), in
+    /// [`Context::open`]'s order.
+    pub fn gids(&self) -> Vec<Gid> {
+        self.gids.clone()
+    }
+
+    /// The served IP addresses, GID order.
+    pub fn addrs(&self) -> Vec<IpAddr> {
+        self.served.iter().map(|s| s.ip).collect()
+    }
+
+    /// The UDP port this device binds and sends to.
+    pub fn udp_port(&self) -> u16 {
+        self.udp_port
+    }
+
+    /// The active MTU.
+    pub fn active_mtu(&self) -> Mtu {
+        self.mtu
+    }
+
+    /// One GID (`ibv_query_gid`).
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid, Error> {
+        if port != 1 {
+            return Err(Error::InvalidArgument("port number (the only port is 1)"));
+        }
+        self.gids
+            .get(index as usize)
+            .copied()
+            .ok_or(Error::InvalidArgument("GID index"))
+    }
+
+    /// The index of the GID to use as source towards `peer`: a loopback peer gets our
+    /// loopback GID; otherwise the address the kernel routes from towards the peer if we
+    /// serve it; a peer on this very host that we do not serve (another process serves
+    /// it) is reached from our loopback GID; else GID 0. `None` only when the table has
+    /// no GID of the peer's family.
+    ///
+    /// Use it to pick the source GID towards a GID the peer *advertised*; the side that
+    /// answers must send from the GID it advertised (as with perftest's `-x`), since a
+    /// QP accepts packets only from the address it is connected to. On one host, a
+    /// client on 127.0.0.2 reaches a server's GID 0 even when that is an interface
+    /// address (the kernel routes local addresses over `lo`).
+    pub fn gid_index_for(&self, peer: IpAddr) -> Option<u8> {
+        let same_family = |ip: &IpAddr| ip.is_ipv4() == peer.is_ipv4();
+        let loopback_idx = self
+            .served
+            .iter()
+            .position(|s| s.loopback && same_family(&s.ip));
+        let idx = if peer.is_loopback() {
+            loopback_idx
+        } else {
+            match addr::route_source(peer) {
+                Some(src) => match self.served.iter().position(|s| s.ip == src) {
+                    Some(i) => Some(i),
+                    // The kernel answers "from itself" only for a local address.
+                    None if src == peer => loopback_idx,
+                    None => None,
+                },
+                None => None,
+            }
+        };
+        let idx = idx.or_else(|| self.served.iter().position(|s| same_family(&s.ip)))?;
+        u8::try_from(idx).ok()
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Pd, Error> {
+        let id = self.with_core(|core, _| core.engine.memory_mut().alloc_pd())?;
+        Ok(Pd::new(self.clone(), id))
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    pub fn create_comp_channel(self: &Arc<Self>) -> Result<CompChannel, Error> {
+        CompChannel::new(self.clone())
+    }
+
+    /// Creates a CQ holding `cqe` completions (1 ..= [`MAX_CQE`]), optionally attached
+    /// to a completion channel (`ibv_create_cq`).
+    pub fn create_cq(
+        self: &Arc<Self>,
+        cqe: u32,
+        channel: Option<&CompChannel>,
+    ) -> Result<Cq, Error> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(Error::InvalidArgument("cqe must be 1..=32767"));
+        }
+        let ch = channel.map(|c| c.inner.clone());
+        let ring = self.with_core(|core, _| {
+            let id = core.engine.create_cq();
+            let ring = Arc::new(CqRing::new(id, cqe as usize, ch));
+            core.cqs.insert(id.0, ring.clone());
+            ring
+        })?;
+        Ok(Cq::new(self.clone(), ring))
+    }
+
+    pub(crate) fn destroy_cq(&self, id: CqId) {
+        self.with_core_always(|core| {
+            core.cqs.remove(&id.0);
+            if let Err(e) = core.engine.destroy_cq(id) {
+                tracing::debug!(cq = id.0, "destroy_cq: {e}");
+            }
+        });
+    }
+
+    /// Takes the next async event (`ibv_get_async_event`), waiting up to `timeout`
+    /// (`None`: forever). `None` on timeout.
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
+        self.shared.events.get(timeout)
+    }
+
+    /// A file descriptor readable while an async event is queued (`async_fd`).
+    pub fn async_event_fd(&self) -> RawFd {
+        self.shared.events.fd()
+    }
+
+    /// Transport counters (rxe names) followed by the datapath's I/O counters.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> =
+            self.shared.core.lock().engine.counters().iter().collect();
+        v.extend(self.shared.stats.iter());
+        v.push(("io_gso", u64::from(self.caps.0)));
+        v.push(("io_gro", u64::from(self.caps.1)));
+        v
+    }
+
+    /// Whether the sockets use GSO and GRO (both probed at open).
+    pub fn io_capabilities(&self) -> (bool, bool) {
+        self.caps
+    }
+
+    /// The idle policy of the datapath thread.
+    pub fn poll_mode(&self) -> PollMode {
+        self.shared.poll
+    }
+
+    /// Runs `f` on the engine under its lock, then moves any completions and events it
+    /// produced into the CQ rings / event queue. Fails with [`Error::Closed`] once the
+    /// datapath has stopped.
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
+        if self.shared.stop.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        let mut core = self.shared.core.lock();
+        let now = self.shared.now();
+        let r = f(&mut core, now);
+        core.deliver(&self.shared);
+        Ok(r)
+    }
+
+    /// Like [`Context::with_core`] but also after the datapath stopped: for teardown
+    /// (deregistering memory must always happen).
+    pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let mut core = self.shared.core.lock();
+        let r = f(&mut core);
+        core.deliver(&self.shared);
+        r
+    }
+
+    /// Tells the datapath there is new work (rings the doorbell if it sleeps).
+    pub(crate) fn kick(&self) {
+        self.shared.kick();
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.doorbell.notify();
+        if let Some(t) = self.thread.lock().take() {
+            if t.join().is_err() {
+                tracing::error!(name = %self.name, "datapath thread panicked");
+            }
+        }
+    }
+}
+
+/// The device(s) this process would open with [`Config::from_env`]: one, named by
+/// `SOFTHCA_NAME`. The addresses are found by binding (and releasing) the sockets, so
+/// they are what an [`Context::open`] right now would serve.
+pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
+    let cfg = Config::from_env()?;
+    let served = addr::bind_served(&cfg)?;
+    let mtu = addr::active_mtu(cfg.mtu, &served);
+    let addrs: Vec<IpAddr> = served.iter().map(|s| s.ip).collect();
+    Ok(vec![DeviceInfo {
+        name: cfg.name.clone(),
+        gids: addrs.iter().map(|a| Gid::from_ip(*a)).collect(),
+        addrs,
+        udp_port: cfg.udp_port,
+        active_mtu: mtu,
+    }])
+}

@@ -1,0 +1,311 @@
+//! Completion queues and completion channels.
+//!
+//! A CQ is a bounded ring of [`Completion`]s that the datapath fills and the application
+//! drains: [`Cq::poll`] takes only the ring's own lock, never the engine's, so polling
+//! costs no more than a hardware CQ poll plus an uncontended mutex.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::context::Context;
+use crate::error::Error;
+use crate::event::AsyncEvent;
+use crate::sys::SemEventFd;
+use crate::{Completion, CqId, WcStatus};
+
+/// Which CQ a completion channel event is about: the [`CqId`] of the [`Cq`]
+/// (compare with [`Cq::id`]).
+pub type CqHandleId = CqId;
+
+const ARM_NONE: u8 = 0;
+const ARM_SOLICITED: u8 = 1;
+const ARM_NEXT: u8 = 2;
+
+/// The ring shared by the datapath (producer) and the [`Cq`] handle (consumer).
+#[derive(Debug)]
+pub(crate) struct CqRing {
+    pub(crate) id: CqId,
+    cap: usize,
+    q: Mutex<VecDeque<Completion>>,
+    cv: Condvar,
+    waiters: AtomicUsize,
+    arm: AtomicU8,
+    overflowed: AtomicBool,
+    channel: Option<Arc<ChannelShared>>,
+    pub(crate) overflows: AtomicU64,
+}
+
+/// What a run of pushes into one ring saw, to notify once per run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PushRun {
+    any: bool,
+    solicited: bool,
+}
+
+/// A completion that wakes a solicited-only arm: IBTA 11.4.2.2 — the next solicited
+/// completion or the next unsuccessful one.
+fn wakes_solicited(c: &Completion) -> bool {
+    // The transport does not (yet) say whether a receive had the SE bit; until it does,
+    // only error completions count as solicited (see the crate report).
+    c.status != WcStatus::Success
+}
+
+impl CqRing {
+    pub(crate) fn new(id: CqId, cap: usize, channel: Option<Arc<ChannelShared>>) -> Self {
+        CqRing {
+            id,
+            cap,
+            q: Mutex::new(VecDeque::with_capacity(cap)),
+            cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            arm: AtomicU8::new(ARM_NONE),
+            overflowed: AtomicBool::new(false),
+            channel,
+            overflows: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, VecDeque<Completion>> {
+        self.q.lock()
+    }
+
+    /// Pushes under the held lock. A full ring drops the completion and, once per
+    /// overflow episode, raises `IBV_EVENT_CQ_ERR` (rxe `rxe_cq_post`).
+    pub(crate) fn push_locked(
+        &self,
+        q: &mut VecDeque<Completion>,
+        c: Completion,
+        run: &mut PushRun,
+        events: &crate::event::AsyncQueue,
+    ) {
+        if q.len() >= self.cap {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            if !self.overflowed.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    cq = self.id.0,
+                    "completion queue overflow; completions lost"
+                );
+                events.push(AsyncEvent::CqErr(self.id));
+            }
+            return;
+        }
+        run.any = true;
+        run.solicited |= wakes_solicited(&c);
+        q.push_back(c);
+    }
+
+    /// After a run of pushes, with the ring lock released: fire the channel if armed,
+    /// wake [`Cq::wait`]ers.
+    pub(crate) fn notify(&self, run: PushRun) {
+        if !run.any {
+            return;
+        }
+        let arm = self.arm.load(Ordering::Acquire);
+        let fire = match arm {
+            ARM_NEXT => true,
+            ARM_SOLICITED => run.solicited,
+            _ => false,
+        };
+        if fire
+            && self
+                .arm
+                .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            if let Some(ch) = &self.channel {
+                ch.fire(self.id);
+            }
+        }
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
+
+fn pop_into(q: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = out.len().min(q.len());
+    for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
+        *slot = c;
+    }
+    n
+}
+
+/// A completion queue (`ibv_cq`). Dropping it destroys the CQ; QPs that use it keep it
+/// alive, so it is never destroyed under them.
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) ring: Arc<CqRing>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.ctx.destroy_cq(self.ring.id);
+    }
+}
+
+impl Cq {
+    pub(crate) fn new(ctx: Arc<Context>, ring: Arc<CqRing>) -> Cq {
+        Cq {
+            inner: Arc::new(CqInner { ctx, ring }),
+        }
+    }
+
+    /// The CQ's identifier (what [`CompChannel::get_event`] returns for it).
+    pub fn id(&self) -> CqId {
+        self.inner.ring.id
+    }
+
+    /// The number of completions the CQ holds (`cqe`).
+    pub fn capacity(&self) -> usize {
+        self.inner.ring.cap
+    }
+
+    /// Moves up to `out.len()` completions into `out`, oldest first; returns how many
+    /// (`ibv_poll_cq`). Never blocks on the datapath: only the ring's own lock is taken.
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let mut q = self.inner.ring.q.lock();
+        let n = pop_into(&mut q, out);
+        if n > 0 {
+            self.inner.ring.overflowed.store(false, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion added (or, with
+    /// `solicited_only`, the next solicited or unsuccessful one) fires the completion
+    /// channel once. Completions already in the CQ do not fire it, so poll after arming.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<(), Error> {
+        if self.inner.ring.channel.is_none() {
+            return Err(Error::InvalidArgument(
+                "req_notify on a CQ without a completion channel",
+            ));
+        }
+        let want = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_NEXT
+        };
+        // An existing "next" arm is stronger than a solicited one; keep it.
+        let _ = self.inner.ring.arm.fetch_max(want, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Convenience for applications and tests: waits up to `timeout` until at least one
+    /// completion is there, then polls into `out`. Spins briefly, then sleeps on the
+    /// ring's condition variable (no channel needed). Returns 0 on timeout.
+    pub fn wait(&self, out: &mut [Completion], timeout: Duration) -> Result<usize, Error> {
+        let start = Instant::now();
+        let spin = Duration::from_micros(20).min(timeout);
+        loop {
+            let n = self.poll(out);
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let deadline = start + timeout;
+        let ring = &self.inner.ring;
+        ring.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut q = ring.q.lock();
+        let n = loop {
+            let n = pop_into(&mut q, out);
+            if n > 0 {
+                break n;
+            }
+            if ring.cv.wait_until(&mut q, deadline).timed_out() {
+                break pop_into(&mut q, out);
+            }
+        };
+        drop(q);
+        ring.waiters.fetch_sub(1, Ordering::SeqCst);
+        Ok(n)
+    }
+}
+
+/// The state shared by a [`CompChannel`] and the CQs attached to it.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    fired: Mutex<VecDeque<CqId>>,
+    fd: SemEventFd,
+    acked: AtomicU64,
+    delivered: AtomicU64,
+}
+
+impl ChannelShared {
+    fn fire(&self, cq: CqId) {
+        self.fired.lock().push_back(cq);
+        self.fd.post();
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a real file descriptor, readable while a
+/// CQ notification is pending, usable with poll/epoll/select.
+#[derive(Debug, Clone)]
+pub struct CompChannel {
+    pub(crate) inner: Arc<ChannelShared>,
+    _ctx: Arc<Context>,
+}
+
+impl CompChannel {
+    pub(crate) fn new(ctx: Arc<Context>) -> Result<CompChannel, Error> {
+        Ok(CompChannel {
+            inner: Arc::new(ChannelShared {
+                fired: Mutex::new(VecDeque::new()),
+                fd: SemEventFd::new()?,
+                acked: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            }),
+            _ctx: ctx,
+        })
+    }
+
+    /// The file descriptor: readable while [`CompChannel::get_event`] would return at once.
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Takes the next CQ notification (`ibv_get_cq_event`), waiting up to `timeout`
+    /// (`None`: forever). `Ok(None)` on timeout. Re-arm the CQ with
+    /// [`Cq::req_notify`] to get the next one.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqHandleId>, Error> {
+        if !self.inner.fd.take(timeout)? {
+            return Ok(None);
+        }
+        let cq = self.inner.fired.lock().pop_front();
+        if cq.is_some() {
+            self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(cq)
+    }
+
+    /// Acknowledges `n` events (`ibv_ack_cq_events`). In Rust nothing waits on the count
+    /// (a CQ is only destroyed once no handle refers to it); it is kept for the C layer.
+    pub fn ack_events(&self, n: u32) {
+        self.inner.acked.fetch_add(u64::from(n), Ordering::Relaxed);
+    }
+
+    /// Events returned by [`CompChannel::get_event`] and not yet acknowledged.
+    pub fn unacked_events(&self) -> u64 {
+        self.inner
+            .delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.inner.acked.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,376 @@
+//! Protection domains and memory regions.
+//!
+//! # The memory contract
+//!
+//! Registration is a raw (address, length) grant, as with DMA: the engine reaches
+//! registered memory only by looking its key up in the MR table, always under the engine
+//! lock. [`Mr`] owns its memory (page-aligned, zeroed) and, when dropped, first
+//! deregisters under that same lock and only then frees it. So the engine can never
+//! touch freed memory: a work request posted earlier that names a dropped MR (its lkey or
+//! the peer's rkey) fails its key lookup and completes with a protection error
+//! (`LocProtErr` locally, a remote access NAK for the peer) instead.
+//!
+//! While registered, the memory is shared with the device exactly like DMA memory with
+//! a NIC: the datapath thread may write into it at any moment (receives, RDMA WRITEs,
+//! READ responses, atomics) and read it (sends, WRITE sources, READ requests from the
+//! peer). [`Mr::read`] / [`Mr::write`] copy bytes in and out and are the safe way to look
+//! at it; like with hardware, reading a buffer the peer is writing at the same time
+//! returns a mix of old and new bytes. Wait for the completion that says the data is
+//! there.
+
+use std::alloc::Layout;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::cq::Cq;
+use crate::error::Error;
+use crate::qp::{Ah, Qp, QpInit, Srq};
+use crate::{AccessFlags, AddressVector, MrKeys, PdId, Sge, SrqAttr};
+
+/// Page size MRs are aligned to.
+pub const PAGE_SIZE: usize = 4096;
+
+/// A protection domain (`ibv_pd`). Cheap to clone; objects created from it keep it alive.
+#[derive(Debug, Clone)]
+pub struct Pd {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) id: PdId,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        if let Err(e) = self
+            .ctx
+            .with_core_always(|core| core.engine.memory_mut().dealloc_pd(id))
+        {
+            tracing::debug!("dealloc_pd: {e}");
+        }
+    }
+}
+
+impl Pd {
+    pub(crate) fn new(ctx: Arc<Context>, id: PdId) -> Pd {
+        Pd {
+            inner: Arc::new(PdInner { ctx, id }),
+        }
+    }
+
+    /// The device this PD belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.inner.ctx
+    }
+
+    /// The engine's handle of this PD.
+    pub fn id(&self) -> PdId {
+        self.inner.id
+    }
+
+    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it with
+    /// `access` (`ibv_reg_mr` on fresh memory). The [`Mr`] owns the memory; see the
+    /// module documentation for what dropping it means for posted work.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(Error::InvalidArgument("MR length"))?;
+        let layout = Layout::from_size_align(size, PAGE_SIZE)
+            .map_err(|_| Error::InvalidArgument("MR length"))?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Transport(
+                softhca_transport::TransportError::NoMemory,
+            ));
+        }
+        // SAFETY: `ptr..ptr+len` is our own fresh allocation, freed only in Mr::drop after
+        // deregistration (or right below if registration fails).
+        let keys = match unsafe { self.register(ptr, len, ptr as u64, access) } {
+            Ok(k) => k,
+            Err(e) => {
+                // SAFETY: allocated above with `layout`, never registered.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+                return Err(e);
+            }
+        };
+        Ok(Mr {
+            pd: self.clone(),
+            ptr,
+            len,
+            layout,
+            keys,
+            access,
+        })
+    }
+
+    /// Registers memory the caller owns (`ibv_reg_mr` on existing memory), with `iova`
+    /// as the address remote peers and SGEs use for its first byte.
+    ///
+    /// # Safety
+    /// `addr .. addr + len` must stay valid for reads and writes (by the datapath thread,
+    /// at any time) until the returned [`RawMr`] is dropped, and must not be accessed in
+    /// ways that assume nobody else writes it meanwhile (treat it like DMA memory).
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<RawMr, Error> {
+        if addr.is_null() && len > 0 {
+            return Err(Error::InvalidArgument("MR address is null"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        let keys = unsafe { self.register(addr, len, iova, access)? };
+        Ok(RawMr {
+            pd: self.clone(),
+            addr,
+            len,
+            iova,
+            keys,
+            access,
+        })
+    }
+
+    /// # Safety
+    /// `addr..addr+len` stays valid until deregistered.
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys, Error> {
+        let pd = self.inner.id;
+        self.inner
+            .ctx
+            .with_core(|core, _| {
+                // SAFETY: forwarded from this function's contract.
+                unsafe {
+                    core.engine
+                        .memory_mut()
+                        .register(pd, addr, len, iova, access)
+                }
+            })?
+            .map_err(|e| Error::Transport(e.into()))
+    }
+
+    /// Creates a queue pair (`ibv_create_qp`), in RESET.
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp, Error> {
+        Qp::create(self, init)
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    pub fn create_srq(&self, attr: SrqAttr) -> Result<Srq, Error> {
+        Srq::create(self, attr)
+    }
+
+    /// Creates an address handle (`ibv_create_ah`) for UD sends.
+    pub fn create_ah(&self, av: AddressVector) -> Result<Ah, Error> {
+        Ah::create(self, av)
+    }
+
+    /// Creates a CQ on this PD's device (shortcut for [`Context::create_cq`]).
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq, Error> {
+        self.inner.ctx.create_cq(cqe, None)
+    }
+}
+
+fn deregister(pd: &Pd, lkey: u32) {
+    // Under the engine lock: after this returns the engine cannot reach the memory.
+    match pd
+        .inner
+        .ctx
+        .with_core_always(|core| core.engine.memory_mut().deregister(lkey))
+    {
+        Ok(()) => {}
+        Err(e) => tracing::debug!(lkey, "deregister: {e}"),
+    }
+}
+
+/// A memory region that owns its memory (`ibv_mr` over memory from [`Pd::reg_mr`]).
+/// Dropping it deregisters, then frees; see the module documentation.
+#[derive(Debug)]
+pub struct Mr {
+    pd: Pd,
+    ptr: *mut u8,
+    len: usize,
+    layout: Layout,
+    keys: MrKeys,
+    access: AccessFlags,
+}
+
+// SAFETY: the pointer is to heap memory this Mr owns; all access goes through copies
+// (`read`/`write`/`fill`) or the engine under its lock, never through references that
+// assume exclusivity, so sending or sharing the handle across threads is sound.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// Local key (for [`Sge::lkey`]).
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey
+    }
+
+    /// Remote key (to give to the peer).
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey
+    }
+
+    /// The I/O virtual address of the first byte (= its address in this process).
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length MR.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The PD it is registered in.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// Raw pointer to the memory (for zero-copy use; the DMA rules of the module
+    /// documentation apply).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), Error> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidArgument("offset/length beyond the MR")),
+        }
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), Error> {
+        self.check(offset, out.len())?;
+        // SAFETY: in bounds (checked); the memory is ours and alive; a concurrent device
+        // write yields mixed bytes, never invalid ones (u8 has no invalid values).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into the MR at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        self.check(offset, data.len())?;
+        // SAFETY: in bounds (checked); the memory is ours and alive.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: the whole MR is ours and alive.
+        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
+    }
+
+    /// Copies the whole MR out.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        // Cannot fail: the whole range is in bounds.
+        let _ = self.read(0, &mut v);
+        v
+    }
+
+    /// A scatter/gather element for `len` bytes at `offset` (not checked here: the
+    /// engine checks it against the MR when the work request runs).
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr().wrapping_add(offset as u64),
+            length: len,
+            lkey: self.keys.lkey,
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        deregister(&self.pd, self.keys.lkey);
+        // SAFETY: allocated in `Pd::reg_mr` with `self.layout`; deregistered above under
+        // the engine lock, so nothing can reach it any more.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// A registration of caller-owned memory ([`Pd::reg_mr_raw`]). Dropping it deregisters;
+/// the memory itself stays the caller's.
+#[derive(Debug)]
+pub struct RawMr {
+    pd: Pd,
+    addr: *mut u8,
+    len: usize,
+    iova: u64,
+    keys: MrKeys,
+    access: AccessFlags,
+}
+
+// SAFETY: only keys and the address are held; the memory is the caller's, under the
+// `reg_mr_raw` contract.
+unsafe impl Send for RawMr {}
+// SAFETY: as above.
+unsafe impl Sync for RawMr {}
+
+impl RawMr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey
+    }
+    /// I/O virtual address of the first byte.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+    /// Process address of the first byte.
+    pub fn addr(&self) -> *mut u8 {
+        self.addr
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for a zero-length MR.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+    /// A scatter/gather element at `offset` from the IOVA.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.iova.wrapping_add(offset as u64),
+            length: len,
+            lkey: self.keys.lkey,
+        }
+    }
+}
+
+impl Drop for RawMr {
+    fn drop(&mut self) {
+        deregister(&self.pd, self.keys.lkey);
+    }
+}

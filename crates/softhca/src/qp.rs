@@ -1,0 +1,453 @@
+//! Queue pairs, shared receive queues and address handles.
+
+use std::sync::Arc;
+
+use crate::cq::{Cq, CqInner};
+use crate::error::Error;
+use crate::mr::Pd;
+use crate::{
+    AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    Qpn, RecvWr, SendWr, SrqAttr, SrqId, UdDest,
+};
+
+/// What [`Pd::create_qp`] needs (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit<'a> {
+    /// Transport type.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a Cq,
+    /// Shared receive queue instead of the QP's own.
+    pub srq: Option<&'a Srq>,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Every send WR completes (else only those with [`crate::SendFlags::SIGNALED`]).
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInit<'a> {
+    /// An RC/UC/UD QP with the same CQ for both queues, 256-deep queues, 4 SGEs,
+    /// 64 bytes inline.
+    pub fn new(qp_type: QpType, cq: &'a Cq) -> QpInit<'a> {
+        QpInit {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// What one side of an RC/UC connection tells the other (perftest exchanges the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteQp {
+    /// The peer's QPN.
+    pub qpn: u32,
+    /// The peer's initial send PSN (our expected receive PSN).
+    pub psn: u32,
+    /// The peer's GID (its IP address).
+    pub gid: Gid,
+}
+
+/// Default connection parameters of [`Qp::connect_rc`], as perftest uses them.
+pub mod defaults {
+    /// Local ACK timeout exponent (4.096 µs × 2^14 ≈ 67 ms).
+    pub const TIMEOUT: u8 = 14;
+    /// Transport retries.
+    pub const RETRY_CNT: u8 = 7;
+    /// RNR retries (7 = infinite).
+    pub const RNR_RETRY: u8 = 7;
+    /// RNR NAK timer code 12 (0.64 ms).
+    pub const MIN_RNR_TIMER: u8 = 12;
+    /// Outstanding READ/atomic, both directions.
+    pub const RD_ATOMIC: u8 = 16;
+    /// IP TTL.
+    pub const HOP_LIMIT: u8 = 64;
+}
+
+/// A queue pair (`ibv_qp`). Dropping it destroys it; it keeps its CQs, SRQ and PD alive.
+#[derive(Debug)]
+pub struct Qp {
+    pd: Pd,
+    qpn: Qpn,
+    qp_type: QpType,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+    _srq: Option<Arc<SrqInner>>,
+}
+
+fn qpn_u32(q: Qpn) -> u32 {
+    q.value()
+}
+
+impl Qp {
+    pub(crate) fn create(pd: &Pd, init: &QpInit<'_>) -> Result<Qp, Error> {
+        let ctx = pd.context();
+        if !Arc::ptr_eq(&init.send_cq.inner.ctx, ctx) || !Arc::ptr_eq(&init.recv_cq.inner.ctx, ctx)
+        {
+            return Err(Error::InvalidArgument("CQ belongs to another device"));
+        }
+        if let Some(srq) = init.srq {
+            if !Arc::ptr_eq(srq.inner.pd.context(), ctx) {
+                return Err(Error::InvalidArgument("SRQ belongs to another device"));
+            }
+        }
+        let attr = QpInitAttr {
+            qp_type: init.qp_type,
+            pd: pd.id(),
+            send_cq: init.send_cq.id(),
+            recv_cq: init.recv_cq.id(),
+            srq: init.srq.map(|s| s.id()),
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        };
+        let qpn = ctx.with_core(|core, _| core.engine.create_qp(&attr))??;
+        Ok(Qp {
+            pd: pd.clone(),
+            qpn,
+            qp_type: init.qp_type,
+            _send_cq: init.send_cq.inner.clone(),
+            _recv_cq: init.recv_cq.inner.clone(),
+            _srq: init.srq.map(|s| s.inner.clone()),
+        })
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        qpn_u32(self.qpn)
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// Modifies the QP (`ibv_modify_qp`): the fields of `attr` that `mask` selects.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), Error> {
+        let ctx = self.pd.context();
+        ctx.with_core(|core, now| core.engine.modify_qp(now, self.qpn, attr, mask))??;
+        // A state change may start traffic (RTS) or flush (ERR): let the datapath look.
+        ctx.kick();
+        Ok(())
+    }
+
+    /// Attributes and creation attributes (`ibv_query_qp`).
+    pub fn query(&self) -> Result<(QpAttr, QpInitAttr), Error> {
+        Ok(self
+            .pd
+            .context()
+            .with_core(|core, _| core.engine.query_qp(self.qpn))??)
+    }
+
+    /// The current state.
+    pub fn state(&self) -> Result<QpState, Error> {
+        Ok(self.query()?.0.qp_state)
+    }
+
+    /// Posts one send WR (`ibv_post_send`). The engine lock is held only to queue it;
+    /// the datapath sends it (the doorbell rings only if the datapath sleeps).
+    pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        let ctx = self.pd.context();
+        ctx.with_core(|core, now| core.engine.post_send(now, self.qpn, wr))??;
+        ctx.kick();
+        Ok(())
+    }
+
+    /// Posts several send WRs under one lock hold and at most one doorbell. On error,
+    /// returns the index of the first WR that was not posted (those before it were).
+    pub fn post_send_batch(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), (usize, Error)> {
+        let ctx = self.pd.context();
+        let r = ctx
+            .with_core(|core, now| {
+                let mut posted = 0usize;
+                for wr in wrs {
+                    if let Err(e) = core.engine.post_send(now, self.qpn, wr) {
+                        return (posted, Err(Error::from(e)));
+                    }
+                    posted += 1;
+                }
+                (posted, Ok(()))
+            })
+            .map_err(|e| (0, e))?;
+        if r.0 > 0 {
+            ctx.kick();
+        }
+        r.1.map_err(|e| (r.0, e))
+    }
+
+    /// Posts one receive WR (`ibv_post_recv`).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        Ok(self
+            .pd
+            .context()
+            .with_core(|core, _| core.engine.post_recv(self.qpn, wr))??)
+    }
+
+    /// RESET → INIT → RTR → RTS for an RC (or UC) QP towards `remote`, with perftest's
+    /// defaults (see [`defaults`]): timeout 14, retry 7, RNR retry 7, min RNR timer 12,
+    /// 16 outstanding READ/atomic each way, access LOCAL_WRITE | REMOTE_WRITE |
+    /// REMOTE_READ | REMOTE_ATOMIC (UC: LOCAL_WRITE | REMOTE_WRITE). `gid_index` is our
+    /// source GID (see [`crate::Context::gid_index_for`]).
+    pub fn connect_rc(
+        &self,
+        local_psn: u32,
+        remote: &RemoteQp,
+        mtu: Mtu,
+        gid_index: u8,
+    ) -> Result<(), Error> {
+        let rc = self.qp_type == QpType::Rc;
+        if self.qp_type == QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "connect_rc on a UD QP (use ready_ud)",
+            ));
+        }
+        let access = if rc {
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC
+        } else {
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+        };
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+
+        let av = AddressVector {
+            dgid: remote.gid,
+            sgid_index: gid_index,
+            hop_limit: defaults::HOP_LIMIT,
+            port_num: 1,
+            ..AddressVector::default()
+        };
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            ah_attr: av,
+            max_dest_rd_atomic: defaults::RD_ATOMIC,
+            min_rnr_timer: defaults::MIN_RNR_TIMER,
+            ..QpAttr::default()
+        };
+        let mut mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN;
+        if rc {
+            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+        }
+        self.modify(&rtr, mask)?;
+
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: local_psn,
+            timeout: defaults::TIMEOUT,
+            retry_cnt: defaults::RETRY_CNT,
+            rnr_retry: defaults::RNR_RETRY,
+            max_rd_atomic: defaults::RD_ATOMIC,
+            ..QpAttr::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if rc {
+            mask |= QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&rts, mask)
+    }
+
+    /// RESET → INIT → RTR → RTS for a UD QP with Q_Key `qkey` and first PSN `sq_psn`.
+    pub fn ready_ud(&self, qkey: u32, sq_psn: u32) -> Result<(), Error> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "ready_ud on a connected QP (use connect_rc)",
+            ));
+        }
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        )?;
+        self.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )?;
+        self.modify(
+            &QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        )
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        let r = self
+            .pd
+            .context()
+            .with_core_always(|core| core.engine.destroy_qp(qpn));
+        if let Err(e) = r {
+            tracing::debug!(qpn = qpn_u32(qpn), "destroy_qp: {e}");
+        }
+    }
+}
+
+/// A shared receive queue (`ibv_srq`). QPs attached to it keep it alive.
+#[derive(Debug)]
+pub struct Srq {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqInner {
+    pub(crate) pd: Pd,
+    pub(crate) id: SrqId,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        if let Err(e) = self
+            .pd
+            .context()
+            .with_core_always(|core| core.engine.destroy_srq(id))
+        {
+            tracing::debug!(srq = id.0, "destroy_srq: {e}");
+        }
+    }
+}
+
+impl Srq {
+    pub(crate) fn create(pd: &Pd, attr: SrqAttr) -> Result<Srq, Error> {
+        let pdid = pd.id();
+        let id = pd
+            .context()
+            .with_core(|core, _| core.engine.create_srq(pdid, attr))??;
+        Ok(Srq {
+            inner: Arc::new(SrqInner { pd: pd.clone(), id }),
+        })
+    }
+
+    /// The engine's handle (what [`crate::AsyncEvent::SrqLimitReached`] carries).
+    pub fn id(&self) -> SrqId {
+        self.inner.id
+    }
+
+    /// Posts a receive WR (`ibv_post_srq_recv`).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        let id = self.inner.id;
+        Ok(self
+            .inner
+            .pd
+            .context()
+            .with_core(|core, _| core.engine.post_srq_recv(id, wr))??)
+    }
+
+    /// Modifies it (`ibv_modify_srq`); `mask`: [`crate::SRQ_MAX_WR`] | [`crate::SRQ_LIMIT`].
+    /// Setting a limit arms [`crate::AsyncEvent::SrqLimitReached`].
+    pub fn modify(&self, attr: SrqAttr, mask: u32) -> Result<(), Error> {
+        let id = self.inner.id;
+        Ok(self
+            .inner
+            .pd
+            .context()
+            .with_core(|core, _| core.engine.modify_srq(id, attr, mask))??)
+    }
+
+    /// Its attributes (`ibv_query_srq`).
+    pub fn query(&self) -> Result<SrqAttr, Error> {
+        let id = self.inner.id;
+        Ok(self
+            .inner
+            .pd
+            .context()
+            .with_core(|core, _| core.engine.query_srq(id))??)
+    }
+}
+
+/// An address handle (`ibv_ah`): where a UD send goes.
+#[derive(Debug, Clone)]
+pub struct Ah {
+    _pd: Pd,
+    av: AddressVector,
+}
+
+impl Ah {
+    pub(crate) fn create(pd: &Pd, mut av: AddressVector) -> Result<Ah, Error> {
+        if usize::from(av.sgid_index) >= pd.context().gids().len() {
+            return Err(Error::InvalidArgument("sgid_index beyond the GID table"));
+        }
+        if av.dgid == Gid::default() {
+            return Err(Error::InvalidArgument("dgid is zero"));
+        }
+        if av.port_num == 0 {
+            av.port_num = 1;
+        }
+        if av.hop_limit == 0 {
+            av.hop_limit = defaults::HOP_LIMIT;
+        }
+        Ok(Ah {
+            _pd: pd.clone(),
+            av,
+        })
+    }
+
+    /// The address vector.
+    pub fn av(&self) -> &AddressVector {
+        &self.av
+    }
+
+    /// The `wr.ud` of a UD send to `remote_qpn` with `remote_qkey` through this AH.
+    pub fn ud_dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest {
+            av: self.av,
+            remote_qpn,
+            remote_qkey,
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Helpers shared by the integration tests: two devices on distinct loopback addresses.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use softhca::*;
+
+/// One side of a connection.
+pub struct Side {
+    pub ctx: Arc<Context>,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+    pub mr: Mr,
+}
+
+pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn open(addr: &str) -> Arc<Context> {
+    let mut cfg = Config::loopback(ip(addr));
+    cfg.poll = PollMode::from_env().unwrap();
+    Context::open(&cfg).unwrap_or_else(|e| panic!("open {addr}: {e}"))
+}
+
+pub fn side(ctx: Arc<Context>, qp_type: QpType, mr_len: usize) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(qp_type, &cq)).unwrap();
+    let mr = pd.reg_mr(mr_len, ALL_ACCESS).unwrap();
+    Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+/// Two RC (or UC) QPs connected to each other, on devices serving `a` and `b`.
+pub fn rc_pair(a: &str, b: &str, mr_len: usize) -> (Side, Side) {
+    let sa = side(open(a), QpType::Rc, mr_len);
+    let sb = side(open(b), QpType::Rc, mr_len);
+    connect(&sa, &sb);
+    (sa, sb)
+}
+
+pub fn connect(sa: &Side, sb: &Side) {
+    let (pa, pb) = (0x1000, 0x2000);
+    let ra = RemoteQp {
+        qpn: sa.qp.qpn(),
+        psn: pa,
+        gid: sa.ctx.gids()[0],
+    };
+    let rb = RemoteQp {
+        qpn: sb.qp.qpn(),
+        psn: pb,
+        gid: sb.ctx.gids()[0],
+    };
+    let mtu = sa.ctx.active_mtu().min(sb.ctx.active_mtu());
+    sa.qp.connect_rc(pa, &rb, mtu, 0).unwrap();
+    sb.qp.connect_rc(pb, &ra, mtu, 0).unwrap();
+}
+
+/// Waits for exactly one completion (panics after 5 s).
+pub fn one(cq: &Cq) -> Completion {
+    let mut wc = [Completion::default(); 1];
+    let n = cq.wait(&mut wc, Duration::from_secs(5)).unwrap();
+    assert_eq!(n, 1, "no completion within 5 s");
+    wc[0]
+}
+
+pub fn recv_wr(wr_id: u64, sge: Sge) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: smallvec![sge],
+    }
+}
+
+pub fn send_wr(wr_id: u64, opcode: WrOpcode, sge: Sge) -> SendWr {
+    SendWr {
+        wr_id,
+        opcode,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(smallvec![sge]),
+        ..SendWr::default()
+    }
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13) as u8 ^ seed)
+        .collect()
+}
