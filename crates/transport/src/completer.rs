@@ -1,0 +1,318 @@
+//! Completer: the requester's receive side. Handles ACK, NAK, RNR NAK, READ responses
+//! and atomic ACKs, retires WQEs in order and writes send completions; runs the
+//! retransmit and RNR timers.
+
+use crate::packet::{op, syndrome, PktHdr};
+use crate::qp::{psn_add, psn_diff, wc_opcode, Ctx, Qp};
+use crate::recovery::{LossCause, LossRecovery};
+use crate::timers::{ack_timeout_ns, rnr_timer_ns};
+use crate::verbs::*;
+
+impl Qp {
+    /// A response packet (ACK, ATOMIC ACKNOWLEDGE, READ RESPONSE) for this QP's requester.
+    pub fn on_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            ctx.counters.drop_bad_state += 1;
+            return;
+        }
+        let psn = h.psn;
+        // Only PSNs in [una, max_sent) can be answered; older ones are stale duplicates.
+        if psn_diff(psn, self.req.una) < 0 || psn_diff(psn, self.req.max_sent) >= 0 {
+            return;
+        }
+        let una_before = self.req.una;
+        match h.opcode {
+            op::ACK => self.on_ack(ctx, h),
+            op::ATOMIC_ACK => self.on_atomic_ack(ctx, h),
+            op::READ_RESP_FIRST
+            | op::READ_RESP_MIDDLE
+            | op::READ_RESP_LAST
+            | op::READ_RESP_ONLY => self.on_read_response(ctx, h, payload),
+            _ => ctx.counters.drop_bad_opcode += 1,
+        }
+        if psn_diff(self.req.una, una_before) > 0 {
+            // Forward progress restores the retry budgets (rxe resets them on every
+            // good response) and restarts the retransmit timer.
+            self.req.retry_left = self.attr.retry_cnt;
+            self.req.rnr_left = self.attr.rnr_retry;
+            self.req.recovery.on_progress(self.req.una);
+            self.req.rto =
+                if psn_diff(self.req.max_sent, self.req.una) > 0 && self.req.rnr_wait.is_none() {
+                    ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t)
+                } else {
+                    None
+                };
+        }
+        self.complete_sends(ctx);
+    }
+
+    /// Everything up to and including `last` is acknowledged. A READ/atomic in that
+    /// range still missing its response lost it (responses precede later ACKs): resend
+    /// from there. Returns false when such a loss was found.
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, last: u32) -> bool {
+        let mut una = psn_add(last, 1);
+        let mut loss = None;
+        for w in self.req.sq.iter_mut() {
+            if !w.started || psn_diff(w.first_psn, last) > 0 {
+                break;
+            }
+            if w.done || w.status.is_some() {
+                continue;
+            }
+            if w.is_rd_atomic() {
+                if psn_diff(w.read_next_psn, last) > 0 {
+                    break; // responses so far cover `last`
+                }
+                una = w.read_next_psn;
+                loss = Some(w.read_next_psn);
+                break;
+            }
+            if psn_diff(w.last_psn(), last) <= 0 {
+                w.done = true;
+            } else {
+                break;
+            }
+        }
+        if psn_diff(una, self.req.una) > 0 {
+            self.req.una = una;
+        }
+        if let Some(p) = loss {
+            self.retransmit_from(ctx, p, LossCause::Gap);
+            return false;
+        }
+        true
+    }
+
+    fn on_ack(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr) {
+        let Some((syn, _msn)) = h.aeth else { return };
+        let psn = h.psn;
+        match syn & syndrome::TYPE_MASK {
+            syndrome::TYPE_ACK => {
+                self.ack_through(ctx, psn);
+            }
+            syndrome::TYPE_RNR => {
+                // An RNR NAK acknowledges everything before its PSN (IBTA 9.7.5.1.x).
+                if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
+                    return;
+                }
+                ctx.counters.rcvd_rnr_err += 1;
+                if self.req.rnr_left == 0 {
+                    ctx.counters.retry_rnr_exceeded_err += 1;
+                    self.fail_wqe_at(psn, WcStatus::RnrRetryExcErr);
+                    return;
+                }
+                if self.attr.rnr_retry != 7 {
+                    self.req.rnr_left -= 1;
+                }
+                ctx.counters.rnr_nak_retry_err += 1;
+                let mtu = self.mtu(ctx.cfg);
+                self.rewind_to(psn, mtu);
+                self.req.rnr_wait = Some((ctx.now + rnr_timer_ns(syn & 0x1f), psn));
+                self.req.rto = None;
+            }
+            syndrome::TYPE_NAK => {
+                if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
+                    return;
+                }
+                match syn {
+                    syndrome::NAK_PSN_SEQ => {
+                        ctx.counters.rcvd_seq_err += 1;
+                        if self.req.rnr_wait.is_none() {
+                            self.retransmit_from(ctx, psn, LossCause::NakSeq);
+                        }
+                    }
+                    syndrome::NAK_INVALID_REQUEST => {
+                        ctx.counters.rcvd_invalid_request_naks += 1;
+                        self.fail_wqe_at(psn, WcStatus::RemInvReqErr);
+                    }
+                    syndrome::NAK_REMOTE_ACCESS => {
+                        ctx.counters.rcvd_remote_access_err_naks += 1;
+                        self.fail_wqe_at(psn, WcStatus::RemAccessErr);
+                    }
+                    _ => {
+                        ctx.counters.rcvd_remote_op_err_naks += 1;
+                        self.fail_wqe_at(psn, WcStatus::RemOpErr);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The WQE holding `psn` failed (reported when it reaches the head).
+    fn fail_wqe_at(&mut self, psn: u32, status: WcStatus) {
+        if let Some(w) = self.req.sq.iter_mut().find(|w| w.contains(psn)) {
+            if w.status.is_none() {
+                w.status = Some(status);
+            }
+        }
+    }
+
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr) {
+        let psn = h.psn;
+        let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            return;
+        };
+        let w = &self.req.sq[idx];
+        if w.done
+            || w.first_psn != psn
+            || !matches!(
+                w.wr.opcode,
+                WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+            )
+        {
+            return;
+        }
+        if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
+            return;
+        }
+        let orig = h.atomic_ack.unwrap_or_default();
+        let pd = self.init.pd;
+        let w = &mut self.req.sq[idx];
+        // verbs: the original value lands in the local buffer in host byte order.
+        if let Payload::Sges(sges) = &w.wr.payload {
+            if ctx.mem.scatter(pd, sges, 0, &orig.to_ne_bytes()).is_err() {
+                w.status = Some(WcStatus::LocProtErr);
+            }
+        }
+        w.done = true;
+        w.read_next_psn = psn_add(psn, 1);
+        self.req.una = psn_add(psn, 1);
+    }
+
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+        let psn = h.psn;
+        let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            return;
+        };
+        let w = &self.req.sq[idx];
+        if w.wr.opcode != WrOpcode::RdmaRead || w.done {
+            return;
+        }
+        let d = psn_diff(psn, w.read_next_psn);
+        if d < 0 {
+            return; // duplicate response
+        }
+        if d > 0 {
+            // A response went missing: go back to it.
+            let from = w.read_next_psn;
+            if self.ack_through(ctx, psn_add(w.first_psn, 0xff_ffff)) {
+                self.retransmit_from(ctx, from, LossCause::Gap);
+            }
+            return;
+        }
+        // A READ response implicitly acknowledges every earlier request (IBTA C9-...).
+        let first_psn = w.first_psn;
+        if !self.ack_through(ctx, psn_add(first_psn, 0xff_ffff)) {
+            return;
+        }
+        let mtu = self.mtu(ctx.cfg);
+        let pd = self.init.pd;
+        let w = &mut self.req.sq[idx];
+        let off = u64::from(psn_diff(psn, first_psn) as u32) * mtu;
+        let is_last = psn == w.last_psn();
+        let n = payload.len() as u64;
+        let len_ok = if is_last { off + n == w.len } else { n == mtu };
+        let op_ok = matches!(h.opcode, op::READ_RESP_LAST | op::READ_RESP_ONLY) == is_last;
+        if !len_ok || !op_ok {
+            return; // malformed response: ignore, the timer recovers
+        }
+        if let Payload::Sges(sges) = &w.wr.payload {
+            if n > 0 && ctx.mem.scatter(pd, sges, off as usize, payload).is_err() {
+                w.status = Some(WcStatus::LocProtErr);
+            }
+        }
+        w.read_next_psn = psn_add(psn, 1);
+        if is_last {
+            w.done = true;
+        }
+        self.req.una = psn_add(psn, 1);
+    }
+
+    /// Retire finished WQEs from the head in order, writing completions; a WQE with an
+    /// error completes with it and moves the QP to ERR (rxe: requester errors are fatal
+    /// to the QP), flushing the rest.
+    pub fn complete_sends(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(w) = self.req.sq.front() {
+            if let Some(status) = w.status {
+                // A local error only completes once everything before it did.
+                let wc = Completion {
+                    wr_id: w.wr.wr_id,
+                    status,
+                    opcode: wc_opcode(w.wr.opcode),
+                    qp_num: self.qpn,
+                    ..Completion::default()
+                };
+                self.req.sq.pop_front();
+                self.post_completion(ctx, true, wc);
+                self.enter_error(ctx);
+                return;
+            }
+            if !w.done {
+                break;
+            }
+            let Some(w) = self.req.sq.pop_front() else {
+                break;
+            };
+            self.req.send_idx = self.req.send_idx.saturating_sub(1);
+            if w.is_rd_atomic() {
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            }
+            if w.signaled {
+                let byte_len = match w.wr.opcode {
+                    WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 8,
+                    _ => w.len as u32,
+                };
+                let wc = Completion {
+                    wr_id: w.wr.wr_id,
+                    status: WcStatus::Success,
+                    opcode: wc_opcode(w.wr.opcode),
+                    byte_len,
+                    qp_num: self.qpn,
+                    ..Completion::default()
+                };
+                self.post_completion(ctx, true, wc);
+            }
+        }
+        if self.state == QpState::Sqd
+            && self.req.sq.iter().all(|w| !w.started)
+            && self.req.sqd_notify
+        {
+            self.req.sqd_notify = false;
+            ctx.events.push_back(AsyncEvent::SqDrained(self.qpn_t()));
+        }
+    }
+
+    /// The QP's timer fired.
+    pub fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        let now = ctx.now;
+        if let Some((at, psn)) = self.req.rnr_wait {
+            if at <= now {
+                self.req.rnr_wait = None;
+                let mtu = self.mtu(ctx.cfg);
+                self.rewind_to(psn, mtu);
+                self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| now + t);
+            }
+            return;
+        }
+        if let Some(at) = self.req.rto {
+            if at > now {
+                return;
+            }
+            self.req.rto = None;
+            if psn_diff(self.req.max_sent, self.req.una) > 0 && self.state != QpState::Err {
+                ctx.counters.local_ack_timeout_err += 1;
+                let una = self.req.una;
+                self.retransmit_from(ctx, una, LossCause::Timeout);
+            }
+        }
+    }
+
+    /// The deadline this QP wants (retransmit or RNR).
+    pub fn deadline(&self) -> Option<Nanos> {
+        match self.req.rnr_wait {
+            Some((t, _)) => Some(t),
+            None => self.req.rto,
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Protocol counters, named like the rxe hardware counters (`rdma statistic`).
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Engine counters. Names follow rxe's `rxe_hw_counters.c` where rxe has one.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Counters {
+            /// Every counter as `(name, value)`.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+                [$((stringify!($name), self.$name)),*].into_iter()
+            }
+        }
+    };
+}
+
+counters! {
+    /// Packets sent.
+    sent_pkts,
+    /// Packets received and accepted by a QP.
+    rcvd_pkts,
+    /// Duplicate requests received.
+    duplicate_request,
+    /// Out-of-sequence requests received.
+    out_of_seq_request,
+    /// PSN sequence error NAKs received.
+    rcvd_seq_err,
+    /// PSN sequence error NAKs sent.
+    seq_err_naks,
+    /// RNR NAKs received.
+    rcvd_rnr_err,
+    /// RNR NAKs sent.
+    send_rnr_err,
+    /// ACKs coalesced (not sent for a packet that could have had one).
+    ack_deferred,
+    /// Transport retry count exceeded.
+    retry_exceeded_err,
+    /// RNR retry count exceeded.
+    retry_rnr_exceeded_err,
+    /// Retransmissions started by the completer.
+    completer_retry_err,
+    /// Local ACK timeouts.
+    local_ack_timeout_err,
+    /// RNR NAK retries.
+    rnr_nak_retry_err,
+    /// Remote access error NAKs received.
+    rcvd_remote_access_err_naks,
+    /// Invalid request NAKs received.
+    rcvd_invalid_request_naks,
+    /// Remote operational error NAKs received.
+    rcvd_remote_op_err_naks,
+    /// Remote access error NAKs sent.
+    sent_remote_access_err_naks,
+    /// Invalid request NAKs sent.
+    sent_invalid_request_naks,
+    /// Dropped: ICRC mismatch.
+    drop_bad_icrc,
+    /// Dropped: header did not parse.
+    drop_malformed,
+    /// Dropped: no such QP.
+    drop_unknown_qpn,
+    /// Dropped: P_Key not in the partition.
+    drop_bad_pkey,
+    /// Dropped: Q_Key mismatch.
+    drop_bad_qkey,
+    /// Dropped: source is not the connected peer.
+    drop_wrong_peer,
+    /// Dropped: QP state does not accept packets.
+    drop_bad_state,
+    /// Dropped: opcode not valid for the QP type or sequence.
+    drop_bad_opcode,
+}

@@ -1,0 +1,951 @@
+//! The engine: QP table, packet demultiplexing and the verbs-facing API.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use crate::counters::Counters;
+use crate::error::TransportError;
+use crate::packet::{self, op, IcrcInfo};
+use crate::path::Path;
+use crate::qp::state::modify_is_ok;
+use crate::qp::{psn_diff, Ctx, Qp, SendWqe, Srq};
+use crate::requester::TxPlan;
+use crate::responder::RxMeta;
+use crate::timers::Timers;
+use crate::verbs::*;
+
+/// Engine configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// GID table: the addresses this device serves.
+    pub gids: Vec<Gid>,
+    /// RoCEv2 UDP port (4791).
+    pub udp_port: u16,
+    /// Seed for randomised choices (initial values only; the datapath is deterministic).
+    pub seed: u64,
+    /// Largest path MTU this device supports.
+    pub max_mtu: Mtu,
+    /// Largest queue depth.
+    pub max_qp_wr: u32,
+    /// Largest scatter/gather list.
+    pub max_sge: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+    /// Largest max_rd_atomic / max_dest_rd_atomic.
+    pub max_qp_rd_atom: u8,
+    /// Largest number of packets per [`Transmit`] (1 disables batching).
+    pub max_gso_segments: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            gids: Vec::new(),
+            udp_port: 4791,
+            seed: 0,
+            max_mtu: Mtu::M4096,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_inline_data: 256,
+            max_qp_rd_atom: 128,
+            max_gso_segments: 64,
+        }
+    }
+}
+
+/// Where a received datagram came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatagramInfo {
+    /// Source IP and UDP port.
+    pub src: SocketAddr,
+    /// Destination IP (one of our GIDs).
+    pub dst: IpAddr,
+    /// Index within a GRO batch (the IPv4 ID candidate for the ICRC).
+    pub segment_index: u16,
+}
+
+/// A batch of packets to send: `buf[..len]` holds `ceil(len / segment_size)` packets
+/// (the last may be shorter), all to `dst` from `src`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination IP and UDP port.
+    pub dst: SocketAddr,
+    /// Source IP.
+    pub src: IpAddr,
+    /// Bytes used in the buffer.
+    pub len: usize,
+    /// Size of each packet but the last.
+    pub segment_size: usize,
+    /// UDP source port the packets were sealed with (the ICRC covers it): rxe's fixed
+    /// per-QP port, or the one set by [`Engine::set_source_port`].
+    pub src_port: u16,
+}
+
+/// The sans-IO RoCEv2 engine.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    memory: MemoryTable,
+    counters: Counters,
+    qps: HashMap<u32, Qp>,
+    next_qpn: u32,
+    cqs: HashMap<u32, ()>,
+    next_cq: u32,
+    srqs: HashMap<u32, Srq>,
+    next_srq: u32,
+    completions: VecDeque<(CqId, Completion)>,
+    events: VecDeque<AsyncEvent>,
+    /// QPs that may have packets to send (each at most once).
+    ready: VecDeque<u32>,
+    timers: Timers,
+    source_port: Option<u16>,
+    /// Per IPv4 peer: the IPv4 ID its last packet carried (for the ICRC).
+    ip_ids: HashMap<IpAddr, PeerIpId>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PeerIpId {
+    last: u16,
+    misses: u32,
+    last_scan: Option<Nanos>,
+}
+
+/// A full IPv4-ID search per peer at most this often (it costs 65536 CRC combines).
+const ID_RESCAN_NS: Nanos = 100_000_000;
+/// Bound on remembered peers (memory under a flood of spoofed sources).
+const MAX_ID_PEERS: usize = 4096;
+
+/// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
+const FIRST_QPN: u32 = 0x11;
+
+macro_rules! ctx {
+    ($s:ident, $now:expr) => {
+        Ctx {
+            cfg: &$s.cfg,
+            mem: &$s.memory,
+            counters: &mut $s.counters,
+            completions: &mut $s.completions,
+            events: &mut $s.events,
+            srqs: &mut $s.srqs,
+            now: $now,
+        }
+    };
+}
+
+/// After any event on a QP: re-arm its timer and put it on the ready queue if it has
+/// something to send.
+fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut Timers) {
+    qp.complete_sends(ctx);
+    let want = qp.deadline();
+    if want != qp.timer {
+        qp.timer = want;
+        qp.timer_gen += 1;
+        if let Some(t) = want {
+            timers.push(t, qp.qpn, qp.timer_gen);
+        }
+    }
+    if !qp.in_ready && qp.has_output(ctx) {
+        qp.in_ready = true;
+        ready.push_back(qp.qpn);
+    }
+    // Planning may have found a local error on the next WQE (bad lkey, UD too long):
+    // complete it now rather than at the next event.
+    if qp.req.sq.front().is_some_and(|w| w.status.is_some()) {
+        qp.complete_sends(ctx);
+    }
+}
+
+fn same_ip(a: IpAddr, b: IpAddr) -> bool {
+    Gid::from_ip(a) == Gid::from_ip(b)
+}
+
+impl Engine {
+    /// A new engine.
+    pub fn new(cfg: EngineConfig) -> Self {
+        Engine {
+            memory: MemoryTable::new(cfg.seed ^ 0x5eed_cafe_f00d_d00d),
+            cfg,
+            counters: Counters::default(),
+            qps: HashMap::new(),
+            next_qpn: FIRST_QPN,
+            cqs: HashMap::new(),
+            next_cq: 1,
+            srqs: HashMap::new(),
+            next_srq: 1,
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            ready: VecDeque::new(),
+            timers: Timers::default(),
+            source_port: None,
+            ip_ids: HashMap::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Seal every packet with this UDP source port instead of rxe's per-QP port (for an
+    /// I/O layer that cannot choose the source port per datagram). None restores rxe's.
+    pub fn set_source_port(&mut self, port: Option<u16>) {
+        self.source_port = port;
+    }
+
+    /// The memory table (PDs and MRs).
+    pub fn memory(&self) -> &MemoryTable {
+        &self.memory
+    }
+
+    /// The memory table, mutable (PD/MR control).
+    pub fn memory_mut(&mut self) -> &mut MemoryTable {
+        &mut self.memory
+    }
+
+    /// The GID table.
+    pub fn gids(&self) -> &[Gid] {
+        &self.cfg.gids
+    }
+
+    /// Replace the GID table.
+    pub fn set_gids(&mut self, gids: Vec<Gid>) {
+        self.cfg.gids = gids;
+    }
+
+    /// Create a completion queue.
+    pub fn create_cq(&mut self) -> CqId {
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, ());
+        CqId(id)
+    }
+
+    /// Destroy a completion queue (Busy while QPs use it). Its pending completions go.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), TransportError> {
+        if !self.cqs.contains_key(&cq.0) {
+            return Err(TransportError::NotFound);
+        }
+        if self
+            .qps
+            .values()
+            .any(|q| q.init.send_cq == cq || q.init.recv_cq == cq)
+        {
+            return Err(TransportError::Busy);
+        }
+        self.cqs.remove(&cq.0);
+        self.completions.retain(|(c, _)| *c != cq);
+        Ok(())
+    }
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Result<SrqId, TransportError> {
+        if attr.max_wr == 0 || attr.max_wr > self.cfg.max_qp_wr {
+            return Err(TransportError::InvalidArgument("srq max_wr"));
+        }
+        if attr.max_sge > self.cfg.max_sge {
+            return Err(TransportError::InvalidArgument("srq max_sge"));
+        }
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(
+            id,
+            Srq {
+                pd,
+                attr,
+                queue: VecDeque::new(),
+                users: 0,
+            },
+        );
+        Ok(SrqId(id))
+    }
+
+    /// Modify an SRQ (`mask`: [`SRQ_MAX_WR`] | [`SRQ_LIMIT`]).
+    pub fn modify_srq(
+        &mut self,
+        srq: SrqId,
+        attr: SrqAttr,
+        mask: u32,
+    ) -> Result<(), TransportError> {
+        let s = self.srqs.get_mut(&srq.0).ok_or(TransportError::NotFound)?;
+        if mask & !(SRQ_MAX_WR | SRQ_LIMIT) != 0 {
+            return Err(TransportError::InvalidArgument("srq attr mask"));
+        }
+        let max_wr = if mask & SRQ_MAX_WR != 0 {
+            attr.max_wr
+        } else {
+            s.attr.max_wr
+        };
+        if max_wr == 0 || max_wr > self.cfg.max_qp_wr || (max_wr as usize) < s.queue.len() {
+            return Err(TransportError::InvalidArgument("srq max_wr"));
+        }
+        if mask & SRQ_LIMIT != 0 && attr.srq_limit > max_wr {
+            return Err(TransportError::InvalidArgument("srq_limit above max_wr"));
+        }
+        s.attr.max_wr = max_wr;
+        if mask & SRQ_LIMIT != 0 {
+            s.attr.srq_limit = attr.srq_limit;
+        }
+        Ok(())
+    }
+
+    /// Query an SRQ.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr, TransportError> {
+        self.srqs
+            .get(&srq.0)
+            .map(|s| s.attr)
+            .ok_or(TransportError::NotFound)
+    }
+
+    /// Destroy an SRQ (Busy while QPs use it).
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), TransportError> {
+        let s = self.srqs.get(&srq.0).ok_or(TransportError::NotFound)?;
+        if s.users > 0 {
+            return Err(TransportError::Busy);
+        }
+        self.srqs.remove(&srq.0);
+        Ok(())
+    }
+
+    /// Post a receive to an SRQ.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), TransportError> {
+        let s = self.srqs.get_mut(&srq.0).ok_or(TransportError::NotFound)?;
+        if wr.sg_list.len() > s.attr.max_sge.max(1) as usize {
+            return Err(TransportError::InvalidArgument("too many sges"));
+        }
+        if s.queue.len() >= s.attr.max_wr as usize {
+            return Err(TransportError::NoMemory);
+        }
+        s.queue.push_back(wr);
+        Ok(())
+    }
+
+    /// Create a QP in RESET. QPNs start at 0x11 like rxe.
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, TransportError> {
+        if !self.cqs.contains_key(&init.send_cq.0) || !self.cqs.contains_key(&init.recv_cq.0) {
+            return Err(TransportError::InvalidArgument("no such cq"));
+        }
+        let c = &init.cap;
+        if c.max_send_wr > self.cfg.max_qp_wr
+            || c.max_recv_wr > self.cfg.max_qp_wr
+            || c.max_send_sge > self.cfg.max_sge
+            || c.max_recv_sge > self.cfg.max_sge
+            || c.max_inline_data > self.cfg.max_inline_data
+        {
+            return Err(TransportError::InvalidArgument(
+                "qp capabilities above device limits",
+            ));
+        }
+        if let Some(srq) = init.srq {
+            let s = self
+                .srqs
+                .get_mut(&srq.0)
+                .ok_or(TransportError::InvalidArgument("no such srq"))?;
+            s.users += 1;
+        }
+        let mut init = *init;
+        // Like rxe, a zero capability still allows one entry.
+        init.cap.max_send_wr = init.cap.max_send_wr.max(1);
+        init.cap.max_recv_wr = init.cap.max_recv_wr.max(1);
+        init.cap.max_send_sge = init.cap.max_send_sge.max(1);
+        init.cap.max_recv_sge = init.cap.max_recv_sge.max(1);
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = (qpn + 1) & 0x00ff_ffff;
+            if qpn < FIRST_QPN {
+                qpn = FIRST_QPN;
+            }
+        }
+        self.next_qpn = ((qpn + 1) & 0x00ff_ffff).max(FIRST_QPN);
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(crate::deps::qpn(qpn))
+    }
+
+    fn check_attr_values(&self, qp: &Qp, a: &QpAttr, m: QpAttrMask) -> Result<(), TransportError> {
+        use TransportError::InvalidArgument as E;
+        if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
+            return Err(E("port_num"));
+        }
+        if m.contains(QpAttrMask::PKEY_INDEX) && a.pkey_index != 0 {
+            return Err(E("pkey_index"));
+        }
+        if m.contains(QpAttrMask::PATH_MTU) && a.path_mtu > self.cfg.max_mtu {
+            return Err(E("path_mtu above port MTU"));
+        }
+        if m.contains(QpAttrMask::TIMEOUT) && a.timeout > 31 {
+            return Err(E("timeout"));
+        }
+        if m.contains(QpAttrMask::RETRY_CNT) && a.retry_cnt > 7 {
+            return Err(E("retry_cnt"));
+        }
+        if m.contains(QpAttrMask::RNR_RETRY) && a.rnr_retry > 7 {
+            return Err(E("rnr_retry"));
+        }
+        if m.contains(QpAttrMask::MIN_RNR_TIMER) && a.min_rnr_timer > 31 {
+            return Err(E("min_rnr_timer"));
+        }
+        if m.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && a.max_rd_atomic > self.cfg.max_qp_rd_atom {
+            return Err(E("max_rd_atomic"));
+        }
+        if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+            && a.max_dest_rd_atomic > self.cfg.max_qp_rd_atom
+        {
+            return Err(E("max_dest_rd_atomic"));
+        }
+        if m.contains(QpAttrMask::AV) && Path::resolve(&self.cfg, &a.ah_attr, qp.qpn).is_none() {
+            return Err(E("address vector: bad sgid_index or address family"));
+        }
+        if m.contains(QpAttrMask::CAP) {
+            return Err(E("cap cannot be modified"));
+        }
+        Ok(())
+    }
+
+    /// Modify a QP (`ibv_modify_qp`): the transition and masks are checked against the
+    /// IBTA / kernel table; illegal ones are EINVAL.
+    pub fn modify_qp(
+        &mut self,
+        now: Nanos,
+        qpn: Qpn,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), TransportError> {
+        let n = crate::deps::qpn_value(qpn);
+        let qp = self.qps.get(&n).ok_or(TransportError::NotFound)?;
+        let cur = if mask.contains(QpAttrMask::CUR_STATE) {
+            if attr.cur_qp_state != qp.state {
+                return Err(TransportError::InvalidArgument(
+                    "cur_qp_state does not match",
+                ));
+            }
+            attr.cur_qp_state
+        } else {
+            qp.state
+        };
+        let next = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        if !modify_is_ok(cur, next, qp.init.qp_type, mask) {
+            return Err(TransportError::InvalidArgument(
+                "illegal QP transition or attribute mask",
+            ));
+        }
+        self.check_attr_values(qp, attr, mask)?;
+        let Engine {
+            qps, ready, timers, ..
+        } = self;
+        let Some(qp) = qps.get_mut(&n) else {
+            return Err(TransportError::NotFound);
+        };
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            mem: &self.memory,
+            counters: &mut self.counters,
+            completions: &mut self.completions,
+            events: &mut self.events,
+            srqs: &mut self.srqs,
+            now,
+        };
+        let a = &mut qp.attr;
+        use QpAttrMask as M;
+        if mask.contains(M::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(M::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.contains(M::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if mask.contains(M::AV) {
+            a.ah_attr = attr.ah_attr;
+            if let Some(p) = Path::resolve(ctx.cfg, &attr.ah_attr, n) {
+                qp.path = p;
+            }
+        }
+        let a = &mut qp.attr;
+        if mask.contains(M::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(M::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(M::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            qp.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(M::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            qp.req.rnr_left = attr.rnr_retry;
+        }
+        if mask.contains(M::RQ_PSN) {
+            a.rq_psn = attr.rq_psn & 0x00ff_ffff;
+            qp.resp.epsn = a.rq_psn;
+        }
+        if mask.contains(M::SQ_PSN) {
+            a.sq_psn = attr.sq_psn & 0x00ff_ffff;
+            qp.req.next_psn = a.sq_psn;
+            qp.req.una = a.sq_psn;
+            qp.req.max_sent = a.sq_psn;
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(M::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(M::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num & 0x00ff_ffff;
+        }
+        if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        if next != cur || mask.contains(M::STATE) {
+            match next {
+                QpState::Reset => {
+                    qp.reset();
+                    qp.attr.qp_state = QpState::Reset;
+                }
+                QpState::Err => qp.enter_error(&mut ctx),
+                QpState::Sqd => {
+                    qp.state = QpState::Sqd;
+                    qp.req.sqd_notify = qp.attr.en_sqd_async_notify;
+                }
+                s => {
+                    if s == QpState::Rts && cur != QpState::Rts {
+                        qp.req.retry_left = qp.attr.retry_cnt;
+                        qp.req.rnr_left = qp.attr.rnr_retry;
+                    }
+                    qp.state = s;
+                }
+            }
+            qp.attr.qp_state = qp.state;
+        }
+        sync(qp, &mut ctx, ready, timers);
+        Ok(())
+    }
+
+    /// Query a QP.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<(QpAttr, QpInitAttr), TransportError> {
+        let qp = self
+            .qps
+            .get(&crate::deps::qpn_value(qpn))
+            .ok_or(TransportError::NotFound)?;
+        let mut a = qp.attr;
+        a.qp_state = qp.state;
+        a.cur_qp_state = qp.state;
+        a.cap = qp.init.cap;
+        a.sq_draining = qp.state == QpState::Sqd && qp.req.sq.iter().any(|w| w.started);
+        Ok((a, qp.init))
+    }
+
+    /// Destroy a QP. Its queued work disappears without completions (like rxe).
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), TransportError> {
+        let qp = self
+            .qps
+            .remove(&crate::deps::qpn_value(qpn))
+            .ok_or(TransportError::NotFound)?;
+        if let Some(s) = qp.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {
+            s.users = s.users.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// Post a send WR. EINVAL in RESET/INIT/RTR (like rxe); in ERR the WR completes at
+    /// once with WR_FLUSH_ERR.
+    pub fn post_send(&mut self, now: Nanos, qpn: Qpn, wr: SendWr) -> Result<(), TransportError> {
+        use TransportError::InvalidArgument as E;
+        let n = crate::deps::qpn_value(qpn);
+        let Engine {
+            qps, ready, timers, ..
+        } = self;
+        let qp = qps.get_mut(&n).ok_or(TransportError::NotFound)?;
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(E("QP not ready to send"));
+        }
+        let ty = qp.init.qp_type;
+        let ok = match ty {
+            QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm),
+            QpType::Uc => matches!(
+                wr.opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+            ),
+            QpType::Rc => !matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::BindMw),
+        };
+        if !ok {
+            return Err(E("opcode not supported on this QP type"));
+        }
+        if ty == QpType::Ud && wr.ud.is_none() {
+            return Err(E("UD send without destination"));
+        }
+        match &wr.payload {
+            Payload::Sges(s) if s.len() > qp.init.cap.max_send_sge as usize => {
+                return Err(E("too many sges"))
+            }
+            Payload::Inline(b)
+                if b.len()
+                    > qp.init
+                        .cap
+                        .max_inline_data
+                        .max(self.cfg.max_inline_data.min(qp.init.cap.max_inline_data))
+                        as usize =>
+            {
+                return Err(E("inline data above max_inline_data"))
+            }
+            _ => {}
+        }
+        let mut len = wr.payload.len();
+        if matches!(
+            wr.opcode,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        ) {
+            if len < 8 || matches!(wr.payload, Payload::Inline(_)) {
+                return Err(E("atomic needs an 8-byte local buffer"));
+            }
+            len = 8;
+        }
+        if len > 1 << 31 {
+            return Err(E("message larger than 2 GiB"));
+        }
+        if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
+            return Err(TransportError::NoMemory);
+        }
+        let signaled = qp.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            mem: &self.memory,
+            counters: &mut self.counters,
+            completions: &mut self.completions,
+            events: &mut self.events,
+            srqs: &mut self.srqs,
+            now,
+        };
+        if qp.state == QpState::Err {
+            let wc = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: crate::qp::wc_opcode(wr.opcode),
+                qp_num: n,
+                ..Completion::default()
+            };
+            qp.post_completion(&mut ctx, true, wc);
+            return Ok(());
+        }
+        qp.req.sq.push_back(SendWqe {
+            wr,
+            signaled,
+            len,
+            started: false,
+            first_psn: 0,
+            npkts: 0,
+            read_next_psn: 0,
+            done: false,
+            status: None,
+        });
+        sync(qp, &mut ctx, ready, timers);
+        Ok(())
+    }
+
+    /// Post a receive WR. EINVAL in RESET or on an SRQ-attached QP; in ERR it completes
+    /// at once with WR_FLUSH_ERR.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), TransportError> {
+        use TransportError::InvalidArgument as E;
+        let n = crate::deps::qpn_value(qpn);
+        let qp = self.qps.get_mut(&n).ok_or(TransportError::NotFound)?;
+        if qp.state == QpState::Reset {
+            return Err(E("QP in RESET"));
+        }
+        if qp.init.srq.is_some() {
+            return Err(E("QP uses an SRQ"));
+        }
+        if wr.sg_list.len() > qp.init.cap.max_recv_sge as usize {
+            return Err(E("too many sges"));
+        }
+        if qp.rq.len() >= qp.init.cap.max_recv_wr as usize {
+            return Err(TransportError::NoMemory);
+        }
+        if qp.state == QpState::Err {
+            let wc = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num: n,
+                ..Completion::default()
+            };
+            self.completions.push_back((qp.init.recv_cq, wc));
+            return Ok(());
+        }
+        qp.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Handle one received RoCEv2 UDP payload (BTH .. ICRC). Anything invalid is
+    /// dropped and counted, never a panic.
+    pub fn handle_datagram(&mut self, now: Nanos, info: &DatagramInfo, udp_payload: &[u8]) {
+        let icrc = IcrcInfo {
+            src: info.src.ip(),
+            dst: info.dst,
+            sport: info.src.port(),
+            dport: self.cfg.udp_port,
+            ipv4_id: 0,
+        };
+        if !self.verify_icrc(now, &icrc, info, udp_payload) {
+            self.counters.drop_bad_icrc += 1;
+            return;
+        }
+        let Some((h, range)) = packet::parse(udp_payload) else {
+            self.counters.drop_malformed += 1;
+            return;
+        };
+        if !packet::pkey_ok(h.pkey) {
+            self.counters.drop_bad_pkey += 1;
+            return;
+        }
+        let Engine {
+            qps, ready, timers, ..
+        } = self;
+        let Some(qp) = qps.get_mut(&h.dqpn) else {
+            self.counters.drop_unknown_qpn += 1;
+            return;
+        };
+        let want = match qp.init.qp_type {
+            QpType::Rc => op::RC,
+            QpType::Uc => op::UC,
+            QpType::Ud => op::UD,
+        };
+        if h.opcode & 0xe0 != want {
+            self.counters.drop_bad_opcode += 1;
+            return;
+        }
+        if matches!(qp.state, QpState::Reset | QpState::Init) {
+            self.counters.drop_bad_state += 1;
+            return;
+        }
+        if qp.init.qp_type != QpType::Ud && !same_ip(info.src.ip(), qp.path.dst.ip()) {
+            self.counters.drop_wrong_peer += 1;
+            return;
+        }
+        self.counters.rcvd_pkts += 1;
+        let payload = udp_payload.get(range).unwrap_or(&[]);
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            mem: &self.memory,
+            counters: &mut self.counters,
+            completions: &mut self.completions,
+            events: &mut self.events,
+            srqs: &mut self.srqs,
+            now,
+        };
+        let is_response = qp.init.qp_type == QpType::Rc
+            && (op::READ_RESP_FIRST..=op::ATOMIC_ACK).contains(&h.opcode);
+        if is_response {
+            qp.on_response(&mut ctx, &h, payload);
+        } else {
+            let meta = RxMeta {
+                src: info.src.ip(),
+                dst: info.dst,
+                udp_len: udp_payload.len(),
+            };
+            qp.on_request(&mut ctx, &h, payload, &meta);
+        }
+        sync(qp, &mut ctx, ready, timers);
+    }
+
+    /// The ICRC covers the IPv4 ID, which a UDP socket does not show. Our own peers send
+    /// ID 0 (unconnected DF sockets) or 0, 1, 2.. per GSO segment; Linux rxe numbers
+    /// packets per destination (`__ip_select_ident`), so per peer we remember the last ID
+    /// that matched and try the IDs after it, and search the whole ID space (rarely:
+    /// first contact, or after a run of misses) when that fails.
+    fn verify_icrc(&mut self, now: Nanos, icrc: &IcrcInfo, info: &DatagramInfo, p: &[u8]) -> bool {
+        let peer = info.src.ip();
+        let seg = info.segment_index;
+        let Some(state) = (if peer.is_ipv4() {
+            Some(self.ip_ids.get(&peer).copied())
+        } else {
+            None
+        }) else {
+            return packet::verify(icrc, p, std::iter::empty()).is_some();
+        };
+        let near = state.map(|s: PeerIpId| s.last);
+        let cands = std::iter::once(seg).chain(
+            near.into_iter()
+                .flat_map(|l| (1..=32u16).map(move |d| l.wrapping_add(d))),
+        );
+        if let Some(id) = packet::verify(icrc, p, cands) {
+            if state.is_some() || self.ip_ids.len() < MAX_ID_PEERS {
+                let last_scan = state.and_then(|s| s.last_scan);
+                self.ip_ids.insert(
+                    peer,
+                    PeerIpId {
+                        last: id,
+                        misses: 0,
+                        last_scan,
+                    },
+                );
+            }
+            return true;
+        }
+        let mut st = state.unwrap_or(PeerIpId {
+            last: 0,
+            misses: 0,
+            last_scan: None,
+        });
+        st.misses = st.misses.saturating_add(1);
+        let scan_due = st
+            .last_scan
+            .is_none_or(|t| now.saturating_sub(t) >= ID_RESCAN_NS);
+        let found = if (state.is_none() || st.misses >= 16) && scan_due {
+            st.last_scan = Some(now);
+            packet::verify(icrc, p, 1..=u16::MAX)
+        } else {
+            None
+        };
+        if let Some(id) = found {
+            st.last = id;
+            st.misses = 0;
+        }
+        if self.ip_ids.len() < MAX_ID_PEERS || self.ip_ids.contains_key(&peer) {
+            self.ip_ids.insert(peer, st);
+        }
+        found.is_some()
+    }
+
+    /// Fill `buf` with packets for one destination (a GSO batch: equal-sized packets,
+    /// the last may be shorter), ICRC-sealed. None when nothing is ready.
+    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        let max_segs = self.cfg.max_gso_segments.max(1);
+        while let Some(&qpn) = self.ready.front() {
+            let Engine {
+                qps,
+                ready,
+                timers,
+                source_port,
+                ..
+            } = self;
+            let Some(qp) = qps.get_mut(&qpn) else {
+                ready.pop_front();
+                continue;
+            };
+            let mut ctx = ctx!(self, now);
+            let mut off = 0usize;
+            let mut count = 0usize;
+            let mut first: Option<(TxPlan, usize)> = None;
+            let mut too_small = false;
+            while count < max_segs {
+                let Some(plan) = qp.plan(&mut ctx) else { break };
+                let wl = plan.wire_len();
+                if let Some((p0, seg)) = &first {
+                    if plan.dst != p0.dst
+                        || plan.src != p0.src
+                        || plan.sport != p0.sport
+                        || wl > *seg
+                    {
+                        break;
+                    }
+                }
+                if off + wl > buf.len() {
+                    too_small = count == 0;
+                    break;
+                }
+                let Some(len) = qp.build(&mut ctx, &plan, &mut buf[off..]) else {
+                    break;
+                };
+                let sport = source_port.unwrap_or(plan.sport);
+                let ic = IcrcInfo {
+                    src: plan.src,
+                    dst: plan.dst.ip(),
+                    sport,
+                    dport: plan.dst.port(),
+                    ipv4_id: count as u16,
+                };
+                let Some(total) = packet::seal(&ic, &mut buf[off..], len) else {
+                    break;
+                };
+                if first.is_none() {
+                    first = Some((plan, total));
+                }
+                off += total;
+                count += 1;
+                if first.as_ref().is_some_and(|(_, seg)| total < *seg) {
+                    break;
+                }
+            }
+            if too_small {
+                return None;
+            }
+            ready.pop_front();
+            qp.in_ready = false;
+            sync(qp, &mut ctx, ready, timers);
+            if let Some((p0, seg)) = first {
+                return Some(Transmit {
+                    dst: p0.dst,
+                    src: p0.src,
+                    len: off,
+                    segment_size: seg,
+                    src_port: source_port.unwrap_or(p0.sport),
+                });
+            }
+        }
+        None
+    }
+
+    /// Run expired timers (retransmit, RNR wait).
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        while let Some((qpn, gen)) = self.timers.pop_due(now) {
+            let Engine {
+                qps, ready, timers, ..
+            } = self;
+            let Some(qp) = qps.get_mut(&qpn) else {
+                continue;
+            };
+            if qp.timer_gen != gen {
+                continue; // superseded
+            }
+            qp.timer = None;
+            let mut ctx = ctx!(self, now);
+            qp.on_timer(&mut ctx);
+            sync(qp, &mut ctx, ready, timers);
+        }
+    }
+
+    /// The earliest timer deadline (may be a superseded one: handling it is a no-op).
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.timers.peek()
+    }
+
+    /// Take one completion.
+    pub fn poll_completion(&mut self) -> Option<(CqId, Completion)> {
+        self.completions.pop_front()
+    }
+
+    /// Take one async event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// Protocol counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Is any QP ready to transmit? (Cheap check for the datapath loop.)
+    pub fn has_transmit(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Outstanding PSN span of a QP's requester (diagnostics and tests).
+    pub fn inflight_psns(&self, qpn: Qpn) -> Option<u32> {
+        let qp = self.qps.get(&crate::deps::qpn_value(qpn))?;
+        Some(psn_diff(qp.req.max_sent, qp.req.una).max(0) as u32)
+    }
+}

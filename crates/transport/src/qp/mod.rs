@@ -1,0 +1,324 @@
+//! A queue pair: its attributes, state machine, send/receive queues and the requester,
+//! completer and responder state that hang off it.
+
+pub mod state;
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::counters::Counters;
+use crate::engine::EngineConfig;
+use crate::path::Path;
+use crate::recovery::GoBackN;
+use crate::verbs::*;
+
+/// Everything outside the QP that QP logic touches while handling an event.
+pub(crate) struct Ctx<'a> {
+    pub cfg: &'a EngineConfig,
+    pub mem: &'a MemoryTable,
+    pub counters: &'a mut Counters,
+    pub completions: &'a mut VecDeque<(CqId, Completion)>,
+    pub events: &'a mut VecDeque<AsyncEvent>,
+    pub srqs: &'a mut HashMap<u32, Srq>,
+    pub now: Nanos,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub(crate) struct Srq {
+    /// Owning PD (receive WQEs are placed with the QP's PD, which verbs requires to be
+    /// the same).
+    #[allow(dead_code)]
+    pub pd: PdId,
+    pub attr: SrqAttr,
+    pub queue: VecDeque<RecvWr>,
+    pub users: u32,
+}
+
+impl Srq {
+    /// Take one receive; fire the limit event when the count falls below the armed limit
+    /// (IBTA 10.2.9.3: the limit disarms once it fires).
+    pub fn take(&mut self, id: SrqId, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWr> {
+        let wr = self.queue.pop_front()?;
+        if self.attr.srq_limit > 0 && (self.queue.len() as u32) < self.attr.srq_limit {
+            self.attr.srq_limit = 0;
+            events.push_back(AsyncEvent::SrqLimitReached(id));
+        }
+        Some(wr)
+    }
+}
+
+/// A posted send WR and its progress.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    pub signaled: bool,
+    /// Payload length (READ: bytes to read; atomics: 8).
+    pub len: u64,
+    /// Has a PSN range been assigned (first transmission started)?
+    pub started: bool,
+    pub first_psn: u32,
+    /// PSNs the WQE occupies (READ: response packets).
+    pub npkts: u32,
+    /// READ: next response PSN expected.
+    pub read_next_psn: u32,
+    /// All packets sent once (UC/UD: this completes the WQE).
+    pub done: bool,
+    /// Error found by the requester itself (local errors), reported when it reaches the head.
+    pub status: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub fn is_rd_atomic(&self) -> bool {
+        matches!(
+            self.wr.opcode,
+            WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+    pub fn last_psn(&self) -> u32 {
+        psn_add(self.first_psn, self.npkts.max(1) - 1)
+    }
+    pub fn contains(&self, psn: u32) -> bool {
+        self.started && psn_diff(psn, self.first_psn) >= 0 && psn_diff(psn, self.last_psn()) <= 0
+    }
+}
+
+/// Requester state (send side: segmentation, PSNs, outstanding work).
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    pub sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the WQE whose next packet goes out next.
+    pub send_idx: usize,
+    /// Byte offset of that packet within the WQE.
+    pub send_off: u64,
+    /// PSN given to the next WQE that starts.
+    pub next_psn: u32,
+    /// Oldest unacknowledged PSN.
+    pub una: u32,
+    /// One past the highest PSN sent.
+    pub max_sent: u32,
+    /// READ/atomic WQEs started and not completed.
+    pub rd_atomic_inflight: u32,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// RNR NAK received: sending paused until this time, then resume from the PSN.
+    pub rnr_wait: Option<(Nanos, u32)>,
+    /// Retransmit deadline.
+    pub rto: Option<Nanos>,
+    pub pkts_since_ack_req: u32,
+    pub recovery: GoBackN,
+    /// SQD: notify when drained.
+    pub sqd_notify: bool,
+}
+
+/// In-progress inbound message on the responder.
+#[derive(Debug)]
+pub(crate) enum InMsg {
+    Send {
+        wqe: RecvWr,
+        from_srq: bool,
+        off: u64,
+    },
+    Write {
+        rkey: u32,
+        va: u64,
+        remaining: u64,
+        total: u64,
+    },
+}
+
+/// A READ/atomic responder resource (IBTA 9.7.5.1: kept to answer duplicates).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RdRes {
+    Read { first_psn: u32, last_psn: u32 },
+    Atomic { psn: u32, orig: u64 },
+}
+
+/// Something the responder has to send, in order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RespOut {
+    Ack {
+        psn: u32,
+        syndrome: u8,
+        msn: u32,
+    },
+    Read {
+        psn: u32,
+        rkey: u32,
+        va: u64,
+        remaining: u64,
+        first: bool,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// Responder state (receive side).
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    pub epsn: u32,
+    pub msn: u32,
+    /// A PSN-sequence or RNR NAK was sent for `epsn` (IBTA C9-88: one NAK per error).
+    pub nak_sent: bool,
+    pub cur: Option<InMsg>,
+    pub res: VecDeque<RdRes>,
+    pub out: VecDeque<RespOut>,
+    pub comm_est: bool,
+    /// UC: drop packets until the next FIRST/ONLY.
+    pub uc_resync: bool,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub init: QpInitAttr,
+    pub attr: QpAttr,
+    pub state: QpState,
+    pub rq: VecDeque<RecvWr>,
+    pub req: Requester,
+    pub resp: Responder,
+    pub path: Path,
+    /// In the engine's ready queue.
+    pub in_ready: bool,
+    /// Current timer deadline and its generation (lazy deletion in the heap).
+    pub timer: Option<Nanos>,
+    pub timer_gen: u64,
+}
+
+/// Serial-number PSN arithmetic (24 bits, IBTA 9.7.1).
+pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
+    a.wrapping_add(n) & 0x00ff_ffff
+}
+/// `a - b` as a signed distance in the 24-bit PSN space.
+pub(crate) fn psn_diff(a: u32, b: u32) -> i32 {
+    (a.wrapping_sub(b) << 8) as i32 >> 8
+}
+
+impl Qp {
+    pub fn new(qpn: u32, init: QpInitAttr) -> Qp {
+        let attr = QpAttr {
+            cap: init.cap,
+            ..QpAttr::default()
+        };
+        Qp {
+            qpn,
+            init,
+            attr,
+            state: QpState::Reset,
+            rq: VecDeque::new(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            path: Path::default(),
+            in_ready: false,
+            timer: None,
+            timer_gen: 0,
+        }
+    }
+
+    pub fn qpn_t(&self) -> Qpn {
+        crate::deps::qpn(self.qpn)
+    }
+
+    /// The MTU packets of this QP use: min(path MTU, device MTU); UD uses the device MTU.
+    pub fn mtu(&self, cfg: &EngineConfig) -> u64 {
+        let m = if self.init.qp_type == QpType::Ud {
+            cfg.max_mtu
+        } else {
+            self.attr.path_mtu.min(cfg.max_mtu)
+        };
+        m.bytes() as u64
+    }
+
+    pub fn is_rc(&self) -> bool {
+        self.init.qp_type == QpType::Rc
+    }
+
+    pub fn post_completion(&self, ctx: &mut Ctx<'_>, send: bool, wc: Completion) {
+        let cq = if send {
+            self.init.send_cq
+        } else {
+            self.init.recv_cq
+        };
+        ctx.completions.push_back((cq, wc));
+    }
+
+    /// Move to ERR: flush every posted WR with WR_FLUSH_ERR (IBTA 10.3.1 / rxe flush).
+    pub fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.attr.qp_state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        let qp_num = self.qpn;
+        for w in std::mem::take(&mut self.req.sq) {
+            let wc = Completion {
+                wr_id: w.wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: wc_opcode(w.wr.opcode),
+                qp_num,
+                ..Completion::default()
+            };
+            self.post_completion(ctx, true, wc);
+        }
+        self.req.send_idx = 0;
+        self.req.send_off = 0;
+        self.req.rd_atomic_inflight = 0;
+        self.req.rnr_wait = None;
+        self.req.rto = None;
+        let mut recvs: Vec<RecvWr> = self.rq.drain(..).collect();
+        if let Some(InMsg::Send {
+            wqe,
+            from_srq: false,
+            ..
+        }) = self.resp.cur.take()
+        {
+            recvs.insert(0, wqe);
+        }
+        for r in recvs {
+            let wc = Completion {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num,
+                ..Completion::default()
+            };
+            self.post_completion(ctx, false, wc);
+        }
+        self.resp.out.clear();
+        if self.init.srq.is_some() {
+            // IBTA 11.5.3.3: a QP on an SRQ reports the last WQE once in error.
+            ctx.events
+                .push_back(AsyncEvent::QpLastWqeReached(self.qpn_t()));
+        }
+    }
+
+    /// Back to RESET: queues emptied without completions (IBTA 10.3.1: RESET discards).
+    pub fn reset(&mut self) {
+        self.rq.clear();
+        self.req = Requester::default();
+        self.resp = Responder::default();
+        self.state = QpState::Reset;
+        self.timer = None;
+    }
+}
+
+/// The completion opcode reported for a send WR opcode.
+pub(crate) fn wc_opcode(op: WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => WcOpcode::Send,
+        WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+        WrOpcode::AtomicCmpAndSwp => WcOpcode::CompSwap,
+        WrOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+        WrOpcode::LocalInv => WcOpcode::LocalInv,
+        WrOpcode::BindMw => WcOpcode::BindMw,
+    }
+}

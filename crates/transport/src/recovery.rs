@@ -1,0 +1,52 @@
+//! Loss recovery: deciding what to retransmit when a loss is detected.
+//!
+//! RoCEv2 RC uses go-back-N (IBTA 9.7.5.2.x): on a PSN-sequence NAK, a retransmit
+//! timeout or a gap in READ responses, the requester resends everything from the first
+//! missing PSN. The policy sits behind [`LossRecovery`] so selective acknowledgement can
+//! replace it without touching the requester or completer.
+
+/// Why the completer thinks packets were lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LossCause {
+    /// PSN sequence error NAK from the responder.
+    NakSeq,
+    /// Retransmit timer expired.
+    Timeout,
+    /// A response skipped PSNs (READ response gap, or an ACK beyond a pending READ).
+    Gap,
+}
+
+/// A loss recovery policy.
+pub(crate) trait LossRecovery {
+    /// Packets from `psn` on are missing: the PSN to resend from, or None to ignore this
+    /// signal (e.g. a repeated gap report for a retransmission already under way).
+    fn on_loss(&mut self, psn: u32, cause: LossCause) -> Option<u32>;
+    /// The oldest unacknowledged PSN advanced to `una`.
+    fn on_progress(&mut self, una: u32);
+}
+
+/// Go-back-N as rxe and IBTA do it.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct GoBackN {
+    /// PSN a retransmission was last started from; repeated gap signals for the same
+    /// PSN (the tail of the old flight still arriving) do not restart it.
+    pending: Option<u32>,
+}
+
+impl LossRecovery for GoBackN {
+    fn on_loss(&mut self, psn: u32, cause: LossCause) -> Option<u32> {
+        if cause == LossCause::Gap && self.pending == Some(psn) {
+            return None;
+        }
+        self.pending = Some(psn);
+        Some(psn)
+    }
+
+    fn on_progress(&mut self, una: u32) {
+        if let Some(p) = self.pending {
+            if crate::qp::psn_diff(una, p) > 0 {
+                self.pending = None;
+            }
+        }
+    }
+}

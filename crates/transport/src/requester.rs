@@ -1,0 +1,483 @@
+//! Requester: turns send WQEs into packets (segmentation at the path MTU, PSN
+//! assignment, AckReq placement), enforces the READ/atomic and fence rules, and
+//! rewinds for retransmission.
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::packet::{op, PktHdr, DEFAULT_PKEY};
+use crate::path::Path;
+use crate::qp::{psn_add, psn_diff, Ctx, Qp, RespOut};
+use crate::recovery::{LossCause, LossRecovery};
+use crate::timers::ack_timeout_ns;
+use crate::verbs::*;
+
+/// Most PSNs in flight before the requester waits for ACKs (rxe: RXE_MAX_UNACKED_PSNS).
+pub(crate) const MAX_UNACKED_PSNS: i32 = 256;
+/// Ask for an ACK at least this often inside long messages (rxe: RXE_MAX_PKT_PER_ACK).
+pub(crate) const ACK_EVERY: u32 = 32;
+
+/// Where the next packet of a QP comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxSource {
+    /// The responder's output queue (ACK/NAK, READ response, atomic ACK).
+    Responder,
+    /// The send queue.
+    Requester,
+}
+
+/// The next packet of a QP, decided but not yet written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxPlan {
+    pub source: TxSource,
+    pub hdr: PktHdr,
+    pub payload_len: usize,
+    pub src: IpAddr,
+    pub dst: SocketAddr,
+    pub sport: u16,
+}
+
+impl TxPlan {
+    pub fn wire_len(&self) -> usize {
+        crate::packet::packet_len(self.hdr.opcode, self.payload_len)
+    }
+}
+
+fn tr_prefix(ty: QpType) -> u8 {
+    match ty {
+        QpType::Rc => op::RC,
+        QpType::Uc => op::UC,
+        QpType::Ud => op::UD,
+    }
+}
+
+impl Qp {
+    /// True if `plan` would return something (used to keep the ready queue honest).
+    pub fn has_output(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        self.plan(ctx).is_some()
+    }
+
+    /// Decide the next packet of this QP. Responder output goes first: ACKs are small
+    /// and unblock the peer, READ responses are ordered with them.
+    pub fn plan(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
+        if self.state == QpState::Err {
+            // Only the final NAK of a responder error can still be queued.
+            return self.plan_response(ctx);
+        }
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            return None;
+        }
+        if let Some(p) = self.plan_response(ctx) {
+            return Some(p);
+        }
+        self.plan_request(ctx)
+    }
+
+    fn plan_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
+        let item = *self.resp.out.front()?;
+        let mtu = self.mtu(ctx.cfg);
+        let mut hdr = PktHdr {
+            pkey: DEFAULT_PKEY,
+            dqpn: self.attr.dest_qp_num,
+            ..PktHdr::default()
+        };
+        let mut payload_len = 0;
+        match item {
+            RespOut::Ack { psn, syndrome, msn } => {
+                hdr.opcode = op::RC | op::ACK;
+                hdr.psn = psn;
+                hdr.aeth = Some((syndrome, msn));
+            }
+            RespOut::Read {
+                psn,
+                remaining,
+                first,
+                msn,
+                ..
+            } => {
+                let n = remaining.min(mtu);
+                let last = n == remaining;
+                hdr.opcode = match (first, last) {
+                    (true, true) => op::READ_RESP_ONLY,
+                    (true, false) => op::READ_RESP_FIRST,
+                    (false, true) => op::READ_RESP_LAST,
+                    (false, false) => op::READ_RESP_MIDDLE,
+                };
+                if first || last {
+                    hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
+                }
+                hdr.psn = psn;
+                payload_len = n as usize;
+            }
+            RespOut::AtomicAck { psn, orig, msn } => {
+                hdr.opcode = op::ATOMIC_ACK;
+                hdr.psn = psn;
+                hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
+                hdr.atomic_ack = Some(orig);
+            }
+        }
+        let path = *self.path.for_psn(hdr.psn);
+        Some(TxPlan {
+            source: TxSource::Responder,
+            hdr,
+            payload_len,
+            src: path.src,
+            dst: path.dst,
+            sport: path.sport,
+        })
+    }
+
+    fn plan_request(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_wait.is_some() {
+            return None;
+        }
+        let ty = self.init.qp_type;
+        let mtu = self.mtu(ctx.cfg);
+        let idx = self.req.send_idx;
+        let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
+        let rd_inflight = self.req.rd_atomic_inflight;
+        let unacked = psn_diff(self.req.next_psn, self.req.una);
+        let state = self.state;
+        let qkey = self.attr.qkey;
+        let w = self.req.sq.get_mut(idx)?;
+        if w.status.is_some() {
+            // Halted at a local error: it completes when it reaches the head.
+            return None;
+        }
+        if !w.started {
+            if state != QpState::Rts {
+                // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
+                return None;
+            }
+            if ty == QpType::Rc {
+                if unacked >= MAX_UNACKED_PSNS {
+                    return None;
+                }
+                if w.is_rd_atomic() && rd_inflight >= max_rd {
+                    return None;
+                }
+                // IBV_SEND_FENCE: wait for every earlier READ/atomic to complete.
+                if w.wr.flags.contains(SendFlags::FENCE) && rd_inflight > 0 {
+                    return None;
+                }
+            }
+            if ty == QpType::Ud && w.len > mtu {
+                // rxe: a UD message must fit one packet.
+                w.status = Some(WcStatus::LocQpOpErr);
+                return None;
+            }
+            if let Payload::Sges(sges) = &w.wr.payload {
+                // Check every lkey before the first packet leaves (rxe reports a bad
+                // lkey as IBV_WC_LOC_PROT_ERR on that WQE). READ and atomic results
+                // are written locally, so they need LOCAL_WRITE.
+                if ctx
+                    .mem
+                    .validate_sges(self.init.pd, sges, w.is_rd_atomic())
+                    .is_err()
+                {
+                    w.status = Some(WcStatus::LocProtErr);
+                    return None;
+                }
+            }
+            let npkts = match w.wr.opcode {
+                WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+                _ => (w.len.div_ceil(mtu)).max(1) as u32,
+            };
+            w.started = true;
+            w.first_psn = self.req.next_psn;
+            w.read_next_psn = w.first_psn;
+            w.npkts = npkts;
+            self.req.next_psn = psn_add(self.req.next_psn, npkts);
+            if w.is_rd_atomic() {
+                self.req.rd_atomic_inflight += 1;
+            }
+        }
+        let w = &self.req.sq[idx];
+        let off = self.req.send_off;
+        let psn = psn_add(w.first_psn, (off / mtu) as u32);
+        let mut hdr = PktHdr {
+            pkey: DEFAULT_PKEY,
+            dqpn: self.attr.dest_qp_num,
+            psn,
+            ..PktHdr::default()
+        };
+        let pre = tr_prefix(ty);
+        let mut payload_len = 0usize;
+        let mut last = true;
+        match w.wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
+                let n = (w.len - off).min(mtu);
+                let first = off == 0;
+                last = off + n >= w.len;
+                let (imm, inv) = (
+                    w.wr.opcode == WrOpcode::SendWithImm,
+                    w.wr.opcode == WrOpcode::SendWithInv,
+                );
+                hdr.opcode = pre
+                    | match (first, last) {
+                        (true, true) if imm => op::SEND_ONLY_IMM,
+                        (true, true) if inv => op::SEND_ONLY_INV,
+                        (true, true) => op::SEND_ONLY,
+                        (true, false) => op::SEND_FIRST,
+                        (false, false) => op::SEND_MIDDLE,
+                        (false, true) if imm => op::SEND_LAST_IMM,
+                        (false, true) if inv => op::SEND_LAST_INV,
+                        (false, true) => op::SEND_LAST,
+                    };
+                if last {
+                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED);
+                    if imm {
+                        hdr.imm = Some(w.wr.imm_data);
+                    }
+                    if inv {
+                        hdr.ieth = Some(w.wr.imm_data);
+                    }
+                }
+                payload_len = n as usize;
+            }
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+                let n = (w.len - off).min(mtu);
+                let first = off == 0;
+                last = off + n >= w.len;
+                let imm = w.wr.opcode == WrOpcode::RdmaWriteWithImm;
+                hdr.opcode = pre
+                    | match (first, last) {
+                        (true, true) if imm => op::WRITE_ONLY_IMM,
+                        (true, true) => op::WRITE_ONLY,
+                        (true, false) => op::WRITE_FIRST,
+                        (false, false) => op::WRITE_MIDDLE,
+                        (false, true) if imm => op::WRITE_LAST_IMM,
+                        (false, true) => op::WRITE_LAST,
+                    };
+                if first {
+                    hdr.reth = Some((w.wr.remote_addr, w.wr.rkey, w.len as u32));
+                }
+                if last {
+                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED) && imm;
+                    if imm {
+                        hdr.imm = Some(w.wr.imm_data);
+                    }
+                }
+                payload_len = n as usize;
+            }
+            WrOpcode::RdmaRead => {
+                // A retransmitted READ resumes at the first missing response
+                // (IBTA 9.7.5.2.x): the request names the remaining range.
+                hdr.opcode = op::READ_REQUEST;
+                hdr.reth = Some((
+                    w.wr.remote_addr.wrapping_add(off),
+                    w.wr.rkey,
+                    (w.len - off) as u32,
+                ));
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                let cas = w.wr.opcode == WrOpcode::AtomicCmpAndSwp;
+                hdr.opcode = if cas { op::CMP_SWAP } else { op::FETCH_ADD };
+                hdr.atomic = Some(if cas {
+                    (w.wr.remote_addr, w.wr.rkey, w.wr.swap, w.wr.compare_add)
+                } else {
+                    (w.wr.remote_addr, w.wr.rkey, w.wr.compare_add, 0)
+                });
+            }
+            WrOpcode::LocalInv | WrOpcode::BindMw => return None,
+        }
+        let (src, dst, sport) = if ty == QpType::Ud {
+            let ud = w.wr.ud.unwrap_or_default();
+            let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
+            hdr.dqpn = ud.remote_qpn & 0x00ff_ffff;
+            // IBTA 10.2.4: a WR Q_Key with the high bit set means "use the QP's Q_Key".
+            let qk = if ud.remote_qkey & 0x8000_0000 != 0 {
+                qkey
+            } else {
+                ud.remote_qkey
+            };
+            hdr.deth = Some((qk, self.qpn));
+            (path.src, path.dst, path.sport)
+        } else {
+            let p = self.path.for_psn(psn);
+            (p.src, p.dst, p.sport)
+        };
+        if ty == QpType::Rc {
+            // Coalesced ACKs: ask on the last packet of a message, and periodically in
+            // long ones, and when the window is about to close.
+            hdr.ack_req = last
+                || self.req.pkts_since_ack_req + 1 >= ACK_EVERY
+                || psn_diff(psn, self.req.una) + 1 >= MAX_UNACKED_PSNS;
+        }
+        Some(TxPlan {
+            source: TxSource::Requester,
+            hdr,
+            payload_len,
+            src,
+            dst,
+            sport,
+        })
+    }
+
+    /// Write the planned packet (headers, payload, pad; no ICRC) into `buf` and advance.
+    /// Returns the length, or None if it could not be built (local error: the QP
+    /// recorded it).
+    pub fn build(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan, buf: &mut [u8]) -> Option<usize> {
+        let hl = crate::packet::emit(buf, &plan.hdr, plan.payload_len)?;
+        let n = plan.payload_len;
+        let pad = crate::packet::pad_count(n);
+        if buf.len() < hl + n + pad {
+            return None;
+        }
+        let pd = self.init.pd;
+        match plan.source {
+            TxSource::Responder => {
+                if let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() {
+                    if let Err(_e) = ctx.mem.remote_read(pd, rkey, va, &mut buf[hl..hl + n]) {
+                        // The MR went away after the request was checked: NAK instead.
+                        self.resp.out.pop_front();
+                        self.resp.out.push_front(RespOut::Ack {
+                            psn: plan.hdr.psn,
+                            syndrome: crate::packet::syndrome::NAK_REMOTE_ACCESS,
+                            msn: self.resp.msn,
+                        });
+                        return None;
+                    }
+                }
+                self.advance_response(n as u64);
+            }
+            TxSource::Requester => {
+                let idx = self.req.send_idx;
+                let off = self.req.send_off;
+                let w = self.req.sq.get_mut(idx)?;
+                match &w.wr.payload {
+                    _ if n == 0 => {}
+                    Payload::Inline(b) => {
+                        let s = b.get(off as usize..off as usize + n)?;
+                        buf[hl..hl + n].copy_from_slice(s);
+                    }
+                    Payload::Sges(sges) => {
+                        if ctx
+                            .mem
+                            .gather(pd, sges, off as usize, &mut buf[hl..hl + n])
+                            .is_err()
+                        {
+                            // rxe: a bad lkey found while copying completes the WQE
+                            // with IBV_WC_LOC_PROT_ERR.
+                            w.status = Some(WcStatus::LocProtErr);
+                            return None;
+                        }
+                    }
+                }
+                self.advance_request(ctx, plan);
+            }
+        }
+        buf[hl + n..hl + n + pad].fill(0);
+        ctx.counters.sent_pkts += 1;
+        Some(hl + n + pad)
+    }
+
+    fn advance_response(&mut self, n: u64) {
+        let Some(front) = self.resp.out.front_mut() else {
+            return;
+        };
+        match front {
+            RespOut::Read {
+                psn,
+                va,
+                remaining,
+                first,
+                ..
+            } => {
+                *psn = psn_add(*psn, 1);
+                *va = va.wrapping_add(n);
+                *remaining -= n;
+                *first = false;
+                if *remaining == 0 {
+                    self.resp.out.pop_front();
+                }
+            }
+            _ => {
+                self.resp.out.pop_front();
+            }
+        }
+    }
+
+    fn advance_request(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan) {
+        let ty = self.init.qp_type;
+        let idx = self.req.send_idx;
+        let n = plan.payload_len as u64;
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return;
+        };
+        // A READ request occupies the PSNs of all its responses.
+        let next = if w.wr.opcode == WrOpcode::RdmaRead {
+            psn_add(w.last_psn(), 1)
+        } else {
+            psn_add(plan.hdr.psn, 1)
+        };
+        let whole = match w.wr.opcode {
+            WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => true,
+            _ => {
+                self.req.send_off += n;
+                self.req.send_off >= w.len
+            }
+        };
+        if whole {
+            self.req.send_idx += 1;
+            self.req.send_off = 0;
+            if ty != QpType::Rc {
+                // UC/UD complete once sent (no ACKs).
+                w.done = true;
+            }
+        }
+        if psn_diff(next, self.req.max_sent) > 0 || ty != QpType::Rc {
+            self.req.max_sent = next;
+        }
+        if plan.hdr.ack_req {
+            self.req.pkts_since_ack_req = 0;
+        } else {
+            self.req.pkts_since_ack_req += 1;
+        }
+        if ty == QpType::Rc && self.req.rto.is_none() {
+            self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t);
+        }
+        if ty != QpType::Rc && whole {
+            self.complete_sends(ctx);
+        }
+    }
+
+    /// Rewind the send position to `psn` (go-back-N).
+    pub fn rewind_to(&mut self, psn: u32, mtu: u64) {
+        for (i, w) in self.req.sq.iter().enumerate() {
+            if w.contains(psn) {
+                self.req.send_idx = i;
+                self.req.send_off = match w.wr.opcode {
+                    WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
+                    _ => u64::from(psn_diff(psn, w.first_psn) as u32) * mtu,
+                };
+                return;
+            }
+        }
+    }
+
+    /// Packets from `psn` are lost: retransmit per the recovery policy, spending one
+    /// transport retry (rxe COMPST_ERROR_RETRY; retry_cnt 7 retries forever like rxe).
+    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) {
+        let Some(from) = self.req.recovery.on_loss(psn, cause) else {
+            return;
+        };
+        if self.req.retry_left == 0 {
+            ctx.counters.retry_exceeded_err += 1;
+            if let Some(w) = self.req.sq.front_mut() {
+                w.status = Some(WcStatus::RetryExcErr);
+            }
+            self.complete_sends(ctx);
+            return;
+        }
+        if self.attr.retry_cnt != 7 {
+            self.req.retry_left -= 1;
+        }
+        ctx.counters.completer_retry_err += 1;
+        let mtu = self.mtu(ctx.cfg);
+        self.rewind_to(from, mtu);
+        self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t);
+    }
+}

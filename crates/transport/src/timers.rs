@@ -1,0 +1,55 @@
+//! Per-QP deadlines in one heap with lazy deletion: each QP has at most one live
+//! deadline (its retransmit or RNR timer); superseded heap entries are skipped by
+//! generation number when they surface.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::verbs::Nanos;
+
+/// The timer heap.
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Nanos, u32, u64)>>,
+}
+
+impl Timers {
+    /// Schedule `(deadline, qpn, generation)`.
+    pub fn push(&mut self, at: Nanos, qpn: u32, gen: u64) {
+        self.heap.push(Reverse((at, qpn, gen)));
+    }
+
+    /// The earliest entry (possibly stale).
+    pub fn peek(&self) -> Option<Nanos> {
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Pop one entry due at or before `now`.
+    pub fn pop_due(&mut self, now: Nanos) -> Option<(u32, u64)> {
+        match self.heap.peek() {
+            Some(Reverse((t, _, _))) if *t <= now => {
+                self.heap.pop().map(|Reverse((_, q, g))| (q, g))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); 0 means infinite.
+pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<Nanos> {
+    if timeout == 0 {
+        None
+    } else {
+        Some(4096u64 << timeout.min(31))
+    }
+}
+
+/// RNR NAK timer (IBTA table 45): the 5-bit code to nanoseconds.
+pub(crate) fn rnr_timer_ns(code: u8) -> Nanos {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+        245_760, 327_680, 491_520,
+    ];
+    US[usize::from(code & 31)] * 1000
+}

@@ -1,0 +1,228 @@
+//! RC end to end over the simulated network: SEND/RECV, WRITE (with imm), READ,
+//! atomics, inline, scatter/gather, large messages.
+
+mod sim;
+
+use sim::*;
+use softhca_transport::*;
+
+#[test]
+fn send_recv_with_imm_and_sgl() {
+    let mut net = SimNet::new(1, 2, Mtu::M1024);
+    let o = RcOpts::default();
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let src = net.reg(0, 10_000, full_access());
+    let dst = net.reg(1, 10_000, full_access());
+    net.fill_random(&src);
+    // Scatter into two pieces on the receiver.
+    let mut sg = dst.sges(0, 3000);
+    sg.push(dst.sge(5000, 5000));
+    net.nodes[1].engine.post_recv(b, recv_wr(7, sg)).unwrap();
+    let mut wr = send_wr(1, WrOpcode::SendWithImm, src.sges(0, 7000));
+    wr.imm_data = 0xdead_beef;
+    net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    let r = net.take_completions(1);
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].wr_id, s[0].status, s[0].opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].status, WcStatus::Success);
+    assert_eq!(r[0].opcode, WcOpcode::Recv);
+    assert_eq!(r[0].byte_len, 7000);
+    assert_eq!(r[0].imm_data, 0xdead_beef);
+    assert!(r[0].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(r[0].src_qp, qpn_u32(a));
+    let (sm, dm) = (net.mem(&src).to_vec(), net.mem(&dst).to_vec());
+    assert_eq!(&dm[..3000], &sm[..3000]);
+    assert_eq!(&dm[5000..9000], &sm[3000..7000]);
+    assert!(dm[3000..5000].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn zero_byte_send_and_inline() {
+    let mut net = SimNet::new(2, 2, Mtu::M256);
+    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let dst = net.reg(1, 100, full_access());
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(1, dst.sges(0, 100)))
+        .unwrap();
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(2, dst.sges(50, 50)))
+        .unwrap();
+    net.nodes[0]
+        .engine
+        .post_send(0, a, send_wr(10, WrOpcode::Send, Default::default()))
+        .unwrap();
+    let inline = SendWr {
+        wr_id: 11,
+        opcode: WrOpcode::Send,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        payload: Payload::Inline(smallvec::SmallVec::from_slice(b"hello inline")),
+        ..SendWr::default()
+    };
+    net.nodes[0].engine.post_send(0, a, inline).unwrap();
+    net.run(1_000_000_000);
+    let r = net.take_completions(1);
+    assert_eq!(
+        r.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
+        vec![(1, 0), (2, 12)]
+    );
+    assert_eq!(&net.mem(&dst)[50..62], b"hello inline");
+    let s = net.take_completions(0);
+    assert_eq!(
+        s.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(10, WcStatus::Success), (11, WcStatus::Success)]
+    );
+}
+
+#[test]
+fn write_read_atomics() {
+    let mut net = SimNet::new(3, 2, Mtu::M4096);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 200_000, full_access());
+    let rb = net.reg(1, 200_000, full_access());
+    net.fill_random(&la);
+    // WRITE 100 KB to the remote, then READ it back into the second half locally.
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, 100_000));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    let mut r = send_wr(2, WrOpcode::RdmaRead, la.sges(100_000, 100_000));
+    r.remote_addr = rb.addr;
+    r.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, r).unwrap();
+    // Atomics on a counter at rb[199_992].
+    net.mem_mut(&rb)[199_992..].copy_from_slice(&5u64.to_ne_bytes());
+    let mut f = send_wr(3, WrOpcode::AtomicFetchAndAdd, la.sges(0, 8));
+    f.remote_addr = rb.addr + 199_992;
+    f.rkey = rb.rkey;
+    f.compare_add = 10;
+    f.flags |= SendFlags::FENCE;
+    net.nodes[0].engine.post_send(0, a, f).unwrap();
+    let mut c = send_wr(4, WrOpcode::AtomicCmpAndSwp, la.sges(8, 8));
+    c.remote_addr = rb.addr + 199_992;
+    c.rkey = rb.rkey;
+    c.compare_add = 15;
+    c.swap = 99;
+    net.nodes[0].engine.post_send(0, a, c).unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(
+        s.iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
+            (2, WcStatus::Success, WcOpcode::RdmaRead),
+            (3, WcStatus::Success, WcOpcode::FetchAdd),
+            (4, WcStatus::Success, WcOpcode::CompSwap)
+        ]
+    );
+    assert_eq!(s[1].byte_len, 100_000);
+    let lm = net.mem(&la).to_vec();
+    // The READ returned what the WRITE put there (its first 16 bytes were later
+    // overwritten locally by the atomics' results).
+    assert_eq!(&lm[100_000..200_000], &net.mem(&rb)[..100_000]);
+    assert_eq!(u64::from_ne_bytes(lm[0..8].try_into().unwrap()), 5);
+    assert_eq!(u64::from_ne_bytes(lm[8..16].try_into().unwrap()), 15);
+    assert_eq!(
+        u64::from_ne_bytes(net.mem(&rb)[199_992..].try_into().unwrap()),
+        99
+    );
+    assert!(net.mem(&rb)[..100_000] == lm[100_000..200_000]);
+    // Nothing was dropped on a clean network.
+    let c = net.nodes[1].engine.counters();
+    assert_eq!(c.drop_bad_icrc + c.drop_malformed + c.duplicate_request, 0);
+}
+
+#[test]
+fn write_with_imm_consumes_recv() {
+    let mut net = SimNet::new(4, 2, Mtu::M512);
+    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 4000, full_access());
+    let rb = net.reg(1, 4000, full_access());
+    net.fill_random(&la);
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(55, Default::default()))
+        .unwrap();
+    let mut w = send_wr(1, WrOpcode::RdmaWriteWithImm, la.sges(0, 3333));
+    w.remote_addr = rb.addr + 10;
+    w.rkey = rb.rkey;
+    w.imm_data = 0x1234;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    net.run(1_000_000_000);
+    let r = net.take_completions(1);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (
+            r[0].wr_id,
+            r[0].status,
+            r[0].opcode,
+            r[0].byte_len,
+            r[0].imm_data
+        ),
+        (
+            55,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            3333,
+            0x1234
+        )
+    );
+    assert!(r[0].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(&net.mem(&rb)[10..3343], &net.mem(&la)[..3333]);
+}
+
+#[test]
+fn gso_batches_and_multi_megabyte_write() {
+    let mut net = SimNet::new(5, 2, Mtu::M4096);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let size = 8 << 20;
+    let la = net.reg(0, size, full_access());
+    let rb = net.reg(1, size, full_access());
+    net.fill_random(&la);
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, size));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    net.run(10_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].status, WcStatus::Success);
+    assert!(net.mem(&rb) == net.mem(&la));
+    assert!(net.max_batch >= 16, "GSO batches used: {}", net.max_batch);
+    // ACKs are coalesced: far fewer ACK packets than data packets.
+    let data_pkts = (size / 4096) as u64;
+    let acks = net.nodes[1].engine.counters().sent_pkts;
+    assert!(acks * 8 < data_pkts, "acks {acks} for {data_pkts} packets");
+}
+
+/// A 1 GiB RDMA WRITE (the largest message verbs users commonly post) in one WR.
+/// Slow in debug builds: `cargo test --release -- --ignored one_gib_write`.
+#[test]
+#[ignore]
+fn one_gib_write() {
+    let mut net = SimNet::new(6, 2, Mtu::M4096);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let size = 1 << 30;
+    let la = net.reg(0, size, full_access());
+    let rb = net.reg(1, size, full_access());
+    for (i, x) in net.mem_mut(&la).iter_mut().enumerate() {
+        *x = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+    }
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, size));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    net.run(1_000_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].status, s[0].byte_len), (WcStatus::Success, 1 << 30));
+    assert!(net.mem(&rb) == net.mem(&la));
+}

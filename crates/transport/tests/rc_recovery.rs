@@ -1,0 +1,283 @@
+//! One test per NAK and timer path of RC: sequence NAK, retransmit timeout and retry
+//! exhaustion, RNR NAK (retry, exhaustion, infinite), duplicate READ and atomic.
+
+mod sim;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use sim::*;
+use softhca_transport::*;
+
+fn psn_of(pkt: &[u8]) -> u32 {
+    u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]])
+}
+
+/// Drop the first `n` packets from `node` matching `pred`.
+fn drop_first(
+    net: &mut SimNet,
+    node: usize,
+    n: usize,
+    pred: impl Fn(&[u8]) -> bool + 'static,
+) -> Rc<RefCell<usize>> {
+    let dropped = Rc::new(RefCell::new(0usize));
+    let d = dropped.clone();
+    net.filter = Some(Box::new(move |from, pkt| {
+        if from == node && *d.borrow() < n && pred(pkt) {
+            *d.borrow_mut() += 1;
+            return true;
+        }
+        false
+    }));
+    dropped
+}
+
+fn write_setup(net: &mut SimNet, size: usize) -> (Qpn, Qpn, Mr, Mr) {
+    let (a, b) = pair(net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, size, full_access());
+    let rb = net.reg(1, size, full_access());
+    net.fill_random(&la);
+    (a, b, la, rb)
+}
+
+fn post_write(net: &mut SimNet, a: Qpn, id: u64, la: &Mr, rb: &Mr, off: usize, len: usize) {
+    let mut w = send_wr(id, WrOpcode::RdmaWrite, la.sges(off, len));
+    w.remote_addr = rb.addr + off as u64;
+    w.rkey = rb.rkey;
+    let now = net.now;
+    net.nodes[0].engine.post_send(now, a, w).unwrap();
+}
+
+#[test]
+fn psn_sequence_nak_then_go_back_n() {
+    let mut net = SimNet::new(1, 2, Mtu::M1024);
+    let (a, _b, la, rb) = write_setup(&mut net, 20_000);
+    // Lose the third packet of the message once.
+    let first_psn = 0x00ff_fff0u32;
+    let dropped = drop_first(&mut net, 0, 1, move |p| {
+        psn_of(p) == (first_psn + 2) & 0xff_ffff
+    });
+    post_write(&mut net, a, 1, &la, &rb, 0, 20_000);
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 1);
+    let s = net.take_completions(0);
+    assert_eq!(
+        s.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    assert!(net.mem(&rb) == net.mem(&la));
+    assert_eq!(
+        net.nodes[1].engine.counters().seq_err_naks,
+        1,
+        "one NAK per sequence error"
+    );
+    assert_eq!(net.nodes[0].engine.counters().rcvd_seq_err, 1);
+    assert_eq!(
+        net.nodes[0].engine.counters().local_ack_timeout_err,
+        0,
+        "recovered by the NAK, not the timer"
+    );
+}
+
+#[test]
+fn retransmit_timeout_recovers_lost_tail() {
+    let mut net = SimNet::new(2, 2, Mtu::M1024);
+    let (a, _b, la, rb) = write_setup(&mut net, 3000);
+    // Lose the last packet: no later packet can reveal the gap, only the timer.
+    let dropped = drop_first(&mut net, 0, 1, |p| p[0] == 0x08);
+    post_write(&mut net, a, 1, &la, &rb, 0, 3000);
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 1);
+    let s = net.take_completions(0);
+    assert_eq!(s[0].status, WcStatus::Success);
+    assert!(net.mem(&rb) == net.mem(&la));
+    assert_eq!(net.nodes[0].engine.counters().local_ack_timeout_err, 1);
+    // The retransmission happened one timeout (4.096 us << 8) after the send.
+    assert!(net.now >= 4096 << 8);
+}
+
+#[test]
+fn retry_exhaustion_then_flush() {
+    let mut net = SimNet::new(3, 2, Mtu::M1024);
+    let o = RcOpts {
+        retry_cnt: 3,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let la = net.reg(0, 5000, full_access());
+    let rb = net.reg(1, 5000, full_access());
+    net.filter = Some(Box::new(|from, _| from == 0)); // the peer never hears us
+    for id in 1..=3 {
+        post_write(&mut net, a, id, &la, &rb, 0, 1000);
+    }
+    net.run(10_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(
+        s.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(
+        c.local_ack_timeout_err, 4,
+        "initial try + 3 retries, each timed out"
+    );
+    assert_eq!(c.retry_exceeded_err, 1);
+    assert_eq!(
+        net.nodes[0].engine.query_qp(a).unwrap().0.qp_state,
+        QpState::Err
+    );
+    // In ERR nothing more goes out.
+    let sent = net.nodes[0].engine.counters().sent_pkts;
+    net.run(1_000_000_000);
+    assert_eq!(net.nodes[0].engine.counters().sent_pkts, sent);
+}
+
+fn rnr_setup(o: &RcOpts) -> (SimNet, Qpn, Qpn, Mr, Mr) {
+    let mut net = SimNet::new(4, 2, Mtu::M1024);
+    let (a, b) = pair(&mut net, QpType::Rc, o);
+    let la = net.reg(0, 3000, full_access());
+    let rb = net.reg(1, 3000, full_access());
+    net.fill_random(&la);
+    let now = net.now;
+    net.nodes[0]
+        .engine
+        .post_send(now, a, send_wr(1, WrOpcode::Send, la.sges(0, 3000)))
+        .unwrap();
+    (net, a, b, la, rb)
+}
+
+#[test]
+fn rnr_nak_then_success_after_recv_posted() {
+    let o = RcOpts {
+        min_rnr_timer: 14,
+        ..RcOpts::default()
+    }; // 1.28 ms
+    let (mut net, _a, b, la, rb) = rnr_setup(&o);
+    net.run_until(1_000_000_000, |n| {
+        n.nodes[0].engine.counters().rcvd_rnr_err >= 2
+    });
+    assert_eq!(net.nodes[1].engine.counters().send_rnr_err, 2);
+    assert!(net.take_completions(0).is_empty());
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(9, rb.sges(0, 3000)))
+        .unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
+    let r = net.take_completions(1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (9, WcStatus::Success, 3000)
+    );
+    assert!(net.mem(&rb) == net.mem(&la));
+    // RNR retries are paced by the RNR timer (IBTA table 45: code 14 = 1.28 ms).
+    assert!(net.now >= 2 * 1_280_000);
+}
+
+#[test]
+fn rnr_retry_exhaustion() {
+    let o = RcOpts {
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        ..RcOpts::default()
+    };
+    let (mut net, a, _b, _la, _rb) = rnr_setup(&o);
+    let now = net.now;
+    net.nodes[0]
+        .engine
+        .post_send(now, a, send_wr(2, WrOpcode::Send, Default::default()))
+        .unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(
+        s.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(net.nodes[0].engine.counters().rcvd_rnr_err, 3);
+    assert_eq!(net.nodes[0].engine.counters().retry_rnr_exceeded_err, 1);
+}
+
+#[test]
+fn rnr_retry_7_is_infinite() {
+    let o = RcOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..RcOpts::default()
+    };
+    let (mut net, _a, b, _la, rb) = rnr_setup(&o);
+    net.run_until(10_000_000_000, |n| {
+        n.nodes[0].engine.counters().rcvd_rnr_err >= 50
+    });
+    assert!(net.take_completions(0).is_empty());
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(9, rb.sges(0, 3000)))
+        .unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(s[0].status, WcStatus::Success);
+}
+
+#[test]
+fn duplicate_read_is_reexecuted() {
+    let mut net = SimNet::new(5, 2, Mtu::M1024);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 10_000, full_access());
+    let rb = net.reg(1, 10_000, full_access());
+    net.fill_random(&rb);
+    // Lose the second READ response packet once: the requester re-asks from there.
+    let dropped = drop_first(&mut net, 1, 1, |p| p[0] == 0x0e);
+    let mut r = send_wr(1, WrOpcode::RdmaRead, la.sges(0, 10_000));
+    r.remote_addr = rb.addr;
+    r.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, r).unwrap();
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 1);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].status, s[0].byte_len), (WcStatus::Success, 10_000));
+    assert!(net.mem(&la) == net.mem(&rb));
+    assert_eq!(
+        net.nodes[1].engine.counters().duplicate_request,
+        1,
+        "the retried READ is a duplicate"
+    );
+}
+
+#[test]
+fn duplicate_atomic_replayed_not_reexecuted() {
+    let mut net = SimNet::new(6, 2, Mtu::M1024);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 64, full_access());
+    let rb = net.reg(1, 64, full_access());
+    net.mem_mut(&rb)[..8].copy_from_slice(&100u64.to_ne_bytes());
+    // Lose the ATOMIC ACKNOWLEDGE twice: the requester times out and resends.
+    let dropped = drop_first(&mut net, 1, 2, |p| p[0] == 0x12);
+    let mut f = send_wr(1, WrOpcode::AtomicFetchAndAdd, la.sges(0, 8));
+    f.remote_addr = rb.addr;
+    f.rkey = rb.rkey;
+    f.compare_add = 1;
+    net.nodes[0].engine.post_send(0, a, f).unwrap();
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 2);
+    let s = net.take_completions(0);
+    assert_eq!(
+        (s[0].status, s[0].opcode),
+        (WcStatus::Success, WcOpcode::FetchAdd)
+    );
+    assert_eq!(
+        u64::from_ne_bytes(net.mem(&la)[..8].try_into().unwrap()),
+        100,
+        "original value"
+    );
+    assert_eq!(
+        u64::from_ne_bytes(net.mem(&rb)[..8].try_into().unwrap()),
+        101,
+        "added exactly once"
+    );
+    assert_eq!(net.nodes[1].engine.counters().duplicate_request, 2);
+}

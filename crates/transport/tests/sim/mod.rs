@@ -1,0 +1,523 @@
+//! In-memory network harness: several engines, a seeded RNG, a virtual clock and a
+//! network that loses, reorders, duplicates and corrupts packets on demand.
+#![allow(dead_code)]
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use smallvec::SmallVec;
+use softhca_transport::*;
+
+/// Fault model of the simulated network.
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    pub loss: f64,
+    pub reorder: f64,
+    pub duplicate: f64,
+    pub corrupt: f64,
+    /// One-way delay.
+    pub delay_ns: u64,
+    /// Extra random delay for reordered packets.
+    pub jitter_ns: u64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            loss: 0.0,
+            reorder: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            delay_ns: 5_000,
+            jitter_ns: 20_000,
+        }
+    }
+}
+
+/// A registered buffer owned by the test.
+#[derive(Debug, Clone, Copy)]
+pub struct Mr {
+    pub node: usize,
+    pub idx: usize,
+    pub addr: u64,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+impl Mr {
+    pub fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr + off as u64,
+            length: len as u32,
+            lkey: self.lkey,
+        }
+    }
+    pub fn sges(&self, off: usize, len: usize) -> SmallVec<[Sge; 4]> {
+        smallvec::smallvec![self.sge(off, len)]
+    }
+}
+
+pub struct Node {
+    pub engine: Engine,
+    pub ip: IpAddr,
+    pub pd: PdId,
+    pub cq: CqId,
+    bufs: Vec<Box<[u8]>>,
+    pub completions: Vec<(CqId, Completion)>,
+    pub events: Vec<AsyncEvent>,
+}
+
+struct InFlight {
+    at: u64,
+    seq: u64,
+    to: usize,
+    info: DatagramInfo,
+    bytes: Vec<u8>,
+}
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Drops a packet (from node, UDP payload) when it returns true.
+pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+
+pub struct SimNet {
+    pub nodes: Vec<Node>,
+    pub rng: ChaCha8Rng,
+    pub now: u64,
+    pub faults: Faults,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    buf: Vec<u8>,
+    pub delivered: u64,
+    pub transmits: u64,
+    /// Default path MTU for QPs.
+    pub mtu: Mtu,
+    pub max_batch: usize,
+    /// Drop every packet for which this returns true (targeted loss in tests).
+    pub filter: Option<Filter>,
+}
+
+pub fn cfg_for(ip: IpAddr, mtu: Mtu) -> EngineConfig {
+    EngineConfig {
+        gids: vec![Gid::from_ip(ip)],
+        max_mtu: mtu,
+        max_gso_segments: 16,
+        ..EngineConfig::default()
+    }
+}
+
+impl SimNet {
+    pub fn new(seed: u64, n: usize, mtu: Mtu) -> SimNet {
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8 + 1));
+            let mut engine = Engine::new(cfg_for(ip, Mtu::M4096));
+            let pd = engine.memory_mut().alloc_pd();
+            let cq = engine.create_cq();
+            nodes.push(Node {
+                engine,
+                ip,
+                pd,
+                cq,
+                bufs: Vec::new(),
+                completions: Vec::new(),
+                events: Vec::new(),
+            });
+        }
+        SimNet {
+            nodes,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            now: 0,
+            faults: Faults::default(),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            buf: vec![0u8; 256 * 1024],
+            delivered: 0,
+            transmits: 0,
+            mtu,
+            max_batch: 0,
+            filter: None,
+        }
+    }
+
+    /// Register a zeroed buffer of `len` bytes on `node`.
+    pub fn reg(&mut self, node: usize, len: usize, access: AccessFlags) -> Mr {
+        let pd = self.nodes[node].pd;
+        self.reg_pd(node, pd, len, access)
+    }
+
+    pub fn reg_pd(&mut self, node: usize, pd: PdId, len: usize, access: AccessFlags) -> Mr {
+        let n = &mut self.nodes[node];
+        let mut b = vec![0u8; len.max(1)].into_boxed_slice();
+        let addr = b.as_mut_ptr() as u64;
+        // SAFETY: the box lives in `n.bufs` for the whole test, never moves its heap
+        // allocation, and outlives the engine's use of it.
+        let keys = unsafe {
+            n.engine
+                .memory_mut()
+                .register(pd, b.as_mut_ptr(), len.max(1), addr, access)
+        }
+        .expect("register");
+        n.bufs.push(b);
+        Mr {
+            node,
+            idx: n.bufs.len() - 1,
+            addr,
+            len,
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        }
+    }
+
+    pub fn mem(&self, mr: &Mr) -> &[u8] {
+        &self.nodes[mr.node].bufs[mr.idx][..mr.len]
+    }
+
+    pub fn mem_mut(&mut self, mr: &Mr) -> &mut [u8] {
+        &mut self.nodes[mr.node].bufs[mr.idx][..mr.len]
+    }
+
+    /// Fill with pseudo-random bytes (xorshift seeded from the net's RNG: ChaCha is
+    /// too slow for megabytes in debug builds).
+    pub fn fill_random(&mut self, mr: &Mr) {
+        let mut x: u64 = self.rng.gen::<u64>() | 1;
+        for chunk in self.mem_mut(mr).chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+
+    fn node_of(&self, ip: IpAddr) -> Option<usize> {
+        self.nodes.iter().position(|n| n.ip == ip)
+    }
+
+    fn collect(&mut self) {
+        for i in 0..self.nodes.len() {
+            while let Some(c) = self.nodes[i].engine.poll_completion() {
+                self.nodes[i].completions.push(c);
+            }
+            while let Some(e) = self.nodes[i].engine.poll_event() {
+                self.nodes[i].events.push(e);
+            }
+        }
+    }
+
+    /// Move every pending transmit onto the wire.
+    pub fn flush_tx(&mut self) {
+        for i in 0..self.nodes.len() {
+            loop {
+                let now = self.now;
+                let Some(t) = self.nodes[i].engine.poll_transmit(now, &mut self.buf) else {
+                    break;
+                };
+                self.transmits += 1;
+                assert!(t.segment_size > 0 && t.len > 0);
+                let npk = t.len.div_ceil(t.segment_size);
+                self.max_batch = self.max_batch.max(npk);
+                let bytes = self.buf[..t.len].to_vec();
+                for (k, pkt) in bytes.chunks(t.segment_size).enumerate() {
+                    self.send_one(i, &t, k as u16, pkt);
+                }
+            }
+        }
+        self.collect();
+    }
+
+    fn send_one(&mut self, from: usize, t: &Transmit, index: u16, pkt: &[u8]) {
+        let Some(to) = self.node_of(t.dst.ip()) else {
+            return;
+        };
+        if let Some(f) = self.filter.as_mut() {
+            if f(from, pkt) {
+                return;
+            }
+        }
+        let f = self.faults;
+        if f.loss > 0.0 && self.rng.gen_bool(f.loss) {
+            return;
+        }
+        let copies = if f.duplicate > 0.0 && self.rng.gen_bool(f.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut bytes = pkt.to_vec();
+            if f.corrupt > 0.0 && self.rng.gen_bool(f.corrupt) {
+                let bit = self.rng.gen_range(0..bytes.len() * 8);
+                bytes[bit / 8] ^= 1 << (bit % 8);
+            }
+            let mut at = self.now + f.delay_ns;
+            if f.reorder > 0.0 && self.rng.gen_bool(f.reorder) {
+                at += self.rng.gen_range(0..=f.jitter_ns);
+            }
+            self.seq += 1;
+            let info = DatagramInfo {
+                src: SocketAddr::new(t.src, t.src_port),
+                dst: t.dst.ip(),
+                segment_index: index,
+            };
+            self.queue.push(Reverse(InFlight {
+                at,
+                seq: self.seq,
+                to,
+                info,
+                bytes,
+            }));
+        }
+    }
+
+    /// Advance to the next event (delivery or timer). False when nothing is left.
+    pub fn step(&mut self) -> bool {
+        self.flush_tx();
+        let next_pkt = self.queue.peek().map(|Reverse(p)| p.at);
+        let next_timer = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.engine.poll_timeout())
+            .min();
+        let next = match (next_pkt, next_timer) {
+            (None, None) => return false,
+            (a, b) => a.into_iter().chain(b).min().unwrap_or(self.now),
+        };
+        self.now = self.now.max(next);
+        while let Some(Reverse(p)) = self.queue.peek() {
+            if p.at > self.now {
+                break;
+            }
+            let Some(Reverse(p)) = self.queue.pop() else {
+                break;
+            };
+            let now = self.now;
+            self.nodes[p.to]
+                .engine
+                .handle_datagram(now, &p.info, &p.bytes);
+            self.delivered += 1;
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i]
+                .engine
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now)
+            {
+                let now = self.now;
+                self.nodes[i].engine.handle_timeout(now);
+            }
+        }
+        self.flush_tx();
+        true
+    }
+
+    /// Run until `done` holds or nothing is left to do or `max_ns` passes.
+    pub fn run_until(&mut self, max_ns: u64, mut done: impl FnMut(&SimNet) -> bool) -> bool {
+        let end = self.now + max_ns;
+        loop {
+            self.collect();
+            if done(self) {
+                return true;
+            }
+            if self.now > end || !self.step() {
+                self.collect();
+                return done(self);
+            }
+        }
+    }
+
+    /// Run until quiet (no packets, no timers) or `max_ns`.
+    pub fn run(&mut self, max_ns: u64) {
+        self.run_until(max_ns, |_| false);
+    }
+
+    pub fn take_completions(&mut self, node: usize) -> Vec<Completion> {
+        self.collect();
+        std::mem::take(&mut self.nodes[node].completions)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    pub fn count_completions(&self, node: usize) -> usize {
+        self.nodes[node].completions.len()
+    }
+}
+
+/// Defaults like perftest's connect: timeout 14 is too slow for virtual-time tests, so 10.
+pub struct RcOpts {
+    /// Path MTU; None: the net's default.
+    pub mtu: Option<Mtu>,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub access: AccessFlags,
+    pub sq_sig_all: bool,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+}
+
+impl Default for RcOpts {
+    fn default() -> Self {
+        RcOpts {
+            mtu: None,
+            timeout: 8,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 16,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            sq_sig_all: false,
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+        }
+    }
+}
+
+pub fn full_access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+pub fn create(net: &mut SimNet, node: usize, ty: QpType, o: &RcOpts, srq: Option<SrqId>) -> Qpn {
+    let n = &mut net.nodes[node];
+    let init = QpInitAttr {
+        qp_type: ty,
+        pd: n.pd,
+        send_cq: n.cq,
+        recv_cq: n.cq,
+        srq,
+        cap: QpCap {
+            max_send_wr: o.max_send_wr,
+            max_recv_wr: o.max_recv_wr,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        },
+        sq_sig_all: o.sq_sig_all,
+    };
+    n.engine.create_qp(&init).expect("create_qp")
+}
+
+pub fn qpn_u32(q: Qpn) -> u32 {
+    q.value()
+}
+
+/// Bring a connected (RC/UC) QP to RTS.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_one(
+    net: &mut SimNet,
+    node: usize,
+    qpn: Qpn,
+    ty: QpType,
+    peer: usize,
+    peer_qpn: Qpn,
+    o: &RcOpts,
+    sq_psn: u32,
+    rq_psn: u32,
+) {
+    let now = net.now;
+    let peer_ip = net.nodes[peer].ip;
+    let net_mtu = net.mtu;
+    let e = &mut net.nodes[node].engine;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: o.access,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        now,
+        qpn,
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = o.mtu.unwrap_or(net_mtu);
+    a.dest_qp_num = qpn_u32(peer_qpn);
+    a.rq_psn = rq_psn;
+    a.max_dest_rd_atomic = o.max_rd_atomic;
+    a.min_rnr_timer = o.min_rnr_timer;
+    a.ah_attr = AddressVector {
+        dgid: Gid::from_ip(peer_ip),
+        hop_limit: 64,
+        port_num: 1,
+        ..AddressVector::default()
+    };
+    let mut m = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN;
+    if ty == QpType::Rc {
+        m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+    }
+    e.modify_qp(now, qpn, &a, m).expect("RTR");
+    a.qp_state = QpState::Rts;
+    a.sq_psn = sq_psn;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = o.max_rd_atomic;
+    let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+    if ty == QpType::Rc {
+        m |= QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC;
+    }
+    e.modify_qp(now, qpn, &a, m).expect("RTS");
+}
+
+/// Two nodes with a connected pair of QPs: returns (qp on node 0, qp on node 1).
+pub fn pair(net: &mut SimNet, ty: QpType, o: &RcOpts) -> (Qpn, Qpn) {
+    let a = create(net, 0, ty, o, None);
+    let b = create(net, 1, ty, o, None);
+    let (pa, pb) = (0x00ff_fff0, 0x123); // exercise PSN wrap on one side
+    connect_one(net, 0, a, ty, 1, b, o, pa, pb);
+    connect_one(net, 1, b, ty, 0, a, o, pb, pa);
+    (a, b)
+}
+
+pub fn send_wr(wr_id: u64, opcode: WrOpcode, sges: SmallVec<[Sge; 4]>) -> SendWr {
+    SendWr {
+        wr_id,
+        opcode,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(sges),
+        ..SendWr::default()
+    }
+}
+
+pub fn recv_wr(wr_id: u64, sges: SmallVec<[Sge; 4]>) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: sges,
+    }
+}
