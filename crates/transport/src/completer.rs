@@ -254,7 +254,13 @@ impl Qp {
             let Some(w) = self.req.sq.pop_front() else {
                 break;
             };
-            self.req.send_idx = self.req.send_idx.saturating_sub(1);
+            if self.req.send_idx == 0 {
+                // A late ACK finished the WQE a rewind was resending: carry on with the
+                // next WQE from its start (the offset belonged to the retired one).
+                self.req.send_off = 0;
+            } else {
+                self.req.send_idx -= 1;
+            }
             if w.is_rd_atomic() {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }

@@ -208,7 +208,7 @@ impl Qp {
         let mut last = true;
         match w.wr.opcode {
             WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
-                let n = (w.len - off).min(mtu);
+                let n = w.len.saturating_sub(off).min(mtu);
                 let first = off == 0;
                 last = off + n >= w.len;
                 let (imm, inv) = (
@@ -238,7 +238,7 @@ impl Qp {
                 payload_len = n as usize;
             }
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-                let n = (w.len - off).min(mtu);
+                let n = w.len.saturating_sub(off).min(mtu);
                 let first = off == 0;
                 last = off + n >= w.len;
                 let imm = w.wr.opcode == WrOpcode::RdmaWriteWithImm;
@@ -269,7 +269,7 @@ impl Qp {
                 hdr.reth = Some((
                     w.wr.remote_addr.wrapping_add(off),
                     w.wr.rkey,
-                    (w.len - off) as u32,
+                    w.len.saturating_sub(off) as u32,
                 ));
             }
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {

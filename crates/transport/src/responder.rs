@@ -164,23 +164,31 @@ impl Qp {
             op::READ_REQUEST => {
                 // Re-execute from the responder resource that covers the PSN (IBTA
                 // 9.7.5.1.x): the retried request may resume mid-way.
-                let found = self.resp.res.iter().any(|r| {
-                    matches!(r,
-                    RdRes::Read { first_psn, last_psn }
-                        if psn_diff(h.psn, *first_psn) >= 0 && psn_diff(h.psn, *last_psn) <= 0)
+                let range = self.resp.res.iter().find_map(|r| match r {
+                    RdRes::Read {
+                        first_psn,
+                        last_psn,
+                    } if psn_diff(h.psn, *first_psn) >= 0 && psn_diff(h.psn, *last_psn) <= 0 => {
+                        Some((*first_psn, *last_psn))
+                    }
+                    _ => None,
                 });
                 let Some((va, rkey, len)) = h.reth else {
                     return;
                 };
-                if !found
-                    || self
-                        .check_remote(ctx, rkey, va, u64::from(len), AccessFlags::REMOTE_READ)
-                        .is_err()
+                let Some((first, last)) = range else { return };
+                if self
+                    .check_remote(ctx, rkey, va, u64::from(len), AccessFlags::REMOTE_READ)
+                    .is_err()
                 {
                     return;
                 }
-                // A retry supersedes any response to the same READ still queued.
-                self.resp.out.retain(|o| !matches!(o, RespOut::Read { .. }));
+                // The retry supersedes a response to the same READ still queued (only
+                // that one: responses to other READs must still go out).
+                self.resp.out.retain(|o| {
+                    !matches!(o, RespOut::Read { psn, .. }
+                        if psn_diff(*psn, first) >= 0 && psn_diff(*psn, last) <= 0)
+                });
                 self.resp.out.push_back(RespOut::Read {
                     psn: h.psn,
                     rkey,

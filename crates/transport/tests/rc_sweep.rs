@@ -158,16 +158,19 @@ fn run_seed(seed: u64, faults: Faults, max_len: usize) -> Counters {
         exp.push(e);
     }
     let nrecv = (recv_id - 1000) as usize;
-    let ok = net.run_until(200_000_000_000, |n| {
+    let ok = net.run_until(20_000_000_000, |n| {
         n.count_completions(0) >= nops && n.count_completions(1) >= nrecv
     });
     let s = net.take_completions(0);
     let r = net.take_completions(1);
     assert!(
         ok,
-        "seed {seed}: timed out: {} of {nops} send, {} of {nrecv} recv completions: {s:?}",
+        "seed {seed}: timed out: {} of {nops} send, {} of {nrecv} recv completions: {s:?}\nA {:?}\nB {:?}\nops {:?}",
         s.len(),
-        r.len()
+        r.len(),
+        net.nodes[0].engine.counters(),
+        net.nodes[1].engine.counters(),
+        exp.iter().map(|e| (e.op, e.len)).collect::<Vec<_>>()
     );
     assert_eq!(s.len(), nops, "seed {seed}");
     assert_eq!(r.len(), nrecv, "seed {seed}");
@@ -264,7 +267,7 @@ fn sweep(base: u64, faults: Faults, max_len: usize) -> Counters {
 
 #[test]
 fn sweep_clean() {
-    let c = sweep(10_000, Faults::default(), 16 * 1024);
+    let c = sweep(10_000, Faults::default(), 256 * 1024);
     assert_eq!(
         c.completer_retry_err + c.drop_bad_icrc + c.duplicate_request,
         0
@@ -273,76 +276,82 @@ fn sweep_clean() {
 
 #[test]
 fn sweep_loss_1pct() {
-    sweep(
+    let c = sweep(
         20_000,
         Faults {
             loss: 0.01,
             ..Faults::default()
         },
-        32 * 1024,
+        128 * 1024,
     );
+    assert!(c.completer_retry_err > 10, "{c:?}");
 }
 
 #[test]
 fn sweep_loss_10pct() {
-    sweep(
+    let c = sweep(
         30_000,
         Faults {
             loss: 0.10,
             ..Faults::default()
         },
-        8 * 1024,
+        32 * 1024,
     );
+    assert!(c.completer_retry_err > 100, "{c:?}");
 }
 
 #[test]
 fn sweep_reorder() {
-    sweep(
+    let c = sweep(
         40_000,
         Faults {
             reorder: 0.2,
             ..Faults::default()
         },
-        16 * 1024,
+        64 * 1024,
     );
+    assert!(c.out_of_seq_request > 10, "{c:?}");
 }
 
 #[test]
 fn sweep_duplicate() {
-    sweep(
+    let c = sweep(
         50_000,
         Faults {
             duplicate: 0.1,
             ..Faults::default()
         },
-        16 * 1024,
+        64 * 1024,
     );
+    assert!(c.duplicate_request > 10, "{c:?}");
 }
 
 #[test]
 fn sweep_corrupt() {
-    sweep(
+    let c = sweep(
         60_000,
         Faults {
             corrupt: 0.05,
             ..Faults::default()
         },
-        16 * 1024,
+        64 * 1024,
     );
+    assert!(c.drop_bad_icrc > 10, "{c:?}");
 }
 
 #[test]
 fn sweep_everything() {
-    sweep(
-        70_000,
-        Faults {
-            loss: 0.03,
-            reorder: 0.1,
-            duplicate: 0.05,
-            corrupt: 0.02,
-            ..Faults::default()
-        },
-        16 * 1024,
+    let f = Faults {
+        loss: 0.03,
+        reorder: 0.1,
+        duplicate: 0.05,
+        corrupt: 0.02,
+        ..Faults::default()
+    };
+    let c = sweep(70_000, f, 64 * 1024);
+    assert!(
+        c.completer_retry_err > 0 && c.drop_bad_icrc > 0 && c.duplicate_request > 0,
+        "{c:?}"
     );
 }
 
@@ -350,15 +359,100 @@ fn sweep_everything() {
 #[test]
 #[ignore]
 fn one_seed() {
-    let seed = std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seed = std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let f = match std::env::var("FAULTS").as_deref() {
-        Ok("loss1") => Faults { loss: 0.01, ..Faults::default() },
-        Ok("loss10") => Faults { loss: 0.10, ..Faults::default() },
-        Ok("reorder") => Faults { reorder: 0.2, ..Faults::default() },
-        Ok("dup") => Faults { duplicate: 0.1, ..Faults::default() },
-        Ok("corrupt") => Faults { corrupt: 0.05, ..Faults::default() },
+        Ok("loss1") => Faults {
+            loss: 0.01,
+            ..Faults::default()
+        },
+        Ok("loss10") => Faults {
+            loss: 0.10,
+            ..Faults::default()
+        },
+        Ok("reorder") => Faults {
+            reorder: 0.2,
+            ..Faults::default()
+        },
+        Ok("dup") => Faults {
+            duplicate: 0.1,
+            ..Faults::default()
+        },
+        Ok("corrupt") => Faults {
+            corrupt: 0.05,
+            ..Faults::default()
+        },
         _ => Faults::default(),
     };
-    let max = std::env::var("MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(12 * 1024);
-    run_seed(seed, f, max);
+    let max = std::env::var("MAX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12 * 1024);
+    let c = run_seed(seed, f, max);
+    eprintln!("{c:?}");
+}
+
+/// A longer soak: 1000 seeds per fault model (release: `cargo test --release --test
+/// rc_sweep sweep_long -- --ignored`).
+#[test]
+#[ignore]
+fn sweep_long() {
+    let models = [
+        Faults {
+            loss: 0.01,
+            ..Faults::default()
+        },
+        Faults {
+            loss: 0.10,
+            ..Faults::default()
+        },
+        Faults {
+            reorder: 0.3,
+            ..Faults::default()
+        },
+        Faults {
+            duplicate: 0.2,
+            ..Faults::default()
+        },
+        Faults {
+            corrupt: 0.1,
+            ..Faults::default()
+        },
+        Faults {
+            loss: 0.05,
+            reorder: 0.2,
+            duplicate: 0.1,
+            corrupt: 0.05,
+            ..Faults::default()
+        },
+    ];
+    for (m, f) in models.iter().enumerate() {
+        for k in 0..10 {
+            sweep(1_000_000 + (m as u64) * 100_000 + k * 100, *f, 128 * 1024);
+        }
+    }
+}
+
+/// Seeds that once failed: a duplicated READ retry dropped another READ's queued
+/// response (livelock); a late ACK retired the WQE a rewind was resending.
+#[test]
+fn regressions() {
+    run_seed(
+        50_099,
+        Faults {
+            duplicate: 0.1,
+            ..Faults::default()
+        },
+        16 * 1024,
+    );
+    run_seed(
+        1_200_996,
+        Faults {
+            reorder: 0.3,
+            ..Faults::default()
+        },
+        128 * 1024,
+    );
 }
