@@ -119,6 +119,12 @@ pub fn seal(info: &IcrcInfo, buf: &mut [u8], len: usize) -> Option<usize> {
     wire::seal(&info.pseudo(), buf, len).ok()
 }
 
+/// The IPv4 ID that makes the ICRC of a received UDP payload match, found by solving
+/// (see `softhca_wire::solve_ipv4_id`); None for IPv6 or when no ID fits.
+pub fn solve_ipv4_id(info: &IcrcInfo, p: &[u8]) -> Option<u16> {
+    wire::solve_ipv4_id(&info.pseudo(), p)
+}
+
 /// Verify the ICRC of a received UDP payload, trying IPv4 ID 0 and each candidate;
 /// returns the ID that matched (0 for IPv6).
 pub fn verify(info: &IcrcInfo, p: &[u8], ipv4_ids: impl Iterator<Item = u16>) -> Option<u16> {

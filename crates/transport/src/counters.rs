@@ -58,6 +58,8 @@ counters! {
     sent_invalid_request_naks,
     /// Dropped: ICRC mismatch.
     drop_bad_icrc,
+    /// ICRC matched only after solving for a peer's unseen IPv4 ID (first contact, resync).
+    icrc_ipv4_id_resync,
     /// Dropped: header did not parse.
     drop_malformed,
     /// Dropped: no such QP.

@@ -155,6 +155,8 @@ fn rxe_rc_send_is_received_and_acked() {
         "rxe's ICRC with its IPv4 IDs verifies"
     );
     assert_eq!(e.counters().rcvd_pkts, 4);
+    // The first packet's unseen IPv4 ID is solved for; the next three are predicted.
+    assert_eq!(e.counters().icrc_ipv4_id_resync, 1);
     let (_, c) = e.poll_completion().unwrap();
     assert_eq!(
         (c.wr_id, c.status, c.byte_len),
