@@ -700,7 +700,7 @@ impl Engine {
             dport: self.cfg.udp_port,
             ipv4_id: 0,
         };
-        if !self.verify_icrc(now, &icrc, info, udp_payload) {
+        if !self.verify_icrc(&icrc, info, udp_payload) {
             self.counters.drop_bad_icrc += 1;
             return;
         }
@@ -767,7 +767,7 @@ impl Engine {
     /// packets per destination (`__ip_select_ident`), so per peer we remember the last ID
     /// that matched and try the IDs after it, and search the whole ID space (rarely:
     /// first contact, or after a run of misses) when that fails.
-    fn verify_icrc(&mut self, now: Nanos, icrc: &IcrcInfo, info: &DatagramInfo, p: &[u8]) -> bool {
+    fn verify_icrc(&mut self, icrc: &IcrcInfo, info: &DatagramInfo, p: &[u8]) -> bool {
         let peer = info.src.ip();
         let seg = info.segment_index;
         let Some(state) = (if peer.is_ipv4() {
