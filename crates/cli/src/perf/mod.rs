@@ -10,7 +10,7 @@ mod lat;
 mod setup;
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,9 +121,22 @@ pub fn run(a: &PerfArgs) -> Result<(), CliError> {
         }
         None => {
             let ctx = Context::open_default().map_err(CliError::verbs("cannot open device"))?;
+            // [::] takes IPv4 and IPv6 clients (Linux sockets are dual-stack unless
+            // bindv6only is set); hosts without IPv6 fall back to 0.0.0.0.
+            let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), a.port);
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), a.port);
-            let listener =
-                TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?;
+            let listener = match TcpListener::bind(v6) {
+                Ok(l) => l,
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    return Err(CliError::Listen {
+                        addr: v6,
+                        source: e,
+                    })
+                }
+                Err(_) => {
+                    TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?
+                }
+            };
             if !a.json {
                 eprintln!(
                     "softhca perf: {} waiting for a client on TCP port {} (device {}, {})",
