@@ -111,6 +111,10 @@ struct PeerIpId {
 
 /// How far ahead of the predicted IPv4 ID a solved ID is believed without more evidence.
 const ID_RESYNC_WINDOW: u16 = 4096;
+/// IDs this far behind the last one are tried at full strength (reordered sends).
+const ID_BEHIND: u16 = 8;
+/// How far behind the last ID a solved ID is believed.
+const ID_RESYNC_BEHIND: u16 = 64;
 /// After this many ICRC misses in a row from one peer, any solved ID is believed.
 const ID_RESYNC_MISSES: u32 = 16;
 /// Bound on remembered peers (memory under a flood of spoofed sources).
@@ -778,10 +782,14 @@ impl Engine {
             return packet::verify(icrc, p, std::iter::empty()).is_some();
         };
         let near = state.map(|s: PeerIpId| s.last);
-        let cands = std::iter::once(seg).chain(
-            near.into_iter()
-                .flat_map(|l| (1..=32u16).map(move |d| l.wrapping_add(d))),
-        );
+        // rxe takes an ID when it builds a packet, not when it sends it, so an ACK built
+        // later can leave first: IDs arrive slightly out of order (seen against kernel
+        // 6.1: ACK 0x7d23, then the next SEND First 0x7d22). Look a little behind too.
+        let cands = std::iter::once(seg).chain(near.into_iter().flat_map(|l| {
+            (1..=32u16)
+                .map(move |d| l.wrapping_add(d))
+                .chain((1..=ID_BEHIND).map(move |d| l.wrapping_sub(d)))
+        }));
         if let Some(id) = packet::verify(icrc, p, cands) {
             if state.is_some() || self.ip_ids.len() < MAX_ID_PEERS {
                 self.ip_ids.insert(
@@ -805,6 +813,7 @@ impl Engine {
         let found = packet::solve_ipv4_id(icrc, p).filter(|&id| {
             state.is_none()
                 || id.wrapping_sub(st.last) <= ID_RESYNC_WINDOW
+                || st.last.wrapping_sub(id) <= ID_RESYNC_BEHIND
                 || st.misses >= ID_RESYNC_MISSES
         });
         if let Some(id) = found {
