@@ -1,0 +1,95 @@
+//! Interop with the Linux kernel's Soft-RoCE (rdma_rxe): the unmodified `ibv_rc_pingpong`
+//! in a VM running kernel rxe against softhca's `rdma_core_pingpong` example, both ways.
+//!
+//! The VM harness (`../shared/tools/rxe-vm`) needs root and boots under software emulation
+//! (about 20-60 s a run), so this test runs only when asked:
+//!
+//! ```text
+//! SOFTHCA_RXE_VM=1 cargo test --release -p softhca --test rxe_interop -- --nocapture
+//! ```
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn harness() -> Option<PathBuf> {
+    if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
+        eprintln!("skipped: set SOFTHCA_RXE_VM=1 to run the kernel rxe interop test");
+        return None;
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm");
+    if !p.exists() {
+        eprintln!("skipped: {} not found", p.display());
+        return None;
+    }
+    Some(p)
+}
+
+/// `cargo test` builds the examples next to the test binaries: target/<profile>/examples.
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    profile_dir.join("examples").join("rdma_core_pingpong")
+}
+
+/// Runs the VM with `guest` and `host` commands; returns (exit ok, combined output).
+///
+/// The guest command prints its own exit status and powers the VM off itself: when the
+/// harness's init script exits before its own power-off completes, the guest kernel
+/// panics ("Attempted to kill init") and the VM only ends at the harness's timeout.
+fn run(harness: &PathBuf, guest: &str, host: &str) -> (bool, String) {
+    let guest = format!("{guest}; echo guest-rc=$?; sync; echo o > /proc/sysrq-trigger; sleep 60");
+    let out = Command::new(harness)
+        .args(["run", "--timeout", "400", "--guest", &guest, "--host", host])
+        .output()
+        .expect("run rxe-vm");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Both programs print "N iters in S seconds"; the guest's rc line must say 0.
+fn assert_both_finished(ok: bool, text: &str, iters: u32) {
+    println!("{text}");
+    assert!(ok, "softhca side failed:\n{text}");
+    let done = format!("{iters} iters in");
+    assert_eq!(
+        text.matches(&done).count(),
+        2,
+        "both sides report {iters} iterations:\n{text}"
+    );
+    assert!(
+        text.contains("guest-rc=0"),
+        "kernel rxe side failed:\n{text}"
+    );
+}
+
+/// One test, both directions in turn: the harness has one VM network namespace.
+#[test]
+fn rc_pingpong_with_kernel_rxe_both_ways() {
+    let Some(h) = harness() else { return };
+    let ex = example();
+    softhca_client_kernel_rxe_server(&h, &ex);
+    kernel_rxe_client_softhca_server(&h, &ex);
+}
+
+fn softhca_client_kernel_rxe_server(h: &PathBuf, ex: &std::path::Path) {
+    let host = format!(
+        "sleep 3; for i in 1 2 3 4 5; do {} 10.99.0.2 -n 200 -s 8192 && exit 0; sleep 3; done; exit 1",
+        ex.display()
+    );
+    let (ok, text) = run(h, "timeout 120 ibv_rc_pingpong -g 1 -n 200 -s 8192", &host);
+    assert_both_finished(ok, &text, 200);
+}
+
+fn kernel_rxe_client_softhca_server(h: &PathBuf, ex: &std::path::Path) {
+    let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 120 ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 && break; done";
+    let host = format!("timeout 200 {} -n 200 -s 8192", ex.display());
+    let (ok, text) = run(h, guest, &host);
+    assert_both_finished(ok, &text, 200);
+}
