@@ -216,11 +216,11 @@ pub fn verify(p: &UdpPseudo, udp_payload: &[u8]) -> bool {
     }
 }
 
-/// Check the ICRC of a datagram whose IPv4 ID we cannot see: try ID 0 (what a Linux UDP
-/// socket with DF set and no connect sends), then `p`'s own ID, then each candidate
-/// (e.g. the IDs following the last one seen from this peer: rxe increments them). The
-/// CRC of the part after the IP header is computed once and combined with each candidate's
-/// 28-byte head. Returns the matching ID. For IPv6 returns `Some(0)` if the ICRC matches.
+/// Check the ICRC of a datagram whose IPv4 ID we cannot see: try `p`'s own ID (the
+/// caller's best prediction) in one pass, then ID 0 (what a Linux UDP socket with DF set
+/// and no connect sends), then each candidate (e.g. the IDs around the last one seen from
+/// this peer: rxe increments them). For those, the CRC of the part after the IP header is
+/// computed once and combined with each candidate's 28-byte head. Returns the matching ID. For IPv6 returns `Some(0)` if the ICRC matches.
 pub fn verify_ipv4_any_id(
     p: &UdpPseudo,
     udp_payload: &[u8],
@@ -236,6 +236,11 @@ pub fn verify_ipv4_any_id(
     else {
         return (icrc(p, body) == stored).then_some(0);
     };
+    // The caller's best prediction, in one pass: on the common path no CRC combine (a
+    // 32x32 GF(2) matrix power per call, ~3 % of a 64 KiB WRITE's profile) is needed.
+    if icrc(p, body) == stored {
+        return Some(id);
+    }
     let mut tail = Hasher::new();
     update_udp_and_roce(&mut tail, p, body);
     let try_id = |cand: u16| {
@@ -245,8 +250,8 @@ pub fn verify_ipv4_any_id(
         h.finalize() == stored
     };
     core::iter::once(0)
-        .chain(core::iter::once(id))
         .chain(candidates)
+        .filter(|&c| c != id)
         .find(|&c| try_id(c))
 }
 
