@@ -1,0 +1,167 @@
+//! Helpers shared by the tests that run real rdma-core / perftest binaries against the
+//! built library.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The directory holding the built cdylib: next to the test executable
+/// (`target/<profile>/deps/libibverbs.so`) or one level up.
+fn built_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    for dir in [deps.clone(), deps.parent().unwrap_or(&deps).to_path_buf()] {
+        let so = dir.join("libibverbs.so");
+        if so.exists() {
+            return so;
+        }
+    }
+    panic!("libibverbs.so not found next to {}", exe.display());
+}
+
+/// A private directory with `libibverbs.so.1` -> the built library: what goes into
+/// `LD_LIBRARY_PATH`.
+pub fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let so = built_library();
+        let dir = std::env::temp_dir().join(format!("softhca-ibverbs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create temp lib dir");
+        let link = dir.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&so, &link).expect("symlink libibverbs.so.1");
+        dir
+    })
+}
+
+/// Whether `bin` is on PATH; prints why the test is skipped if not.
+pub fn have(bin: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false);
+    if !found {
+        eprintln!(
+            "SKIP: {bin} not installed (apt-get install ibverbs-utils perftest); test not run"
+        );
+    }
+    found
+}
+
+/// A command running against our library.
+pub fn cmd(bin: &str) -> Command {
+    let mut c = Command::new(bin);
+    c.env("LD_LIBRARY_PATH", lib_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// A TCP port nobody listens on right now (the kernel's choice for an ephemeral bind).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net/tcp*. Probing
+/// with a connection would consume the pingpong server's single accept.
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .map(|s| {
+                s.lines().skip(1).any(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    cols.len() > 3
+                        && format!("{} ", &cols[1][cols[1].len() - 5..]) == want
+                        && cols[3] == "0A"
+                })
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Output of a finished process, killed after `timeout`.
+pub struct Done {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Done {
+    pub fn all(&self) -> String {
+        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
+    }
+}
+
+fn finish(mut child: Child, timeout: Duration) -> Done {
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s.code(),
+            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Done {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// One server/client pair at a time per test binary: on a 2-core box parallel pairs of
+/// CQ-spinning programs only slow each other down.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `bin args... -p <port>` as server, waits until it listens, then the client with
+/// the same arguments plus `127.0.0.1`. Returns (server, client).
+pub fn pair(bin: &str, args: &[&str], timeout: Duration) -> (Done, Done) {
+    let _g = serial();
+    let port = free_port().to_string();
+    let mut sargs: Vec<&str> = args.to_vec();
+    sargs.extend(["-p", &port]);
+    let server = cmd(bin).args(&sargs).spawn().expect("spawn server");
+    let start = Instant::now();
+    while !listening(port.parse().unwrap_or(0)) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cargs = sargs.clone();
+    cargs.push("127.0.0.1");
+    let client = cmd(bin).args(&cargs).spawn().expect("spawn client");
+    let c = finish(client, timeout);
+    let s = finish(server, timeout);
+    (s, c)
+}
+
+/// Runs one command to completion.
+pub fn run(bin: &str, args: &[&str]) -> Output {
+    cmd(bin).args(args).output().expect("run")
+}
+
+/// Fewer iterations in debug builds (the whole softhca stack is unoptimised there).
+pub fn iters(release: u32) -> String {
+    if cfg!(debug_assertions) {
+        (release / 10).max(10).to_string()
+    } else {
+        release.to_string()
+    }
+}

@@ -1,0 +1,151 @@
+//! perftest's bandwidth and latency programs, server and client as two processes on this
+//! host over softhca with `-x 0`, with the new (ibv_wr_*) and old (ibv_post_send)
+//! post-send APIs.
+
+mod common;
+
+use std::time::Duration;
+
+/// The numbers of the results row that follows the `#bytes` header line.
+fn results(stdout: &str) -> Option<Vec<f64>> {
+    let mut lines = stdout.lines();
+    lines.find(|l| l.trim_start().starts_with("#bytes"))?;
+    let row = lines.find(|l| !l.trim().is_empty())?;
+    row.split_whitespace()
+        .map(|t| t.parse::<f64>().ok())
+        .collect()
+}
+
+fn perf(bin: &str, extra: &[&str]) {
+    if !common::have(bin) {
+        return;
+    }
+    let n = common::iters(1000);
+    let mut args = vec!["-x", "0", "-n", &n];
+    args.extend_from_slice(extra);
+    let (s, c) = common::pair(bin, &args, Duration::from_secs(120));
+    assert_eq!(s.status, Some(0), "{bin} {args:?} server:\n{}", s.all());
+    assert_eq!(c.status, Some(0), "{bin} {args:?} client:\n{}", c.all());
+    let row = results(&c.stdout).unwrap_or_else(|| panic!("no results row:\n{}", c.all()));
+    // #bytes, #iterations, then BW peak/average/msg rate or latency min/max/typical/...
+    assert!(row.len() >= 5, "{row:?}");
+    assert!(row[0] >= 2.0, "{row:?}");
+    assert_eq!(row[1], n.parse::<f64>().unwrap_or(0.0), "{row:?}");
+    assert!(
+        row[2..].iter().all(|v| *v > 0.0),
+        "zero result in {row:?}:\n{}",
+        c.all()
+    );
+}
+
+#[test]
+fn send_bw() {
+    perf("ib_send_bw", &[]);
+}
+
+#[test]
+fn send_bw_old_post_send() {
+    perf("ib_send_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn write_bw() {
+    perf("ib_write_bw", &[]);
+}
+
+#[test]
+fn write_bw_old_post_send() {
+    perf("ib_write_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn read_bw() {
+    perf("ib_read_bw", &[]);
+}
+
+#[test]
+fn read_bw_old_post_send() {
+    perf("ib_read_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn send_lat() {
+    perf("ib_send_lat", &[]);
+}
+
+#[test]
+fn send_lat_old_post_send() {
+    perf("ib_send_lat", &["--use_old_post_send"]);
+}
+
+#[test]
+fn write_lat() {
+    perf("ib_write_lat", &[]);
+}
+
+#[test]
+fn write_lat_old_post_send() {
+    perf("ib_write_lat", &["--use_old_post_send"]);
+}
+
+#[test]
+fn read_lat() {
+    perf("ib_read_lat", &[]);
+}
+
+#[test]
+fn read_lat_old_post_send() {
+    perf("ib_read_lat", &["--use_old_post_send"]);
+}
+
+/// Every results row (`-a`: sizes 2, 4, ... 8 MiB).
+fn all_rows(stdout: &str) -> Vec<Vec<f64>> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for l in stdout.lines() {
+        if l.trim_start().starts_with("#bytes") {
+            in_table = true;
+            continue;
+        }
+        if in_table {
+            match l
+                .split_whitespace()
+                .map(|t| t.parse::<f64>().ok())
+                .collect::<Option<Vec<f64>>>()
+            {
+                Some(r) if r.len() >= 5 => rows.push(r),
+                _ => in_table = !l.trim_start().starts_with('-'),
+            }
+        }
+    }
+    rows
+}
+
+fn perf_all_sizes(bin: &str, extra: &[&str]) {
+    if !common::have(bin) {
+        return;
+    }
+    let n = common::iters(100);
+    let mut args = vec!["-x", "0", "-a", "-n", &n];
+    args.extend_from_slice(extra);
+    let (s, c) = common::pair(bin, &args, Duration::from_secs(300));
+    assert_eq!(s.status, Some(0), "{bin} {args:?} server:\n{}", s.all());
+    assert_eq!(c.status, Some(0), "{bin} {args:?} client:\n{}", c.all());
+    let rows = all_rows(&c.stdout);
+    let sizes: Vec<u64> = rows.iter().map(|r| r[0] as u64).collect();
+    let want: Vec<u64> = (1..=23).map(|i| 1u64 << i).collect();
+    assert_eq!(sizes, want, "sizes of -a:\n{}", c.all());
+    for r in &rows {
+        assert!(r[2..].iter().all(|v| *v > 0.0), "zero result in {r:?}");
+    }
+}
+
+#[test]
+fn write_bw_all_sizes() {
+    perf_all_sizes("ib_write_bw", &[]);
+}
+
+#[test]
+fn read_lat_all_sizes_old_post_send() {
+    perf_all_sizes("ib_read_lat", &["--use_old_post_send"]);
+}
