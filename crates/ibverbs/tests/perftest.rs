@@ -149,3 +149,53 @@ fn write_bw_all_sizes() {
 fn read_lat_all_sizes_old_post_send() {
     perf_all_sizes("ib_read_lat", &["--use_old_post_send"]);
 }
+
+#[test]
+fn write_bw_all_sizes_old_post_send() {
+    perf_all_sizes("ib_write_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn send_bw_all_sizes() {
+    perf_all_sizes("ib_send_bw", &[]);
+}
+
+#[test]
+fn send_bw_all_sizes_old_post_send() {
+    perf_all_sizes("ib_send_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn read_bw_all_sizes() {
+    perf_all_sizes("ib_read_bw", &[]);
+}
+
+#[test]
+fn read_bw_all_sizes_old_post_send() {
+    perf_all_sizes("ib_read_bw", &["--use_old_post_send"]);
+}
+
+#[test]
+fn send_lat_all_sizes() {
+    perf_all_sizes("ib_send_lat", &[]);
+}
+
+#[test]
+fn send_lat_all_sizes_old_post_send() {
+    perf_all_sizes("ib_send_lat", &["--use_old_post_send"]);
+}
+
+#[test]
+fn write_lat_all_sizes() {
+    perf_all_sizes("ib_write_lat", &[]);
+}
+
+#[test]
+fn write_lat_all_sizes_old_post_send() {
+    perf_all_sizes("ib_write_lat", &["--use_old_post_send"]);
+}
+
+#[test]
+fn read_lat_all_sizes() {
+    perf_all_sizes("ib_read_lat", &[]);
+}

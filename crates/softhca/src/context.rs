@@ -103,8 +103,18 @@ impl Core {
     /// after each control/post call. Completions for the same CQ in a row share one ring
     /// lock and one notification.
     pub(crate) fn deliver(&mut self, shared: &Shared) {
+        if self.deliver_once(shared) {
+            // The flush completions of the QPs just moved to ERR.
+            self.deliver(shared);
+        }
+    }
+
+    /// One pass of [`Core::deliver`]; true when a CQ overrun moved a QP to ERR.
+    fn deliver_once(&mut self, shared: &Shared) -> bool {
         let Core { engine, cqs } = self;
         let mut run: Option<RingRun<'_>> = None;
+        // QPs whose completion was lost to a full CQ (rare; usually empty).
+        let mut overrun: Vec<u32> = Vec::new();
         while let Some((cq, c)) = engine.poll_completion() {
             if run.as_ref().map(|r| r.0) != Some(cq) {
                 if let Some((_, ring, guard, pr)) = run.take() {
@@ -121,9 +131,13 @@ impl Core {
             }
             if let Some((_, ring, guard, pr)) = run.as_mut() {
                 let before = ring.overflows.load(Ordering::Relaxed);
+                let qpn = c.qp_num;
                 ring.push_locked(guard, c, pr, &shared.events);
                 if ring.overflows.load(Ordering::Relaxed) != before {
                     Stats::add(&shared.stats.cq_overflows, 1);
+                    if !overrun.contains(&qpn) {
+                        overrun.push(qpn);
+                    }
                 }
             }
         }
@@ -131,9 +145,38 @@ impl Core {
             drop(guard);
             ring.notify(pr);
         }
+        // A completion the QP could not report is a work queue catastrophic error
+        // (IBTA 11.6.3.1, "CQ overrun": the affiliated QPs go to the error state; mlx4/5
+        // raise IBV_EVENT_QP_FATAL for them): the QP moves to ERR, which flushes what is
+        // still queued on it, and its owner hears of it on the async event fd.
+        let mut moved = false;
+        for qpn in overrun {
+            let to_err = softhca_transport::QpAttr {
+                qp_state: softhca_transport::QpState::Err,
+                ..Default::default()
+            };
+            let q = softhca_transport::Qpn::new(qpn);
+            let was_err = engine
+                .query_qp(q)
+                .is_ok_and(|(a, _)| a.qp_state == softhca_transport::QpState::Err);
+            if !was_err
+                && engine
+                    .modify_qp(
+                        shared.now(),
+                        q,
+                        &to_err,
+                        softhca_transport::QpAttrMask::STATE,
+                    )
+                    .is_ok()
+            {
+                shared.events.push(AsyncEvent::QpFatal(q));
+                moved = true;
+            }
+        }
         while let Some(e) = engine.poll_event() {
             shared.events.push(AsyncEvent::from(e));
         }
+        moved
     }
 }
 

@@ -366,17 +366,36 @@ fn cq_overflow_raises_cq_err() {
     for i in 0..4 {
         b.qp.post_recv(recv_wr(i, b.mr.sge(0, 64))).unwrap();
     }
-    for i in 0..4 {
+    // Two fit; the third receive completion is lost.
+    for i in 0..2 {
         a.qp.post_send(send_wr(i, WrOpcode::Send, a.mr.sge(0, 8)))
             .unwrap();
         assert_eq!(one(&a.cq).status, WcStatus::Success);
     }
+    a.qp.post_send(send_wr(2, WrOpcode::Send, a.mr.sge(0, 8)))
+        .unwrap();
     assert_eq!(
         cb.get_async_event(Some(Duration::from_secs(5))),
         Some(AsyncEvent::CqErr(b.cq.id()))
     );
+    // The QP whose completion was lost is fatally broken (IBTA 11.6.3.1, as mlx5).
+    assert_eq!(
+        cb.get_async_event(Some(Duration::from_secs(5))),
+        Some(AsyncEvent::QpFatal(Qpn::new(b.qp.qpn())))
+    );
+    assert_eq!(b.qp.query().unwrap().0.qp_state, QpState::Err);
     let mut wc = [Completion::default(); 8];
     assert_eq!(b.cq.poll(&mut wc), 2, "the ring kept what fit");
+    // The third SEND was placed, but b went to ERR before acknowledging it (like a HCA
+    // whose CQ overran): a sees success if the ACK made it out first, otherwise its
+    // retries run out (timeout 14, retry_cnt 7: about 0.6 s).
+    let mut wc = [Completion::default(); 1];
+    assert_eq!(a.cq.wait(&mut wc, Duration::from_secs(10)).unwrap(), 1);
+    assert!(
+        matches!(wc[0].status, WcStatus::Success | WcStatus::RetryExcErr),
+        "{:?}",
+        wc[0].status
+    );
 }
 
 #[test]

@@ -459,7 +459,10 @@ impl Qp {
     }
 
     /// Packets from `psn` are lost: retransmit per the recovery policy, spending one
-    /// transport retry (rxe COMPST_ERROR_RETRY; retry_cnt 7 retries forever like rxe).
+    /// transport retry (rxe COMPST_ERROR_RETRY). retry_cnt counts retries as IBTA
+    /// 9.7.6.1.3 and hardware do: 7 means 7, not forever. rxe alone treats 7 as infinite
+    /// (`if (qp->comp.retry_cnt != 7)`), so a peer that dies never errors there; perftest
+    /// and most programs set 7, and they must learn of a dead peer.
     pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return;
@@ -472,9 +475,7 @@ impl Qp {
             self.complete_sends(ctx);
             return;
         }
-        if self.attr.retry_cnt != 7 {
-            self.req.retry_left -= 1;
-        }
+        self.req.retry_left -= 1;
         ctx.counters.completer_retry_err += 1;
         let mtu = self.mtu(ctx.cfg);
         self.rewind_to(from, mtu);

@@ -135,13 +135,22 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// Runs `bin args... -p <port>` as server, waits until it listens, then the client with
 /// the same arguments plus `127.0.0.1`. Returns (server, client).
 pub fn pair(bin: &str, args: &[&str], timeout: Duration) -> (Done, Done) {
+    pair_with(&[], bin, args, timeout)
+}
+
+/// [`pair`] with the server started under `wrapper` (e.g. valgrind and its options).
+pub fn pair_with(wrapper: &[&str], bin: &str, args: &[&str], timeout: Duration) -> (Done, Done) {
     let _g = serial();
     let port = free_port().to_string();
     let mut sargs: Vec<&str> = args.to_vec();
     sargs.extend(["-p", &port]);
-    let server = cmd(bin).args(&sargs).spawn().expect("spawn server");
+    let server = match wrapper.split_first() {
+        Some((w, wargs)) => cmd(w).args(wargs).arg(bin).args(&sargs).spawn(),
+        None => cmd(bin).args(&sargs).spawn(),
+    }
+    .expect("spawn server");
     let start = Instant::now();
-    while !listening(port.parse().unwrap_or(0)) && start.elapsed() < Duration::from_secs(10) {
+    while !listening(port.parse().unwrap_or(0)) && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut cargs = sargs.clone();
