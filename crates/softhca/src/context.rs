@@ -16,6 +16,7 @@ use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
 use crate::config::{Config, PollMode};
 use crate::cq::{CompChannel, Cq, CqRing, PushRun};
+use crate::datapath::{Progress, APP_WINDOW_NS, INLINE_STEPS};
 use crate::error::Error;
 use crate::event::{AsyncEvent, AsyncQueue};
 use crate::mr::Pd;
@@ -196,12 +197,97 @@ pub(crate) struct Shared {
     pub events: AsyncQueue,
     pub stats: Stats,
     pub poll: PollMode,
+    /// The datapath's buffers: whoever holds this runs a datapath step (the datapath
+    /// thread, or an application thread polling a CQ).
+    pub progress: Mutex<Progress>,
+    /// Until when (engine clock) the datapath thread leaves the sockets to the
+    /// application threads; 0 when an application is about to block.
+    pub app_active_until: AtomicU64,
+    /// The engine's next timer (engine clock; `Nanos::MAX`: none), as of the last step.
+    pub deadline: AtomicU64,
+    /// When the sleeping datapath thread wakes by itself (`Nanos::MAX`: only for I/O).
+    pub thread_wake: AtomicU64,
 }
 
 impl Shared {
     /// Nanoseconds since the device was opened: the engine's clock.
     pub(crate) fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Whether an application thread progressed the datapath within the last window.
+    pub(crate) fn app_polls(&self) -> bool {
+        self.now() < self.app_active_until.load(Ordering::Relaxed)
+    }
+
+    /// Work was posted: the posting thread transmits it at once unless another thread is
+    /// in a datapath step (which then sees `pending`); the datapath thread is woken only
+    /// when nobody polls and it may sleep.
+    pub(crate) fn posted(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        if let Some(mut p) = self.progress.try_lock() {
+            let mut more = p.transmit(self);
+            for _ in 1..INLINE_STEPS {
+                if !more {
+                    break;
+                }
+                more = p.transmit(self);
+            }
+            drop(p);
+            if more {
+                self.pending.store(true, Ordering::SeqCst);
+                self.kick();
+            } else {
+                self.wake_for_timer();
+            }
+        } else if !self.app_polls() {
+            self.kick();
+        }
+    }
+
+    /// A timer earlier than the sleeping datapath thread's wake-up: wake it (the
+    /// application may stop polling at any time and never come back for it).
+    fn wake_for_timer(&self) {
+        if self.deadline.load(Ordering::Relaxed) < self.thread_wake.load(Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+
+    /// An application thread polls a CQ: it will run the datapath itself (even when the
+    /// datapath thread holds it right now, that thread hands the sockets back after its
+    /// step).
+    pub(crate) fn app_polling(&self) {
+        self.app_active_until
+            .store(self.now() + APP_WINDOW_NS, Ordering::Relaxed);
+    }
+
+    /// Called by an application thread that polls and finds its CQ empty: runs datapath
+    /// steps itself unless another thread is in one. Returns whether packets moved.
+    pub(crate) fn progress_inline(&self) -> bool {
+        let Some(mut p) = self.progress.try_lock() else {
+            return false;
+        };
+        let mut any = false;
+        for _ in 0..INLINE_STEPS {
+            let step = p.step(self, false);
+            any |= step.active;
+            if !step.more_tx {
+                break;
+            }
+            // More to send: the next step must run the engine even with nothing new.
+            self.pending.store(true, Ordering::SeqCst);
+        }
+        drop(p);
+        self.wake_for_timer();
+        any
+    }
+
+    /// An application thread is about to block (arming a CQ, a blocking wait): the
+    /// datapath thread takes the sockets back at once.
+    pub(crate) fn app_will_block(&self) {
+        if self.app_active_until.swap(0, Ordering::SeqCst) != 0 {
+            self.kick();
+        }
     }
 
     /// Tells the datapath there is new work; rings the doorbell only if it sleeps.
@@ -380,13 +466,15 @@ impl Context {
         // per-QP source port instead, 0xC000 + hash(QPN); one socket per QP would be
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
+        let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
+        let progress = Mutex::new(Progress::new(&sockets));
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,
                 cqs: HashMap::new(),
             }),
             epoch: Instant::now(),
-            sockets: served.into_iter().map(|s| s.socket).collect(),
+            sockets,
             doorbell: EventFd::new()?,
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
@@ -394,6 +482,10 @@ impl Context {
             events: AsyncQueue::new()?,
             stats: Stats::default(),
             poll: cfg.poll,
+            progress,
+            app_active_until: AtomicU64::new(0),
+            deadline: AtomicU64::new(Nanos::MAX),
+            thread_wake: AtomicU64::new(Nanos::MAX),
         });
         let dp = crate::datapath::Datapath::new(shared.clone())?;
         let cpu = cfg.cpu;
@@ -622,6 +714,15 @@ impl Context {
     /// Tells the datapath there is new work (rings the doorbell if it sleeps).
     pub(crate) fn kick(&self) {
         self.shared.kick();
+    }
+
+    /// Work was posted (see [`Shared::posted`]).
+    pub(crate) fn posted(&self) {
+        self.shared.posted();
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 

@@ -177,18 +177,34 @@ impl Cq {
         if out.is_empty() {
             return 0;
         }
+        let shared = self.inner.ctx.shared();
+        // This thread polls: work it posts is run at its next empty poll (datapath.rs).
+        shared.app_polling();
+        let n = self.pop(out);
+        if n > 0 {
+            return n;
+        }
+        // Empty: run the datapath here rather than wait for its thread.
+        if shared.progress_inline() {
+            return self.pop(out);
+        }
+        let n = self.pop(out);
+        if n == 0 && shared.progress.is_locked() {
+            // The datapath thread is in a step: an application spinning on an empty CQ
+            // (as ibv_rc_pingpong and perftest do) must not starve it on a small machine
+            // (with 2 cores and two spinning processes it ran only at scheduler ticks).
+            std::thread::yield_now();
+        }
+        n
+    }
+
+    fn pop(&self, out: &mut [Completion]) -> usize {
         let n = {
             let mut q = self.inner.ring.q.lock();
             pop_into(&mut q, out)
         };
         if n > 0 {
             self.inner.ring.overflowed.store(false, Ordering::Relaxed);
-        } else {
-            // An application spinning on an empty CQ (as ibv_rc_pingpong and perftest do)
-            // would otherwise starve the datapath thread on a small machine: with 2 cores
-            // and two spinning processes, the datapath ran only at scheduler ticks
-            // (560 us per 4 KiB ping-pong). Yielding gives it the CPU at once.
-            std::thread::yield_now();
         }
         n
     }
@@ -209,6 +225,8 @@ impl Cq {
         };
         // An existing "next" arm is stronger than a solicited one; keep it.
         let _ = self.inner.ring.arm.fetch_max(want, Ordering::AcqRel);
+        // Arming precedes blocking on the channel: the datapath thread must run things.
+        self.inner.ctx.shared().app_will_block();
         Ok(())
     }
 
@@ -230,6 +248,7 @@ impl Cq {
         }
         let deadline = start + timeout;
         let ring = &self.inner.ring;
+        self.inner.ctx.shared().app_will_block();
         ring.waiters.fetch_add(1, Ordering::SeqCst);
         let mut q = ring.q.lock();
         let n = loop {
@@ -293,6 +312,7 @@ impl CompChannel {
     /// (`None`: forever). `Ok(None)` on timeout. Re-arm the CQ with
     /// [`Cq::req_notify`] to get the next one.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqHandleId>, Error> {
+        self._ctx.shared().app_will_block();
         if !self.inner.fd.take(timeout)? {
             return Ok(None);
         }

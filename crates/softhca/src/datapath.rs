@@ -1,9 +1,19 @@
-//! The datapath thread: sockets ↔ engine, one batch at a time.
+//! The datapath: sockets ↔ engine, one batch at a time.
 //!
-//! Each iteration: receive a batch from every socket (no lock held) → lock the engine
+//! One step: receive a batch from every socket (no engine lock held) → lock the engine
 //! once → feed every datagram (GRO datagrams split into their segments) → run expired
 //! timers → move completions and events out → fill the transmit buffers → unlock →
 //! send the batch. Nothing is allocated, locked or system-called per packet.
+//!
+//! Who runs a step: the application thread itself whenever it polls an empty CQ
+//! ([`Shared::progress_inline`], run to completion: no hand-off, no wake-up, the way
+//! user-space NIC drivers progress in `poll_cq`), or the device's datapath thread when
+//! no application thread is polling (timers, blocked or busy applications). On a 2-core
+//! machine every hand-off between threads costs more than the packet work itself: with
+//! the datapath thread alone in the loop, most of a 64 KiB transfer's time went to
+//! wake-ups and context switches (see issue 4's profile). While the application polls,
+//! the datapath thread sleeps on its doorbell only, not on the sockets, so arriving
+//! packets do not wake it for nothing.
 
 use std::io;
 use std::net::IpAddr;
@@ -12,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
-use softhca_io::{self as sio, Events, Poller, RecvBatch};
+use softhca_io::{self as sio, Events, Poller, RecvBatch, RoceSocket};
 use softhca_transport::{DatagramInfo, Transmit};
 
 use crate::config::PollMode;
@@ -31,12 +41,25 @@ const DOORBELL: u64 = u64::MAX;
 /// How long a full socket buffer may hold up a batch before its packets are dropped
 /// (RoCE recovers them by retransmission).
 const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
+/// After an application thread progressed the datapath, the datapath thread leaves the
+/// sockets to it for this long. An application that stops polling without saying so
+/// (no `req_notify`, no blocking wait) delays its traffic by at most this much.
+pub(crate) const APP_WINDOW_NS: u64 = 2_000_000;
+/// Inline steps per poll when each one fills every transmit buffer.
+pub(crate) const INLINE_STEPS: usize = 4;
 
-/// The datapath's preallocated state; lives on the datapath thread.
-pub(crate) struct Datapath {
-    shared: Arc<Shared>,
-    poller: Poller,
-    events: Events,
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Step {
+    /// Packets received or sent.
+    pub active: bool,
+    /// Every transmit buffer was filled: there may be more to send right away.
+    pub more_tx: bool,
+}
+
+/// The preallocated buffers of a step; behind `Shared::progress`, so whichever thread
+/// holds that lock runs the datapath.
+pub(crate) struct Progress {
     rx: Vec<RecvBatch>,
     rx_count: Vec<usize>,
     local_ips: Vec<IpAddr>,
@@ -44,88 +67,67 @@ pub(crate) struct Datapath {
     tx: Vec<(usize, Transmit)>,
 }
 
-impl Datapath {
-    pub(crate) fn new(shared: Arc<Shared>) -> Result<Datapath, Error> {
-        let poller = Poller::new()?;
-        for (i, s) in shared.sockets.iter().enumerate() {
-            poller.add(s.as_raw_fd(), i as u64)?;
-        }
-        poller.add(shared.doorbell.as_raw_fd(), DOORBELL)?;
-        let rx = shared
-            .sockets
-            .iter()
-            .map(|s| RecvBatch::for_socket(s, RECV_BATCH))
-            .collect();
-        let local_ips = shared.sockets.iter().map(|s| s.local_addr().ip()).collect();
-        Ok(Datapath {
-            poller,
-            events: Events::with_capacity(shared.sockets.len() + 1),
-            rx,
-            rx_count: vec![0; shared.sockets.len()],
-            local_ips,
+impl Progress {
+    pub(crate) fn new(sockets: &[RoceSocket]) -> Progress {
+        Progress {
+            rx: sockets
+                .iter()
+                .map(|s| RecvBatch::for_socket(s, RECV_BATCH))
+                .collect(),
+            rx_count: vec![0; sockets.len()],
+            local_ips: sockets.iter().map(|s| s.local_addr().ip()).collect(),
             tx_bufs: (0..TX_BATCH)
                 .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
                 .collect(),
             tx: Vec::with_capacity(TX_BATCH),
-            shared,
-        })
+        }
     }
 
-    pub(crate) fn run(mut self, cpu: Option<usize>) {
-        if let Some(cpu) = cpu {
-            if let Err(e) = sio::pin_current_thread(cpu) {
-                tracing::warn!("cannot pin the datapath thread to CPU {cpu}: {e}");
+    /// The doorbell half of a step, for a thread that just posted work: no receive, the
+    /// engine builds what is ready and it goes out now (as a NIC starts sending at its
+    /// doorbell). Returns whether every transmit buffer was filled (more to send).
+    pub(crate) fn transmit(&mut self, shared: &Shared) -> bool {
+        self.rx_count.iter_mut().for_each(|c| *c = 0);
+        shared.pending.store(false, Ordering::SeqCst);
+        let (ntx, deadline) = self.process(shared, shared.now());
+        shared
+            .deadline
+            .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
+        if ntx > 0 {
+            self.send(shared);
+        }
+        ntx == TX_BATCH
+    }
+
+    /// One step. `force` runs the engine even with nothing received and nothing
+    /// pending (the last step left transmits behind).
+    pub(crate) fn step(&mut self, shared: &Shared, force: bool) -> Step {
+        let rx = self.receive(shared);
+        let now = shared.now();
+        let pending = shared.pending.swap(false, Ordering::SeqCst);
+        let due = shared.deadline.load(Ordering::Relaxed) <= now;
+        let mut step = Step {
+            active: rx > 0,
+            ..Step::default()
+        };
+        if rx > 0 || pending || due || force {
+            let (ntx, deadline) = self.process(shared, now);
+            shared
+                .deadline
+                .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
+            step.more_tx = ntx == TX_BATCH;
+            if ntx > 0 {
+                self.send(shared);
+                step.active = true;
             }
         }
-        let mut deadline: Option<Nanos> = None;
-        let mut more_tx = false;
-        let mut last_active = Instant::now();
-        let mut iterations = 0u64;
-        while !self.shared.stop.load(Ordering::Relaxed) {
-            iterations += 1;
-            let rx = self.receive();
-            let now = self.shared.now();
-            let pending = self.shared.pending.swap(false, Ordering::SeqCst);
-            let due = deadline.is_some_and(|d| d <= now);
-            let mut active = rx > 0;
-            if rx > 0 || pending || due || more_tx {
-                let ntx;
-                (ntx, deadline) = self.process(now);
-                more_tx = ntx == TX_BATCH;
-                if ntx > 0 {
-                    self.send();
-                    active = true;
-                }
-            }
-            if active {
-                last_active = Instant::now();
-                continue;
-            }
-            let sleep = match self.shared.poll {
-                PollMode::Busy => false,
-                PollMode::Adaptive { spin_us } => {
-                    last_active.elapsed() >= Duration::from_micros(u64::from(spin_us))
-                }
-                PollMode::Blocking => true,
-            };
-            if sleep {
-                Stats::add(
-                    &self.shared.stats.loop_iterations,
-                    std::mem::take(&mut iterations),
-                );
-                self.sleep(deadline);
-                last_active = Instant::now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        Stats::add(&self.shared.stats.loop_iterations, iterations);
+        step
     }
 
     /// One `recvmmsg` per socket; returns the number of datagrams received.
-    fn receive(&mut self) -> usize {
+    fn receive(&mut self, shared: &Shared) -> usize {
         let mut total = 0;
-        for (i, s) in self.shared.sockets.iter().enumerate() {
+        for (i, s) in shared.sockets.iter().enumerate() {
             self.rx_count[i] = match s.recv(&mut self.rx[i]) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
@@ -133,7 +135,7 @@ impl Datapath {
                 Err(e) => {
                     // e.g. ICMP port unreachable reported on the socket: nothing to do.
                     tracing::trace!("recv on {}: {e}", s.local_addr());
-                    Stats::add(&self.shared.stats.rx_errors, 1);
+                    Stats::add(&shared.stats.rx_errors, 1);
                     0
                 }
             };
@@ -144,8 +146,7 @@ impl Datapath {
 
     /// Under one engine lock: feed, time, deliver, fill transmits. Returns the number of
     /// filled transmit buffers and the next deadline.
-    fn process(&mut self, now: Nanos) -> (usize, Option<Nanos>) {
-        let shared = &*self.shared;
+    fn process(&mut self, shared: &Shared, now: Nanos) -> (usize, Option<Nanos>) {
         let mut core = shared.core.lock();
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         for (i, batch) in self.rx.iter().enumerate() {
@@ -199,11 +200,11 @@ impl Datapath {
     }
 
     /// Sends the filled transmit buffers, one `sendmmsg` batch per socket.
-    fn send(&mut self) {
-        let st = &self.shared.stats;
+    fn send(&mut self, shared: &Shared) {
+        let st = &shared.stats;
         Stats::add(&st.tx_batches, 1);
         Stats::add(&st.tx_transmits, self.tx.len() as u64);
-        for (si, sock) in self.shared.sockets.iter().enumerate() {
+        for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
             let list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
                 .tx
@@ -218,7 +219,7 @@ impl Datapath {
                 })
                 .collect();
             if !list.is_empty() {
-                send_all(&self.shared, sock, &list);
+                send_all(shared, sock, &list);
             }
         }
         let unmatched = self
@@ -231,20 +232,124 @@ impl Datapath {
             Stats::add(&st.tx_no_socket, unmatched as u64);
         }
     }
+}
 
-    /// Sleeps in epoll until a packet, a doorbell or the next deadline.
-    fn sleep(&mut self, deadline: Option<Nanos>) {
+/// The datapath thread's own state: its pollers.
+pub(crate) struct Datapath {
+    shared: Arc<Shared>,
+    /// Sockets and doorbell: used when no application thread polls.
+    poller: Poller,
+    /// Doorbell only: used while an application thread progresses the sockets itself.
+    doorbell_only: Poller,
+    events: Events,
+}
+
+impl Datapath {
+    pub(crate) fn new(shared: Arc<Shared>) -> Result<Datapath, Error> {
+        let poller = Poller::new()?;
+        for (i, s) in shared.sockets.iter().enumerate() {
+            poller.add(s.as_raw_fd(), i as u64)?;
+        }
+        poller.add(shared.doorbell.as_raw_fd(), DOORBELL)?;
+        let doorbell_only = Poller::new()?;
+        doorbell_only.add(shared.doorbell.as_raw_fd(), DOORBELL)?;
+        Ok(Datapath {
+            poller,
+            doorbell_only,
+            events: Events::with_capacity(shared.sockets.len() + 1),
+            shared,
+        })
+    }
+
+    pub(crate) fn run(mut self, cpu: Option<usize>) {
+        if let Some(cpu) = cpu {
+            if let Err(e) = sio::pin_current_thread(cpu) {
+                tracing::warn!("cannot pin the datapath thread to CPU {cpu}: {e}");
+            }
+        }
+        let shared = self.shared.clone();
+        let mut more_tx = false;
+        let mut last_active = Instant::now();
+        let mut iterations = 0u64;
+        while !shared.stop.load(Ordering::Relaxed) {
+            iterations += 1;
+            let app_until = shared.app_active_until.load(Ordering::Relaxed);
+            let app_polls = shared.now() < app_until;
+            if !app_polls {
+                // `None`: an application thread is in a step right now.
+                let step = shared
+                    .progress
+                    .try_lock()
+                    .map(|mut p| p.step(&shared, more_tx));
+                if let Some(step) = step {
+                    more_tx = step.more_tx;
+                    if step.active {
+                        last_active = Instant::now();
+                        continue;
+                    }
+                } else {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            let sleep = app_polls
+                || match shared.poll {
+                    PollMode::Busy => false,
+                    PollMode::Adaptive { spin_us } => {
+                        last_active.elapsed() >= Duration::from_micros(u64::from(spin_us))
+                    }
+                    PollMode::Blocking => true,
+                };
+            if sleep {
+                Stats::add(
+                    &shared.stats.loop_iterations,
+                    std::mem::take(&mut iterations),
+                );
+                if app_polls {
+                    // The application runs sockets and timers; look again when its
+                    // window ends (or when it says it will block: the doorbell).
+                    self.sleep(Some(app_until), true);
+                } else {
+                    let d = shared.deadline.load(Ordering::Relaxed);
+                    self.sleep((d != Nanos::MAX).then_some(d), false);
+                    last_active = Instant::now();
+                }
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Stats::add(&shared.stats.loop_iterations, iterations);
+    }
+
+    /// Sleeps in epoll until a packet (unless the application polls the sockets), a
+    /// doorbell or `deadline`.
+    fn sleep(&mut self, deadline: Option<Nanos>, doorbell_only: bool) {
         let shared = &*self.shared;
+        shared
+            .thread_wake
+            .store(deadline.unwrap_or(Nanos::MAX), Ordering::SeqCst);
         shared.sleeping.store(true, Ordering::SeqCst);
         // Dekker with `Shared::kick`: a post after our last `pending.swap` either sees
-        // `sleeping` and rings, or we see `pending` here.
-        if shared.pending.load(Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
+        // `sleeping` and rings, or we see `pending` here. (While the application polls,
+        // pending work is its own to run.)
+        let woken = if doorbell_only {
+            // Cleared by an application about to block (`Shared::app_will_block`).
+            shared.app_active_until.load(Ordering::SeqCst) == 0
+        } else {
+            shared.pending.load(Ordering::SeqCst)
+        };
+        if woken || shared.stop.load(Ordering::SeqCst) {
             shared.sleeping.store(false, Ordering::SeqCst);
             return;
         }
         let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(shared.now())));
         Stats::add(&shared.stats.sleeps, 1);
-        if let Err(e) = self.poller.wait(&mut self.events, timeout) {
+        let poller = if doorbell_only {
+            &self.doorbell_only
+        } else {
+            &self.poller
+        };
+        if let Err(e) = poller.wait(&mut self.events, timeout) {
             tracing::warn!("epoll_wait: {e}");
             std::thread::sleep(Duration::from_millis(1));
         }

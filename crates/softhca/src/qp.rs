@@ -160,11 +160,12 @@ impl Qp {
     }
 
     /// Posts one send WR (`ibv_post_send`). The engine lock is held only to queue it;
-    /// the datapath sends it (the doorbell rings only if the datapath sleeps).
+    /// the datapath sends it: the application thread at its next CQ poll if it is polling,
+    /// else the datapath thread (its doorbell rings only if it sleeps).
     pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
         let ctx = self.pd.context();
         ctx.with_core(|core, now| core.engine.post_send(now, self.qpn, wr))??;
-        ctx.kick();
+        ctx.posted();
         Ok(())
     }
 
@@ -188,7 +189,7 @@ impl Qp {
             })
             .map_err(|e| (0, e))?;
         if r.0 > 0 {
-            ctx.kick();
+            ctx.posted();
         }
         r.1.map_err(|e| (r.0, e))
     }

@@ -142,10 +142,11 @@ macro_rules! ctx {
 fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut Timers) {
     qp.complete_sends(ctx);
     let want = qp.deadline();
-    if want != qp.timer {
-        qp.timer = want;
-        qp.timer_gen += 1;
-        if let Some(t) = want {
+    qp.timer = want;
+    if let Some(t) = want {
+        if qp.armed.is_none_or(|a| t < a) {
+            qp.timer_gen += 1;
+            qp.armed = Some(t);
             timers.push(t, qp.qpn, qp.timer_gen);
         }
     }
@@ -927,7 +928,19 @@ impl Engine {
                 continue;
             };
             if qp.timer_gen != gen {
-                continue; // superseded
+                continue; // superseded by an earlier deadline
+            }
+            qp.armed = None;
+            match qp.timer {
+                None => continue,
+                Some(t) if t > now => {
+                    // The deadline moved on since this entry was pushed.
+                    qp.timer_gen += 1;
+                    qp.armed = Some(t);
+                    timers.push(t, qp.qpn, qp.timer_gen);
+                    continue;
+                }
+                Some(_) => {}
             }
             qp.timer = None;
             let mut ctx = ctx!(self, now);
@@ -936,7 +949,8 @@ impl Engine {
         }
     }
 
-    /// The earliest timer deadline (may be a superseded one: handling it is a no-op).
+    /// The earliest timer deadline (at most one per QP: it may be earlier than the QP's
+    /// current deadline, then handling it re-arms and does nothing else).
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.timers.peek()
     }

@@ -12,7 +12,7 @@ use crate::timers::ack_timeout_ns;
 use crate::verbs::*;
 
 /// Most PSNs in flight before the requester waits for ACKs (rxe: RXE_MAX_UNACKED_PSNS).
-pub(crate) const MAX_UNACKED_PSNS: i32 = 256;
+pub(crate) const MAX_UNACKED_PSNS: i32 = 1024;
 /// Ask for an ACK at least this often inside long messages (rxe: RXE_MAX_PKT_PER_ACK).
 pub(crate) const ACK_EVERY: u32 = 32;
 

@@ -534,11 +534,24 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
         .map_err(|source| CliError::Listen { addr, source })?
         .port();
     let op = a.op;
+    let server_view = server_ctx.clone();
     let server = std::thread::Builder::new()
         .name("perf-server".into())
         .spawn(move || serve(&server_ctx, &listener, op, op != PerfOp::All, true, false))
         .map_err(|e| CliError::Usage(format!("cannot start the server thread: {e}")))?;
     client(a, &client_ctx, "127.0.0.1", port, server_ip, None)?;
+    // For profiling the datapath: both devices' counters.
+    if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_some() {
+        for (who, ctx) in [("client", &client_ctx), ("server", &server_view)] {
+            let c: Vec<String> = ctx
+                .counters()
+                .into_iter()
+                .filter(|c| c.1 != 0)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            eprintln!("{who}: {}", c.join(" "));
+        }
+    }
     match server.join() {
         Ok(r) => r,
         Err(_) => Err(CliError::Usage("the server thread failed".into())),

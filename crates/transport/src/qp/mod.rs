@@ -184,8 +184,14 @@ pub(crate) struct Qp {
     pub path: Path,
     /// In the engine's ready queue.
     pub in_ready: bool,
-    /// Current timer deadline and its generation (lazy deletion in the heap).
+    /// Current timer deadline (what the QP wants).
     pub timer: Option<Nanos>,
+    /// The time of this QP's live entry in the engine's timer heap, and its generation
+    /// (older entries are ignored when they pop). A later deadline does not push a new
+    /// entry: the live one fires first and re-arms for the current deadline. So a QP
+    /// whose retransmit timer moves on every ACK has one heap entry, not thousands, and
+    /// the engine's next deadline is a real one rather than a superseded one.
+    pub armed: Option<Nanos>,
     pub timer_gen: u64,
 }
 
@@ -215,6 +221,7 @@ impl Qp {
             path: Path::default(),
             in_ready: false,
             timer: None,
+            armed: None,
             timer_gen: 0,
         }
     }
