@@ -24,6 +24,76 @@ pub enum Command {
     /// Server: `softhca perf write`; client: `softhca perf write <server>`;
     /// both ends in one process: `softhca perf write --loopback`.
     Perf(PerfArgs),
+    /// One-shot benchmark suite on loopback: softhca bandwidth, latency and message rate
+    /// against TCP and raw UDP (GSO+GRO) measured in the same run, as a table, JSON and SVG.
+    ///
+    /// Every measurement runs between two processes (this executable started twice).
+    Bench(BenchArgs),
+    /// Internal: one end of a `softhca bench` baseline measurement.
+    #[command(hide = true)]
+    BenchPeer(BenchPeerArgs),
+}
+
+/// `softhca bench`.
+#[derive(Debug, Args, Clone)]
+pub struct BenchArgs {
+    /// Seconds per measurement (default 2, which keeps the whole run under 2 minutes).
+    #[arg(short = 'D', long)]
+    pub duration: Option<f64>,
+    /// A short run for tests: tiny durations and one point of every kind.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write all results as one JSON document to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+    /// Write bandwidth against message size as an SVG plot to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// The baseline a `bench-peer` process measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PeerKind {
+    /// TCP bulk transfer.
+    TcpStream,
+    /// TCP request/echo round trips.
+    TcpPingpong,
+    /// UDP datagram/echo round trips.
+    UdpPingpong,
+    /// Raw UDP with GSO and GRO (crates/io blast).
+    UdpBlast,
+}
+
+/// Which end of a baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PeerRole {
+    /// Listens (TCP) or binds (UDP), prints `READY <port>`, receives or echoes.
+    Server,
+    /// Connects to `--to` and drives the measurement for `--duration`.
+    Client,
+}
+
+/// `softhca bench-peer` (hidden; started by `softhca bench`).
+#[derive(Debug, Args, Clone)]
+pub struct BenchPeerArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub kind: PeerKind,
+    /// Which end.
+    #[arg(value_enum)]
+    pub role: PeerRole,
+    /// Server: local IP address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+    /// Client: the server's address and port.
+    #[arg(long)]
+    pub to: Option<std::net::SocketAddr>,
+    /// Message (or datagram) size in bytes.
+    #[arg(short = 's', long, value_parser = size_arg, default_value = "4096")]
+    pub size: u64,
+    /// Seconds the client runs.
+    #[arg(short = 'D', long, default_value_t = 1.0)]
+    pub duration: f64,
 }
 
 /// `softhca devinfo`.

@@ -2,6 +2,7 @@
 //! user-space RoCEv2 device.
 
 mod args;
+mod bench;
 mod devinfo;
 mod error;
 mod exchange;
@@ -96,5 +97,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Devinfo(a) => devinfo::run(&a),
         Command::Perf(a) => perf::run(&a),
+        Command::Bench(a) => bench::run(&a),
+        Command::BenchPeer(a) => bench::peer::run(&a),
     }
 }

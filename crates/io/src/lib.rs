@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 mod affinity;
+pub mod blast;
 mod cmsg;
 mod error;
 mod event;

@@ -1,0 +1,541 @@
+//! `softhca bench`: one command that measures softhca on loopback and, in the same run,
+//! the baselines it should be judged against (TCP stream, TCP and UDP ping-pong, raw UDP
+//! with GSO+GRO), and prints a table, a JSON document and an SVG plot.
+//!
+//! Every measurement runs between two child processes of this executable: `softhca perf`
+//! server and client for softhca, `softhca bench-peer` for the baselines. Each child is
+//! reaped with `wait4(2)`, whose rusage is the child's own CPU time, so CPU cost is
+//! measured the same way for softhca and for the baselines (whole process, set-up
+//! included).
+
+mod child;
+mod output;
+pub mod peer;
+
+use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::args::BenchArgs;
+use crate::error::CliError;
+use child::{last_json, Pipe, Proc};
+use output::Row;
+
+/// Seconds per measurement by default: 31 points × (2 s + ~0.5 s set-up) ≈ 80 s.
+const DEFAULT_DURATION: f64 = 2.0;
+/// Seconds per measurement with `--quick`.
+const QUICK_DURATION: f64 = 0.3;
+/// Datagram size of the raw UDP measurement: a full RoCE packet at PMTU 4096.
+const BLAST_SEGMENT: u64 = 4096;
+/// Outstanding SENDs of the message-rate test.
+const RATE_TX_DEPTH: u32 = 512;
+/// How long a child may take to start listening.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Set-up and tear-down time a measurement may take beyond its duration.
+const SLACK: Duration = Duration::from_secs(40);
+
+/// One measurement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Point {
+    /// softhca bandwidth.
+    Bw {
+        op: &'static str,
+        size: u64,
+        qps: u32,
+    },
+    /// softhca ping-pong latency.
+    Lat { op: &'static str, size: u64 },
+    /// softhca small-message rate (64 B SEND, many outstanding).
+    Rate,
+    /// TCP bulk throughput.
+    TcpStream { size: u64 },
+    /// TCP echo latency.
+    TcpPingpong { size: u64 },
+    /// UDP echo latency.
+    UdpPingpong { size: u64 },
+    /// Raw UDP GSO+GRO throughput.
+    UdpBlast,
+}
+
+impl Point {
+    fn label(&self) -> String {
+        let sz = output::size_str;
+        match *self {
+            Point::Bw { op, size, qps } => format!("softhca {op} bw {} x{qps} QP", sz(size)),
+            Point::Lat { op, size } => format!("softhca {op} lat {}", sz(size)),
+            Point::Rate => "softhca send msg rate 64 B".into(),
+            Point::TcpStream { size } => format!("tcp stream {}", sz(size)),
+            Point::TcpPingpong { size } => format!("tcp ping-pong {}", sz(size)),
+            Point::UdpPingpong { size } => format!("udp ping-pong {}", sz(size)),
+            Point::UdpBlast => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
+        }
+    }
+}
+
+/// The measurements of a run, baselines first (their numbers feed the ratios).
+fn plan(quick: bool) -> Vec<Point> {
+    let mut v = Vec::new();
+    if quick {
+        v.push(Point::TcpStream { size: 65536 });
+        v.push(Point::UdpBlast);
+        v.push(Point::TcpPingpong { size: 8 });
+        v.push(Point::UdpPingpong { size: 8 });
+        v.push(Point::Bw {
+            op: "send",
+            size: 65536,
+            qps: 1,
+        });
+        v.push(Point::Bw {
+            op: "write",
+            size: 65536,
+            qps: 2,
+        });
+        v.push(Point::Bw {
+            op: "read",
+            size: 65536,
+            qps: 1,
+        });
+        v.push(Point::Lat {
+            op: "send",
+            size: 8,
+        });
+        v.push(Point::Lat {
+            op: "write",
+            size: 8,
+        });
+        v.push(Point::Rate);
+        return v;
+    }
+    let sizes = [4096, 65536, 1 << 20];
+    for size in sizes {
+        v.push(Point::TcpStream { size });
+    }
+    v.push(Point::UdpBlast);
+    for size in [8, 4096] {
+        v.push(Point::TcpPingpong { size });
+        v.push(Point::UdpPingpong { size });
+    }
+    for op in ["send", "write", "read"] {
+        for qps in [1, 2] {
+            for size in sizes {
+                v.push(Point::Bw { op, size, qps });
+            }
+        }
+    }
+    for op in ["send", "write"] {
+        for size in [8, 4096] {
+            v.push(Point::Lat { op, size });
+        }
+    }
+    v.push(Point::Rate);
+    v
+}
+
+/// Entry point of `softhca bench`.
+pub fn run(a: &BenchArgs) -> Result<(), CliError> {
+    let duration = match a.duration {
+        Some(d) if !(d > 0.0 && d <= 3600.0) => {
+            return Err(CliError::Usage(format!(
+                "invalid duration {d} (seconds, above 0)"
+            )))
+        }
+        Some(d) => d,
+        None if a.quick => QUICK_DURATION,
+        None => DEFAULT_DURATION,
+    };
+    // Fail on an unwritable output file now, not after two minutes of measuring.
+    for p in [&a.json, &a.plot].into_iter().flatten() {
+        check_writable(p)?;
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Usage(format!("cannot find the softhca executable: {e}")))?;
+    let (server_ip, client_ip) = free_device_pair()?;
+    let points = plan(a.quick);
+    let started = Instant::now();
+    let progress = ProgressLine::start(points.len());
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    let ctx = Runner {
+        exe: &exe,
+        duration,
+        server_ip,
+        client_ip,
+    };
+    for (i, p) in points.iter().enumerate() {
+        progress.set(i, &p.label(), started);
+        match ctx.measure(p) {
+            Ok(r) => rows.push(r),
+            Err(e) => failures.push(format!("{}: {e}", p.label())),
+        }
+    }
+    progress.stop();
+    let mut notes = Vec::new();
+    output::add_ratios(&mut rows);
+    if let Some(b) = rows.iter().find(|r| r.kind == "udp_blast") {
+        if let Some(n) = &b.note {
+            notes.push(n.clone());
+        }
+    }
+    notes.push(
+        "latency = half the round trip (perftest's convention); /TCP and /rawUDP: Gb/s ratio \
+         for bandwidth rows, p50 ratio against TCP / UDP ping-pong for latency rows"
+            .into(),
+    );
+    notes.push(
+        "TCP / UDP ping-pong spin 50 us on an empty socket before sleeping, like softhca's \
+         default adaptive polling"
+            .into(),
+    );
+    notes.push(
+        "CPU s/GB: user+system CPU of the whole sending / receiving process (set-up included) \
+         per GB of payload moved; for READ the server sends"
+            .into(),
+    );
+    let total = started.elapsed().as_secs_f64();
+    let report = output::Report {
+        duration_per_point: duration,
+        quick: a.quick,
+        total_seconds: total,
+        server_addr: server_ip.to_string(),
+        client_addr: client_ip.to_string(),
+        rows,
+        notes,
+        failures,
+    };
+    let mut out = std::io::stdout().lock();
+    output::print_table(&mut out, &report)?;
+    out.flush()?;
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Usage(format!("cannot encode JSON: {e}")))?;
+        write_file(p, text.as_bytes())?;
+    }
+    if let Some(p) = &a.plot {
+        write_file(p, output::svg(&report).as_bytes())?;
+    }
+    if !report.failures.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{} of {} measurements failed (listed above)",
+            report.failures.len(),
+            points.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_writable(p: &Path) -> Result<(), CliError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map(|_| ())
+        .map_err(|e| {
+            CliError::Usage(format!(
+                "cannot write {}: {}",
+                p.display(),
+                crate::error::io_msg(&e)
+            ))
+        })
+}
+
+fn write_file(p: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    std::fs::write(p, bytes).map_err(|e| {
+        CliError::Usage(format!(
+            "cannot write {}: {}",
+            p.display(),
+            crate::error::io_msg(&e)
+        ))
+    })
+}
+
+/// Two loopback addresses whose RoCE UDP port is free, for the server's and the client's
+/// devices (starting at 127.0.0.160 to stay clear of the usual .1/.2).
+fn free_device_pair() -> Result<(IpAddr, IpAddr), CliError> {
+    let mut found = Vec::new();
+    for octet in 160..=254u8 {
+        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet));
+        if UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok() {
+            found.push(ip);
+            if found.len() == 2 {
+                return Ok((found[0], found[1]));
+            }
+        }
+    }
+    Err(CliError::Usage(
+        "no two free loopback addresses (UDP port 4791 in use on 127.0.0.160-254)".into(),
+    ))
+}
+
+/// A TCP port nobody listens on right now (the kernel's choice for port 0).
+fn free_tcp_port() -> Result<u16, CliError> {
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let l = TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| CliError::Listen { addr, source })
+}
+
+/// What every measurement needs.
+struct Runner<'a> {
+    exe: &'a Path,
+    duration: f64,
+    server_ip: IpAddr,
+    client_ip: IpAddr,
+}
+
+fn num(v: &serde_json::Value, k: &str) -> f64 {
+    v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0)
+}
+
+impl Runner<'_> {
+    fn measure(&self, p: &Point) -> Result<Row, CliError> {
+        match *p {
+            Point::Bw { op, size, qps } => self.softhca(op, size, qps, false, None),
+            Point::Lat { op, size } => self.softhca(op, size, 1, true, None),
+            Point::Rate => self.softhca("send", 64, 1, false, Some(RATE_TX_DEPTH)),
+            Point::TcpStream { size } => self.peer("tcp-stream", size),
+            Point::TcpPingpong { size } => self.peer("tcp-pingpong", size),
+            Point::UdpPingpong { size } => self.peer("udp-pingpong", size),
+            Point::UdpBlast => self.peer("udp-blast", BLAST_SEGMENT),
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + Duration::from_secs_f64(self.duration) + SLACK
+    }
+
+    /// `softhca perf` server and client.
+    fn softhca(
+        &self,
+        op: &'static str,
+        size: u64,
+        qps: u32,
+        lat: bool,
+        tx_depth: Option<u32>,
+    ) -> Result<Row, CliError> {
+        let port = free_tcp_port()?.to_string();
+        let mut sc = Command::new(self.exe);
+        sc.args(["perf", op, "-p", &port])
+            .env("SOFTHCA_ADDR", self.server_ip.to_string());
+        let mut server = Proc::spawn("softhca perf server", sc)?;
+        server.wait_line(Pipe::Err, "waiting for a client", READY_TIMEOUT)?;
+        let mut cc = Command::new(self.exe);
+        cc.args(["perf", op, &self.server_ip.to_string(), "-p", &port])
+            .args(["-s", &size.to_string(), "-q", &qps.to_string()])
+            .args(["-D", &self.duration.to_string(), "--json"])
+            .env("SOFTHCA_ADDR", self.client_ip.to_string());
+        if lat {
+            cc.arg("--lat");
+        }
+        if let Some(t) = tx_depth {
+            cc.args(["-t", &t.to_string()]);
+        }
+        let client = Proc::spawn("softhca perf client", cc)?;
+        let cf = client.finish(self.deadline())?;
+        let sf = server.finish(Instant::now() + SLACK)?;
+        let j = last_json(&cf, "softhca perf client")?;
+        let iters = num(&j, "iters") as u64;
+        let seconds = num(&j, "seconds");
+        let bytes = iters * size;
+        // READ moves data from the server (responder) to the client.
+        let (cpu_tx, cpu_rx) = if op == "read" {
+            (sf.cpu, cf.cpu)
+        } else {
+            (cf.cpu, sf.cpu)
+        };
+        let kind = if lat {
+            "softhca_lat"
+        } else if tx_depth.is_some() {
+            "softhca_msg_rate"
+        } else {
+            "softhca_bw"
+        };
+        let mut r = Row::new(kind, op, size, qps, seconds, iters, bytes, cpu_tx, cpu_rx);
+        if lat {
+            r.lat_us_p50 = j.get("lat_us_p50").and_then(|x| x.as_f64());
+            r.lat_us_p99 = j.get("lat_us_p99").and_then(|x| x.as_f64());
+        } else {
+            r.set_throughput();
+        }
+        Ok(r)
+    }
+
+    /// A `softhca bench-peer` baseline.
+    fn peer(&self, kind: &'static str, size: u64) -> Result<Row, CliError> {
+        let dur = self.duration.to_string();
+        let size_s = size.to_string();
+        let mut sc = Command::new(self.exe);
+        sc.args(["bench-peer", kind, "server", "--bind", "127.0.0.1"])
+            .args(["-s", &size_s, "-D", &dur]);
+        let mut server = Proc::spawn(format!("{kind} server"), sc)?;
+        let line = server.wait_line(Pipe::Out, "READY ", READY_TIMEOUT)?;
+        let port: u16 = line
+            .trim()
+            .strip_prefix("READY ")
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| CliError::Peer(format!("{kind} server said {line:?}")))?;
+        let to = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port).to_string();
+        let mut cc = Command::new(self.exe);
+        cc.args(["bench-peer", kind, "client", "--to", &to])
+            .args(["-s", &size_s, "-D", &dur]);
+        let client = Proc::spawn(format!("{kind} client"), cc)?;
+        let cf = client.finish(self.deadline())?;
+        let sf = server.finish(Instant::now() + SLACK)?;
+        let cj = last_json(&cf, &format!("{kind} client"))?;
+        let sj = last_json(&sf, &format!("{kind} server"))?;
+        let row = match kind {
+            "tcp-stream" | "udp-blast" => {
+                // The receiver's count over the receiver's time: what actually arrived.
+                let bytes = num(&sj, "bytes") as u64;
+                let msgs = if kind == "udp-blast" {
+                    num(&sj, "datagrams") as u64
+                } else {
+                    bytes / size.max(1)
+                };
+                let k = if kind == "udp-blast" {
+                    "udp_blast"
+                } else {
+                    "tcp_stream"
+                };
+                let op = if kind == "udp-blast" { "udp" } else { "tcp" };
+                let mut r = Row::new(
+                    k,
+                    op,
+                    size,
+                    1,
+                    num(&sj, "seconds"),
+                    msgs,
+                    bytes,
+                    cf.cpu,
+                    sf.cpu,
+                );
+                r.set_throughput();
+                if kind == "udp-blast" {
+                    let gso = cj.get("gso").and_then(|x| x.as_bool()).unwrap_or(false);
+                    let gro = sj.get("gro").and_then(|x| x.as_bool()).unwrap_or(false);
+                    let sent = num(&cj, "bytes");
+                    let loss = if sent > 0.0 {
+                        (1.0 - bytes as f64 / sent).max(0.0) * 100.0
+                    } else {
+                        0.0
+                    };
+                    r.note = Some(match (gso, gro) {
+                        (true, true) => format!(
+                            "raw UDP: GSO and GRO in use; {loss:.0}% of sent bytes dropped \
+                             by the receiving socket"
+                        ),
+                        _ => format!(
+                            "raw UDP: kernel refused {}; measured with the fallback \
+                             (plain datagrams), not the GSO+GRO ceiling",
+                            match (gso, gro) {
+                                (false, false) => "GSO and GRO",
+                                (false, true) => "GSO",
+                                _ => "GRO",
+                            }
+                        ),
+                    });
+                    r.gso = Some(gso);
+                    r.gro = Some(gro);
+                }
+                r
+            }
+            _ => {
+                let iters = num(&cj, "iters") as u64;
+                let (k, op) = if kind == "tcp-pingpong" {
+                    ("tcp_pingpong", "tcp")
+                } else {
+                    ("udp_pingpong", "udp")
+                };
+                let mut r = Row::new(
+                    k,
+                    op,
+                    size,
+                    1,
+                    num(&cj, "seconds"),
+                    iters,
+                    iters * size * 2,
+                    cf.cpu,
+                    sf.cpu,
+                );
+                r.lat_us_p50 = cj.get("lat_us_p50").and_then(|x| x.as_f64());
+                r.lat_us_p99 = cj.get("lat_us_p99").and_then(|x| x.as_f64());
+                let lost = num(&cj, "lost");
+                if lost > 0.0 {
+                    r.note = Some(format!("{lost} datagrams lost (200 ms timeout each)"));
+                }
+                r
+            }
+        };
+        Ok(row)
+    }
+}
+
+/// The progress line on stderr: redrawn in place on a terminal, one line per measurement
+/// otherwise.
+struct ProgressLine {
+    state: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    total: usize,
+    tty: bool,
+}
+
+impl ProgressLine {
+    fn start(total: usize) -> ProgressLine {
+        let tty = std::io::stderr().is_terminal();
+        let state = Arc::new(Mutex::new(String::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = tty.then(|| {
+            let (state, stop) = (state.clone(), stop.clone());
+            let t0 = Instant::now();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let line = state.lock().map(|s| s.clone()).unwrap_or_default();
+                    if !line.is_empty() {
+                        let e = t0.elapsed().as_secs();
+                        let mut err = std::io::stderr().lock();
+                        let _ = write!(err, "\r\x1b[K{line} [{}:{:02}]", e / 60, e % 60);
+                        let _ = err.flush();
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                let _ = write!(std::io::stderr(), "\r\x1b[K");
+            })
+        });
+        ProgressLine {
+            state,
+            stop,
+            thread,
+            total,
+            tty,
+        }
+    }
+
+    fn set(&self, i: usize, label: &str, started: Instant) {
+        let left = if i > 0 {
+            let per = started.elapsed().as_secs_f64() / i as f64;
+            format!(", ~{:.0} s left", per * (self.total - i) as f64)
+        } else {
+            String::new()
+        };
+        let line = format!("softhca bench: [{}/{}] {label}{left}", i + 1, self.total);
+        if self.tty {
+            if let Ok(mut s) = self.state.lock() {
+                *s = line;
+            }
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

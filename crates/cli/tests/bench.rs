@@ -1,0 +1,90 @@
+//! `softhca bench --quick`: every kind of row is measured between two processes, with
+//! positive numbers, and the JSON and SVG files are written.
+
+use std::process::Command;
+
+fn pos(r: &serde_json::Value, k: &str) -> f64 {
+    let v = r[k]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{k} missing in {r}"));
+    assert!(v > 0.0, "{k} = {v} in {r}");
+    v
+}
+
+#[test]
+fn quick_bench_writes_every_row_kind() {
+    let dir = std::env::temp_dir().join(format!("softhca-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("bench.json");
+    let svg = dir.join("bench.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
+        .args(["bench", "--quick", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .env_remove("SOFTHCA_ADDR")
+        .env("SOFTHCA_LOG", "off")
+        .output()
+        .expect("run softhca bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("softhca bandwidth") && stdout.contains("raw UDP GSO+GRO"));
+
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["failures"].as_array().unwrap().len(), 0);
+    let rows = doc["rows"].as_array().unwrap();
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        let v: Vec<_> = rows.iter().filter(|r| r["kind"] == kind).collect();
+        assert!(!v.is_empty(), "no {kind} row in {doc}");
+        v
+    };
+    for kind in ["softhca_bw", "softhca_msg_rate", "tcp_stream", "udp_blast"] {
+        for r in of(kind) {
+            pos(r, "gbps");
+            pos(r, "msgs_per_sec");
+            pos(r, "bytes");
+            pos(r, "cpu_s_per_gb_sender");
+            pos(r, "cpu_s_per_gb_receiver");
+        }
+    }
+    for kind in ["softhca_lat", "tcp_pingpong", "udp_pingpong"] {
+        for r in of(kind) {
+            let p50 = pos(r, "lat_us_p50");
+            let p99 = pos(r, "lat_us_p99");
+            assert!(p99 >= p50, "{r}");
+            pos(r, "messages");
+        }
+    }
+    // Ratios against the baselines measured in the same run.
+    for r in of("softhca_bw").into_iter().chain(of("softhca_lat")) {
+        pos(r, "vs_tcp");
+        pos(r, "vs_raw_udp");
+    }
+    // READ data flows server → client, the others client → server; all three ops ran.
+    for op in ["send", "write", "read"] {
+        assert!(of("softhca_bw").iter().any(|r| r["op"] == op), "no {op} bw");
+    }
+    assert!(of("softhca_bw").iter().any(|r| r["qps"] == 2));
+
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.contains("<svg") && plot.contains("</svg>"));
+    assert!(plot.contains("TCP stream") && plot.contains("raw UDP"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_rejects_bad_duration_in_one_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
+        .args(["bench", "--duration", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("softhca: invalid duration"), "{err}");
+}

@@ -1,0 +1,237 @@
+//! Raw UDP throughput ("blast"): how fast the kernel moves datagrams between two sockets
+//! with GSO and GRO, with no protocol on top. This is the ceiling for any transport built
+//! on [`RoceSocket`], and what `softhca bench` and the `udp_blast` example compare against.
+//!
+//! The sender and the receiver are separate functions so that they can run in two
+//! threads ([`blast_loopback`]) or in two processes (`softhca bench`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{pin_current_thread, segments, Capabilities, Events, Poller, RecvBatch, RoceSocket};
+use crate::{BindOptions, IoError, Transmit};
+
+/// Largest UDP payload of one IPv4 GSO message (65535 − IPv4 and UDP headers).
+const MAX_GSO_PAYLOAD: usize = 65_507;
+
+/// Transmits handed to one [`RoceSocket::send`] call.
+const SEND_BATCH: usize = 8;
+
+/// What a [`blast_send`] run sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SendReport {
+    /// Payload bytes the kernel accepted.
+    pub bytes: u64,
+    /// Datagrams those bytes make (`bytes / segment_size`, rounded up per message).
+    pub datagrams: u64,
+    /// Time spent sending.
+    pub elapsed: Duration,
+    /// Offloads the socket used (GSO may have been switched off during the run).
+    pub capabilities: Capabilities,
+}
+
+/// What a [`blast_recv`] run received.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecvReport {
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// Datagrams received (a GRO buffer counts as the datagrams it holds).
+    pub datagrams: u64,
+    /// `recvmmsg` calls that returned data.
+    pub calls: u64,
+    /// From the first to the last datagram received.
+    pub elapsed: Duration,
+    /// Offloads the socket used.
+    pub capabilities: Capabilities,
+}
+
+impl RecvReport {
+    /// Received payload in Gb/s (0 when nothing or a single batch arrived).
+    pub fn gbps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s <= 0.0 {
+            return 0.0;
+        }
+        self.bytes as f64 * 8.0 / s / 1e9
+    }
+}
+
+/// When [`blast_recv`] stops.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvStop<'a> {
+    /// Stop once nothing arrived for this long after the first datagram.
+    pub idle: Duration,
+    /// Stop at this instant in any case (also when nothing ever arrived).
+    pub deadline: Instant,
+    /// Stop when this flag turns true (checked between receive calls).
+    pub flag: Option<&'a AtomicBool>,
+    /// Spin on `recvmmsg` instead of sleeping in epoll when the socket is empty.
+    pub busy: bool,
+    /// Datagram buffers per `recvmmsg` call.
+    pub batch: usize,
+}
+
+/// Sends `segment_size`-byte datagrams to `dst` as fast as the socket takes them, for
+/// `duration`. Each [`Transmit`] is one GSO message (as many segments as fit in 64 KiB);
+/// without GSO the socket sends them as separate datagrams. A full socket buffer is waited
+/// out by yielding, so the sender never blocks for long.
+///
+/// Errors: the first send error other than `WouldBlock` (with the bytes sent so far lost).
+pub fn blast_send(
+    socket: &RoceSocket,
+    dst: SocketAddr,
+    segment_size: usize,
+    duration: Duration,
+) -> io::Result<SendReport> {
+    let seg = segment_size.clamp(1, MAX_GSO_PAYLOAD);
+    let per_msg = socket.segments_per_gso_send(seg).max(1);
+    let payload = vec![0x5au8; per_msg * seg];
+    let t = Transmit {
+        dst,
+        src_ip: None,
+        contents: &payload,
+        segment_size: Some(seg),
+    };
+    let batch = [t; SEND_BATCH];
+    let start = Instant::now();
+    let end = start + duration;
+    let mut bytes = 0u64;
+    let mut datagrams = 0u64;
+    while Instant::now() < end {
+        match socket.send(&batch) {
+            Ok(n) => {
+                bytes += (n * payload.len()) as u64;
+                datagrams += (n * per_msg) as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(SendReport {
+        bytes,
+        datagrams,
+        elapsed: start.elapsed(),
+        capabilities: socket.capabilities(),
+    })
+}
+
+/// Receives and counts datagrams on `socket` until `stop` says so.
+pub fn blast_recv(socket: &RoceSocket, stop: RecvStop<'_>) -> Result<RecvReport, IoError> {
+    let poller = Poller::new()?;
+    poller.add(socket.as_raw_fd(), 0)?;
+    let mut events = Events::with_capacity(2);
+    let mut batch = RecvBatch::for_socket(socket, stop.batch.max(1));
+    let (mut bytes, mut datagrams, mut calls) = (0u64, 0u64, 0u64);
+    let mut first: Option<Instant> = None;
+    let mut last = Instant::now();
+    loop {
+        if stop.flag.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            break;
+        }
+        let now = Instant::now();
+        if now >= stop.deadline || (first.is_some() && now.duration_since(last) >= stop.idle) {
+            break;
+        }
+        match socket.recv(&mut batch) {
+            Ok(_) => {
+                calls += 1;
+                last = Instant::now();
+                first.get_or_insert(last);
+                for (m, b) in batch.iter() {
+                    datagrams += segments(&m, b).count() as u64;
+                    bytes += m.len as u64;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !stop.busy {
+                    // Short waits so the idle and deadline checks stay timely.
+                    poller
+                        .wait(&mut events, Some(Duration::from_millis(5)))
+                        .map_err(|source| IoError::Os {
+                            what: "epoll_wait",
+                            source,
+                        })?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(IoError::Os {
+                    what: "recvmmsg",
+                    source,
+                })
+            }
+        }
+    }
+    Ok(RecvReport {
+        bytes,
+        datagrams,
+        calls,
+        elapsed: first.map_or(Duration::ZERO, |f| last.duration_since(f)),
+        capabilities: socket.capabilities(),
+    })
+}
+
+/// Settings of a [`blast_loopback`] run.
+#[derive(Debug, Clone, Copy)]
+pub struct LoopbackBlast {
+    /// Offloads the sending socket may use.
+    pub tx: BindOptions,
+    /// Offloads the receiving socket may use.
+    pub rx: BindOptions,
+    /// How long to send.
+    pub duration: Duration,
+    /// Datagram payload size.
+    pub segment_size: usize,
+    /// Pin the sender to CPU 0 and the receiver to CPU 1.
+    pub pin: bool,
+    /// Receiver spins instead of sleeping in epoll.
+    pub busy: bool,
+    /// Receive batch size.
+    pub rx_batch: usize,
+}
+
+/// Sender and receiver in two threads of this process, on 127.0.0.2 → 127.0.0.1
+/// (both bound to port 0).
+pub fn blast_loopback(cfg: &LoopbackBlast) -> Result<(SendReport, RecvReport), IoError> {
+    let rx = RoceSocket::bind_with(SocketAddr::from(([127, 0, 0, 1], 0)), cfg.rx)?;
+    let tx = RoceSocket::bind_with(SocketAddr::from(([127, 0, 0, 2], 0)), cfg.tx)?;
+    let dst = rx.local_addr();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            if cfg.pin {
+                let _ = pin_current_thread(1);
+            }
+            blast_recv(
+                &rx,
+                RecvStop {
+                    idle: Duration::MAX,
+                    deadline: Instant::now() + cfg.duration + Duration::from_secs(10),
+                    flag: Some(&stop),
+                    busy: cfg.busy,
+                    batch: cfg.rx_batch,
+                },
+            )
+        });
+        if cfg.pin {
+            let _ = pin_current_thread(0);
+        }
+        let sent = blast_send(&tx, dst, cfg.segment_size, cfg.duration);
+        // Let the receiver drain what is still queued.
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, Ordering::Relaxed);
+        let received = receiver.join().unwrap_or_else(|_| {
+            Err(IoError::Os {
+                what: "receiver thread",
+                source: io::Error::other("panicked"),
+            })
+        })?;
+        let sent = sent.map_err(|source| IoError::Os {
+            what: "sendmmsg",
+            source,
+        })?;
+        Ok((sent, received))
+    })
+}
