@@ -32,6 +32,9 @@ pub enum Command {
     /// Internal: one end of a `softhca bench` baseline measurement.
     #[command(hide = true)]
     BenchPeer(BenchPeerArgs),
+    /// Stream synthetic camera frames to a host receiver on loopback: RC SEND, UC WRITE
+    /// with immediate, or GigE Vision GVSP over UDP (`--compare`: all three).
+    Stream(StreamArgs),
 }
 
 /// `softhca bench`.
@@ -179,4 +182,68 @@ pub struct PerfArgs {
     /// Server: keep serving clients after the first test.
     #[arg(long)]
     pub forever: bool,
+}
+
+/// Streaming mode of `softhca stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StreamMode {
+    /// RC SEND into receive buffers the host posted.
+    RcSend,
+    /// UC RDMA WRITE into a host ring + WRITE-with-immediate per frame.
+    UcWrite,
+    /// GigE Vision stream packets over UDP with packet resend.
+    Gvsp,
+}
+
+/// `softhca stream`.
+#[derive(Debug, Args, Clone)]
+pub struct StreamArgs {
+    /// rc-send, uc-write or gvsp.
+    #[arg(long, value_enum, default_value = "rc-send")]
+    pub mode: StreamMode,
+    /// Run the three modes back to back on the same frames and print a table.
+    #[arg(long)]
+    pub compare: bool,
+    /// Frame width in pixels.
+    #[arg(long, default_value_t = 2448)]
+    pub width: u32,
+    /// Frame height in rows.
+    #[arg(long, default_value_t = 2048)]
+    pub height: u32,
+    /// Pixel format: mono8 or bayerrg8.
+    #[arg(long, default_value = "mono8")]
+    pub pixel: String,
+    /// Frames per second (0: as fast as possible).
+    #[arg(long, default_value_t = 0.0)]
+    pub fps: f64,
+    /// Frames per mode.
+    #[arg(short = 'n', long, default_value_t = 100, conflicts_with = "duration")]
+    pub frames: u64,
+    /// Seconds per mode instead of a frame count.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<f64>,
+    /// Drop packets at the sender with this probability (gvsp, uc-write).
+    #[arg(long, default_value_t = 0.0)]
+    pub loss: f64,
+    /// Seed of the loss emulation.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Host ring slots (frame buffers).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub ring: u32,
+    /// GVSP packet size in bytes (IP header to end).
+    #[arg(long, default_value_t = 9000, value_parser = clap::value_parser!(u32).range(576..=65500))]
+    pub packet_size: u32,
+    /// The camera does not wait for the host: a slow host drops the oldest frames.
+    #[arg(long)]
+    pub no_credits: bool,
+    /// Do not check the received frames' pixels.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Write the first complete frame as PNG.
+    #[arg(long)]
+    pub save_frame: Option<std::path::PathBuf>,
 }

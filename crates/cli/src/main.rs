@@ -11,6 +11,7 @@ mod perf;
 mod progress;
 mod report;
 mod size;
+mod stream;
 
 use std::process::ExitCode;
 
@@ -99,5 +100,6 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Perf(a) => perf::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::BenchPeer(a) => bench::peer::run(&a),
+        Command::Stream(a) => stream::run(&a),
     }
 }

@@ -1,0 +1,525 @@
+//! Camera and receiver on two threads of one process, over loopback.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softhca::{Config, Context, PollMode, RemoteQp};
+
+use crate::frame::{self, FrameSpec};
+use crate::rdma::{FrameSent, RdmaCamera, RdmaReceiver};
+use crate::ring::{FrameInfo, FrameStatus, Overflow, RxCounters};
+use crate::stats::{named_threads_cpu_s, quantile, thread_cpu_s};
+use crate::udp::{GvspCamera, GvspReceiver};
+use crate::StreamError;
+
+/// Streaming mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Mode {
+    /// RC SEND/RECV, one message per frame.
+    RcSend,
+    /// UC RDMA WRITE + WRITE-with-immediate per frame.
+    UcWrite,
+    /// GigE Vision GVSP over UDP with packet resend.
+    Gvsp,
+}
+
+impl Mode {
+    /// `rc-send`, `uc-write`, `gvsp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::RcSend => "rc-send",
+            Mode::UcWrite => "uc-write",
+            Mode::Gvsp => "gvsp",
+        }
+    }
+    /// Parses a mode name.
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "rc-send" => Some(Mode::RcSend),
+            "uc-write" => Some(Mode::UcWrite),
+            "gvsp" => Some(Mode::Gvsp),
+            _ => None,
+        }
+    }
+}
+
+/// One loopback run.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Mode.
+    pub mode: Mode,
+    /// Frame geometry.
+    pub spec: FrameSpec,
+    /// Frames to send (ignored when `duration` is set).
+    pub frames: u64,
+    /// Run this long instead.
+    pub duration: Option<Duration>,
+    /// Frames per second, 0 = as fast as possible.
+    pub fps: f64,
+    /// Emulated loss probability per packet at the sender (gvsp: datagrams; uc-write:
+    /// WRITE packets as the UC responder would lose them; rc-send: not emulated).
+    pub loss: f64,
+    /// Host ring slots.
+    pub ring_slots: usize,
+    /// Ring overflow policy.
+    pub overflow: Overflow,
+    /// The camera waits until the host has finished with frame `id - ring_slots + 1`
+    /// before sending frame `id` (in-process credits; see the crate docs).
+    pub credits: bool,
+    /// GVSP packet size (IP header to end).
+    pub gvsp_packet_size: usize,
+    /// Check every byte of every complete frame.
+    pub verify: bool,
+    /// Write the first complete frame here as PNG.
+    pub save_frame: Option<PathBuf>,
+    /// Loss RNG seed.
+    pub seed: u64,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            mode: Mode::RcSend,
+            spec: FrameSpec::default(),
+            frames: 100,
+            duration: None,
+            fps: 0.0,
+            loss: 0.0,
+            ring_slots: 8,
+            overflow: Overflow::DropOldest,
+            credits: true,
+            gvsp_packet_size: 9000,
+            verify: true,
+            save_frame: None,
+            seed: 1,
+        }
+    }
+}
+
+/// The result of one run (one row of `--compare`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunReport {
+    /// Mode name.
+    pub mode: &'static str,
+    /// Frame geometry.
+    pub width: u32,
+    /// Frame geometry.
+    pub height: u32,
+    /// Frames the camera sent.
+    pub frames_sent: u64,
+    /// Wall time from the first frame to the receiver's end.
+    pub seconds: f64,
+    /// Complete frames per second.
+    pub fps: f64,
+    /// Image payload of complete frames, Gb/s.
+    pub gbps: f64,
+    /// Receiver thread CPU seconds (getrusage RUSAGE_THREAD), verification excluded.
+    pub rx_cpu_s: f64,
+    /// Receiver thread CPU seconds per GB of complete frames.
+    pub rx_cpu_s_per_gb: f64,
+    /// Also counting the host device's datapath thread (RDMA modes: the "NIC" is
+    /// software here, and it runs on the host's CPU).
+    pub rx_total_cpu_s_per_gb: f64,
+    /// Receiver counters.
+    pub counters: RxCounters,
+    /// Complete frames whose bytes did not match the pattern (must be 0).
+    pub corrupt: u64,
+    /// Frames sent but never delivered.
+    pub missing: u64,
+    /// Frames the loss emulation damaged at the sender.
+    pub damaged_at_sender: u64,
+    /// uc-write: the set of incomplete or missing frames equals the set damaged.
+    pub damage_named_exactly: bool,
+    /// Frame handed to the transport (post_send returned / last datagram sent) →
+    /// frame delivered by the receiver, p50, µs.
+    pub latency_p50_us: f64,
+    /// Same, p99.
+    pub latency_p99_us: f64,
+    /// Whether `loss` was applied in this mode.
+    pub loss_emulated: bool,
+}
+
+/// Live numbers for a progress line.
+#[derive(Debug, Clone, Copy)]
+pub struct Live {
+    /// Mode.
+    pub mode: Mode,
+    /// Seconds since start.
+    pub seconds: f64,
+    /// Frames per second over the run so far.
+    pub fps: f64,
+    /// Gb/s so far.
+    pub gbps: f64,
+    /// Counters.
+    pub counters: RxCounters,
+}
+
+/// Opens two devices on free loopback addresses (127.0.0.x), named `cam` and `host`.
+fn open_pair() -> Result<(Arc<Context>, Arc<Context>), StreamError> {
+    let base = Config::from_env().map_err(StreamError::verbs("configuration"))?;
+    let mut got: Vec<Arc<Context>> = Vec::new();
+    for octet in 1..255u8 {
+        let cfg = Config {
+            addrs: vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet))],
+            name: if got.is_empty() { "cam" } else { "host" }.into(),
+            // Blocking: the receiver's CPU numbers then show work, not spinning.
+            poll: if std::env::var_os("SOFTHCA_POLL").is_some() {
+                base.poll
+            } else {
+                PollMode::Blocking
+            },
+            ..base.clone()
+        };
+        match Context::open(&cfg) {
+            Ok(c) => got.push(c),
+            Err(e) if e.errno() == libc::EADDRINUSE => continue,
+            Err(e) => return Err(StreamError::verbs("open loopback device")(e)),
+        }
+        if got.len() == 2 {
+            let host = got.pop();
+            let cam = got.pop();
+            if let (Some(c), Some(h)) = (cam, host) {
+                return Ok((c, h));
+            }
+        }
+    }
+    Err(StreamError::Invalid(
+        "no two free loopback addresses (127.0.0.1-254)".into(),
+    ))
+}
+
+enum Rx {
+    Rdma(RdmaReceiver),
+    Gvsp(GvspReceiver),
+}
+
+impl Rx {
+    fn next(&mut self, t: Duration) -> Result<Option<FrameInfo>, StreamError> {
+        match self {
+            Rx::Rdma(r) => r.next(t),
+            Rx::Gvsp(r) => r.next(t),
+        }
+    }
+    fn image(&self, slot: usize) -> &[u8] {
+        match self {
+            Rx::Rdma(r) => r.image(slot),
+            Rx::Gvsp(r) => r.image(slot),
+        }
+    }
+    fn release(&mut self, f: &FrameInfo) -> Result<(), StreamError> {
+        match self {
+            Rx::Rdma(r) => r.release(f),
+            Rx::Gvsp(r) => {
+                r.release(f);
+                Ok(())
+            }
+        }
+    }
+    fn counters(&self) -> RxCounters {
+        match self {
+            Rx::Rdma(r) => r.counters(),
+            Rx::Gvsp(r) => r.counters(),
+        }
+    }
+}
+
+enum Cam {
+    Rdma(RdmaCamera),
+    Gvsp(GvspCamera),
+}
+
+struct RxOut {
+    delivered: Vec<(u64, u64, FrameStatus)>,
+    counters: RxCounters,
+    cpu_s: f64,
+    corrupt: u64,
+    first_ns: u64,
+    end_ns: u64,
+}
+
+/// Runs camera and receiver on two threads over loopback and reports.
+pub fn run_loopback(
+    cfg: &StreamConfig,
+    live: Option<&(dyn Fn(&Live) + Sync)>,
+) -> Result<RunReport, StreamError> {
+    let spec = cfg.spec;
+    if spec.image_len() == 0 || spec.image_len() > (1 << 30) {
+        return Err(StreamError::Invalid(
+            "frame size must be 1 B ..= 1 GiB".into(),
+        ));
+    }
+    let slots = cfg.ring_slots.clamp(2, 64);
+    let mut devices = None;
+    let (mut cam, mut rx) = match cfg.mode {
+        Mode::RcSend | Mode::UcWrite => {
+            let (cctx, hctx) = open_pair()?;
+            let mut r = RdmaReceiver::new(&hctx, cfg.mode, spec, slots, cfg.overflow)?;
+            let mut c = RdmaCamera::new(&cctx, cfg.mode, spec, 4)?;
+            c.set_loss(cfg.loss, cfg.seed);
+            let mtu = cctx.active_mtu().min(hctx.active_mtu());
+            let (cg, hg) = (cctx.gids()[0], hctx.gids()[0]);
+            r.connect(
+                2,
+                &RemoteQp {
+                    qpn: c.qpn(),
+                    psn: 1,
+                    gid: cg,
+                },
+                mtu,
+                0,
+            )?;
+            c.connect(
+                1,
+                &RemoteQp {
+                    qpn: r.qpn(),
+                    psn: 2,
+                    gid: hg,
+                },
+                mtu,
+                0,
+                r.ring(),
+            )?;
+            devices = Some((cctx, hctx));
+            (Cam::Rdma(c), Rx::Rdma(r))
+        }
+        Mode::Gvsp => {
+            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let mut r = GvspReceiver::new(ip, spec, cfg.gvsp_packet_size, slots, cfg.overflow)?;
+            let mut c = GvspCamera::new(ip, r.local_addr()?, spec, cfg.gvsp_packet_size, 16)?;
+            c.set_loss(cfg.loss, cfg.seed);
+            r.set_camera_control(c.control_addr()?);
+            (Cam::Gvsp(c), Rx::Gvsp(r))
+        }
+    };
+    let dp_name = "softhca-dp-host";
+    let dp_cpu0 = if devices.is_some() {
+        named_threads_cpu_s(dp_name)
+    } else {
+        0.0
+    };
+
+    let released = AtomicU64::new(0);
+    let sent_total = AtomicU64::new(u64::MAX);
+    let rx_done = AtomicBool::new(false);
+    let cam_failed = AtomicBool::new(false);
+    let start = Instant::now();
+    let frames = if cfg.duration.is_some() {
+        u64::MAX
+    } else {
+        cfg.frames
+    };
+
+    let (cam_res, rx_res) = std::thread::scope(|s| {
+        let camera = s.spawn(|| -> Result<Vec<FrameSent>, StreamError> {
+            let mut sent = Vec::new();
+            let window = slots as u64 - 1;
+            let res = (|| {
+                for id in 0..frames {
+                    if cfg.duration.is_some_and(|d| start.elapsed() >= d) {
+                        break;
+                    }
+                    if cfg.fps > 0.0 {
+                        let due = start + Duration::from_secs_f64(id as f64 / cfg.fps);
+                        while Instant::now() < due {
+                            if let Cam::Gvsp(c) = &mut cam {
+                                c.serve_resends()?;
+                            }
+                            std::thread::sleep(
+                                due.saturating_duration_since(Instant::now())
+                                    .min(Duration::from_micros(500)),
+                            );
+                        }
+                    }
+                    if cfg.credits {
+                        while id >= released.load(Ordering::Acquire) + window {
+                            if rx_done.load(Ordering::Acquire) {
+                                return Err(StreamError::Timeout(
+                                    "receiver stopped before the camera".into(),
+                                ));
+                            }
+                            if let Cam::Gvsp(c) = &mut cam {
+                                c.serve_resends()?;
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
+                    let fs = match &mut cam {
+                        Cam::Rdma(c) => c.send_frame(id)?,
+                        Cam::Gvsp(c) => c.send_frame(id)?,
+                    };
+                    sent.push(fs);
+                }
+                Ok(())
+            })();
+            sent_total.store(sent.len() as u64, Ordering::Release);
+            if res.is_err() {
+                cam_failed.store(true, Ordering::Release);
+            }
+            // Keep answering resends until the receiver is done.
+            match &mut cam {
+                Cam::Rdma(c) => {
+                    let _ = c.flush(Duration::from_secs(10));
+                }
+                Cam::Gvsp(c) => {
+                    while !rx_done.load(Ordering::Acquire) {
+                        c.serve_resends()?;
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            }
+            res.map(|_| sent)
+        });
+
+        let receiver = s.spawn(|| -> Result<RxOut, StreamError> {
+            let cpu0 = thread_cpu_s();
+            let mut verify_cpu = 0.0;
+            let mut delivered = Vec::new();
+            let mut corrupt = 0u64;
+            let mut first_ns = 0u64;
+            let mut saved = cfg.save_frame.is_none();
+            let mut last_live = Instant::now();
+            let mut idle_since: Option<Instant> = None;
+            let res = (|| {
+                loop {
+                    let f = rx.next(Duration::from_millis(20))?;
+                    if let Some(f) = f {
+                        idle_since = None;
+                        if first_ns == 0 {
+                            first_ns = f.arrival_ns;
+                        }
+                        if f.status == FrameStatus::Complete && (cfg.verify || !saved) {
+                            let v0 = thread_cpu_s();
+                            let img = rx.image(f.slot);
+                            if cfg.verify && frame::verify(&spec, f.id, img).is_err() {
+                                corrupt += 1;
+                            }
+                            if !saved {
+                                if let Some(p) = &cfg.save_frame {
+                                    crate::png::write_gray8(p, spec.width, spec.height, img)
+                                        .map_err(StreamError::io(format!(
+                                            "write {}",
+                                            p.display()
+                                        )))?;
+                                }
+                                saved = true;
+                            }
+                            verify_cpu += thread_cpu_s() - v0;
+                        }
+                        delivered.push((f.id, f.arrival_ns, f.status));
+                        rx.release(&f)?;
+                    }
+                    let c = rx.counters();
+                    let accounted = c.complete + c.incomplete + c.dropped + c.lost;
+                    released.store(accounted, Ordering::Release);
+                    if let Some(cb) = live {
+                        if last_live.elapsed() >= Duration::from_millis(500) {
+                            last_live = Instant::now();
+                            let t = start.elapsed().as_secs_f64();
+                            cb(&Live {
+                                mode: cfg.mode,
+                                seconds: t,
+                                fps: c.complete as f64 / t,
+                                gbps: (c.complete * spec.image_len() as u64 * 8) as f64 / t / 1e9,
+                                counters: c,
+                            });
+                        }
+                    }
+                    let total = sent_total.load(Ordering::Acquire);
+                    if total != u64::MAX {
+                        if accounted >= total {
+                            break;
+                        }
+                        // Nothing more will come (frames lost at the tail).
+                        let idle = *idle_since.get_or_insert_with(Instant::now);
+                        if f.is_none() && idle.elapsed() > Duration::from_secs(2) {
+                            break;
+                        }
+                    } else if cam_failed.load(Ordering::Acquire) {
+                        break;
+                    }
+                }
+                Ok(())
+            })();
+            rx_done.store(true, Ordering::Release);
+            res?;
+            Ok(RxOut {
+                delivered,
+                counters: rx.counters(),
+                cpu_s: (thread_cpu_s() - cpu0 - verify_cpu).max(0.0),
+                corrupt,
+                first_ns,
+                end_ns: crate::stats::now_ns(),
+            })
+        });
+        let r = receiver.join();
+        let c = camera.join();
+        (c, r)
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let dp_cpu = if devices.is_some() {
+        named_threads_cpu_s(dp_name) - dp_cpu0
+    } else {
+        0.0
+    };
+    drop(devices);
+    let panicked = || StreamError::Invalid("a stream thread panicked".into());
+    let rxo = rx_res.map_err(|_| panicked())??;
+    let sent = cam_res.map_err(|_| panicked())??;
+    let _ = (rxo.first_ns, rxo.end_ns);
+
+    let c = rxo.counters;
+    let bytes = c.complete as f64 * spec.image_len() as f64;
+    let gb = bytes / 1e9;
+    let mut lat: Vec<f64> = Vec::new();
+    let sent_at: std::collections::HashMap<u64, u64> =
+        sent.iter().map(|s| (s.id, s.sent_ns)).collect();
+    for (id, arr, st) in &rxo.delivered {
+        if *st == FrameStatus::Complete {
+            if let Some(t) = sent_at.get(id) {
+                lat.push(arr.saturating_sub(*t) as f64 / 1e3);
+            }
+        }
+    }
+    let delivered_ids: BTreeSet<u64> = rxo.delivered.iter().map(|d| d.0).collect();
+    let bad: BTreeSet<u64> = rxo
+        .delivered
+        .iter()
+        .filter(|d| d.2 == FrameStatus::Incomplete)
+        .map(|d| d.0)
+        .chain(
+            sent.iter()
+                .map(|s| s.id)
+                .filter(|i| !delivered_ids.contains(i)),
+        )
+        .collect();
+    let damaged: BTreeSet<u64> = sent.iter().filter(|s| s.damaged).map(|s| s.id).collect();
+    let missing = sent
+        .iter()
+        .filter(|s| !delivered_ids.contains(&s.id))
+        .count() as u64;
+    let per_gb = |cpu: f64| if gb > 0.0 { cpu / gb } else { 0.0 };
+    Ok(RunReport {
+        mode: cfg.mode.name(),
+        width: spec.width,
+        height: spec.height,
+        frames_sent: sent.len() as u64,
+        seconds: elapsed,
+        fps: c.complete as f64 / elapsed,
+        gbps: bytes * 8.0 / elapsed / 1e9,
+        rx_cpu_s: rxo.cpu_s,
+        rx_cpu_s_per_gb: per_gb(rxo.cpu_s),
+        rx_total_cpu_s_per_gb: per_gb(rxo.cpu_s + dp_cpu),
+        counters: c,
+        corrupt: rxo.corrupt,
+        missing,
+        damaged_at_sender: damaged.len() as u64,
+        damage_named_exactly: bad == damaged,
+        latency_p50_us: quantile(&mut lat, 0.5),
+        latency_p99_us: quantile(&mut lat, 0.99),
+        loss_emulated: cfg.loss > 0.0 && cfg.mode != Mode::RcSend,
+    })
+}
