@@ -178,30 +178,53 @@ struct Peer {
     rkey: u32,
 }
 
+impl Drop for Peer {
+    /// A failing test must not leave a peer holding the address for the next run.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn start_peer(our_qpn: u32, our_psn: u32) -> Peer {
     let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "peer_process_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "peer_process_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn peer");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     let hello = loop {
         line.clear();
-        assert!(out.read_line(&mut line).expect("read peer") > 0, "peer died");
-        if let Some(rest) = line.strip_prefix("PEER ") {
-            break rest.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert!(
+            out.read_line(&mut line).expect("read peer") > 0,
+            "peer died"
+        );
+        // libtest may print "test peer_process_child ... " in front of it.
+        if let Some(rest) = line.find("PEER ").map(|i| &line[i + 5..]) {
+            break rest
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
         }
     };
     let mut stdin = child.stdin.take().expect("stdin");
     writeln!(stdin, "{our_qpn} {our_psn}").expect("tell peer");
     loop {
         line.clear();
-        assert!(out.read_line(&mut line).expect("read peer") > 0, "peer died");
-        if line.starts_with("CONNECTED") {
+        assert!(
+            out.read_line(&mut line).expect("read peer") > 0,
+            "peer died"
+        );
+        if line.contains("CONNECTED") {
             break;
         }
     }
@@ -229,7 +252,7 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
     }
     let ctx = Context::open(&Config::loopback(OUR_ADDR.parse().expect("ip"))).expect("open");
     let a = side(ctx.clone(), 4 << 20);
-    let mut peer = start_peer(a.qp.qpn(), 0x2000);
+    let mut peer = start_peer(a.qp.qpn(), 0x1000);
     connect(&a, 0x1000, peer.qpn, 0x2000, PEER_ADDR.parse().expect("ip"));
 
     // A steady stream of 64 KiB WRITEs, 32 outstanding; kill the peer after 100 completed.
@@ -261,14 +284,20 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
             kill_at = Some(Instant::now());
         }
     }
-    let kill_at = kill_at.expect("100 WRITEs completed before the kill");
+    let kill_at = kill_at.unwrap_or_else(|| {
+        panic!("100 WRITEs completed before the kill: {ok} ok, first error {first_err:?}")
+    });
     let (err_at, err) = first_err.expect("an error completion after the kill");
     let took = err_at.duration_since(kill_at);
     eprintln!(
         "peer killed after {ok} WRITEs; RETRY_EXC_ERR {took:?} later (budget {:?})",
         retry_budget()
     );
-    assert_eq!(err.status, WcStatus::RetryExcErr, "first error is retry exceeded");
+    assert_eq!(
+        err.status,
+        WcStatus::RetryExcErr,
+        "first error is retry exceeded"
+    );
     // Bound: timeout × (retry_cnt + 1), plus scheduling slack for a loaded 2-core box.
     assert!(
         took <= retry_budget() + Duration::from_millis(400),
@@ -298,7 +327,13 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
     // The process lives on: a restarted peer (same address) with new QPs works.
     let b = side(ctx, 1 << 20);
     let mut peer2 = start_peer(b.qp.qpn(), 0x3000);
-    connect(&b, 0x3000, peer2.qpn, 0x2000, PEER_ADDR.parse().expect("ip"));
+    connect(
+        &b,
+        0x3000,
+        peer2.qpn,
+        0x2000,
+        PEER_ADDR.parse().expect("ip"),
+    );
     let data: Vec<u8> = (0..MSG).map(|i| (i * 7 + 3) as u8).collect();
     b.mr.write(0, &data).expect("fill");
     b.qp.post_send(write_wr(&b, 1, 0, MSG, peer2.addr + 4096, peer2.rkey))
@@ -407,8 +442,16 @@ fn partition_shorter_than_the_retry_budget_is_survived() {
     let cut = ack_timeout() * 2;
     let (done, err) = stream_with_partition(&link, &a, &b, cut, Duration::from_millis(1500));
     assert_eq!(err, None, "no error across a {cut:?} partition");
-    assert!(done > 20, "traffic flowed after the partition ({done} WRITEs)");
-    assert!(link.stats(LinkEnd::A).dropped.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        done > 20,
+        "traffic flowed after the partition ({done} WRITEs)"
+    );
+    assert!(
+        link.stats(LinkEnd::A)
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
     assert_eq!(a.qp.state().expect("query"), QpState::Rts);
 }
 
