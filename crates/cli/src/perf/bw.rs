@@ -32,7 +32,14 @@ pub fn client(
     progress: &mut Progress,
 ) -> Result<Outcome, CliError> {
     let size = p.size;
-    let window = u64::from(p.tx_depth.min(p.slots)).max(1);
+    // Without --verify every WR reuses slot 0 (perftest does the same), so only the send
+    // queue bounds the window; with --verify a slot must not be rewritten before its
+    // message completed, so the slots bound it too.
+    let window = if p.verify {
+        u64::from(p.tx_depth.min(p.slots)).max(1)
+    } else {
+        u64::from(p.tx_depth).max(1)
+    };
     // A signaled WR must fall inside every window, or the window never reopens.
     let cq_mod = u64::from(cq_mod).min(window).max(1);
     let nslots = side.nslots;
