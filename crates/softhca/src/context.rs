@@ -1,6 +1,6 @@
 //! The open device: UDP sockets + the transport engine + the datapath thread.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -471,7 +471,7 @@ impl Context {
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,
-                cqs: HashMap::new(),
+                cqs: HashMap::default(),
             }),
             epoch: Instant::now(),
             sockets,

@@ -539,8 +539,9 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
         .name("perf-server".into())
         .spawn(move || serve(&server_ctx, &listener, op, op != PerfOp::All, true, false))
         .map_err(|e| CliError::Usage(format!("cannot start the server thread: {e}")))?;
-    client(a, &client_ctx, "127.0.0.1", port, server_ip, None)?;
-    // For profiling the datapath: both devices' counters.
+    let result = client(a, &client_ctx, "127.0.0.1", port, server_ip, None);
+    // For profiling the datapath: both devices' counters (also after a failure: they
+    // say why it failed).
     if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_some() {
         for (who, ctx) in [("client", &client_ctx), ("server", &server_view)] {
             let c: Vec<String> = ctx
@@ -552,6 +553,7 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
             eprintln!("{who}: {}", c.join(" "));
         }
     }
+    result?;
     match server.join() {
         Ok(r) => r,
         Err(_) => Err(CliError::Usage("the server thread failed".into())),
