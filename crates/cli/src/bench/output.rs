@@ -117,6 +117,8 @@ pub struct Report {
     pub server_addr: String,
     /// The softhca client device's address.
     pub client_addr: String,
+    /// Resident bytes per idle connected RC QP (1-entry rings), when measured.
+    pub idle_qp_bytes: Option<f64>,
     /// Results.
     pub rows: Vec<Row>,
     /// Remarks printed under the table.
@@ -517,6 +519,7 @@ mod tests {
             total_seconds: 1.0,
             server_addr: "a".into(),
             client_addr: "b".into(),
+            idle_qp_bytes: None,
             rows: vec![
                 bw("tcp_stream", "tcp", 65536, 20.0),
                 bw("udp_blast", "udp", 4096, 40.0),

@@ -7,7 +7,7 @@
 
 mod bw;
 mod lat;
-mod setup;
+pub(crate) mod setup;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
