@@ -328,6 +328,9 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         let qpn = self.qpn;
+        // ACKs of what this QP just completed may be held for an answer that will
+        // never come (the application is tearing down): they go first.
+        self.pd.context().shared().flush_held();
         let r = self
             .pd
             .context()

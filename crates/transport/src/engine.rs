@@ -999,6 +999,11 @@ impl Engine {
         self.timers.peek()
     }
 
+    /// Whether completions wait to be delivered.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Take one completion.
     pub fn poll_completion(&mut self) -> Option<(CqId, Completion)> {
         self.completions.pop_front()
