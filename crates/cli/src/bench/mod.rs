@@ -211,6 +211,19 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         ));
     }
     output::add_ratios(&mut rows);
+    if let Some(r) = rows.iter().find(|r| r.kind.starts_with("softhca")) {
+        let on = |v: Option<bool>| match v {
+            Some(true) => "on",
+            Some(false) => "OFF (refused by the kernel or disabled: slower fallback)",
+            None => "unknown",
+        };
+        notes.push(format!(
+            "softhca devices: GSO {}, GRO {}, polling {} (SOFTHCA_POLL)",
+            on(r.gso),
+            on(r.gro),
+            r.poll.as_deref().unwrap_or("unknown")
+        ));
+    }
     if let Some(b) = rows.iter().find(|r| r.kind == "udp_blast") {
         if let Some(n) = &b.note {
             notes.push(n.clone());
@@ -399,6 +412,9 @@ impl Runner<'_> {
             "softhca_bw"
         };
         let mut r = Row::new(kind, op, size, qps, seconds, iters, bytes, cpu_tx, cpu_rx);
+        r.gso = j.get("gso").and_then(|x| x.as_bool());
+        r.gro = j.get("gro").and_then(|x| x.as_bool());
+        r.poll = j.get("poll").and_then(|x| x.as_str()).map(String::from);
         if lat {
             r.lat_us_p50 = j.get("lat_us_p50").and_then(|x| x.as_f64());
             r.lat_us_p99 = j.get("lat_us_p99").and_then(|x| x.as_f64());

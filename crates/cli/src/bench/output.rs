@@ -46,12 +46,15 @@ pub struct Row {
     /// softhca ÷ raw UDP: Gb/s against the GSO+GRO blast (bandwidth), p50 against UDP
     /// ping-pong (latency).
     pub vs_raw_udp: Option<f64>,
-    /// Raw UDP: whether the sender used GSO.
+    /// Raw UDP and softhca: whether the sender's socket used GSO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gso: Option<bool>,
-    /// Raw UDP: whether the receiver used GRO.
+    /// Raw UDP and softhca: whether the receiver's socket used GRO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gro: Option<bool>,
+    /// softhca: the datapath's polling mode (SOFTHCA_POLL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll: Option<String>,
     /// Anything the reader should know about this row.
     pub note: Option<String>,
 }
@@ -91,6 +94,7 @@ impl Row {
             vs_raw_udp: None,
             gso: None,
             gro: None,
+            poll: None,
             note: None,
         }
     }

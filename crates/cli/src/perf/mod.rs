@@ -251,11 +251,20 @@ fn client(
         };
         let r = client_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, a.json)?;
         if a.json {
-            writeln!(out, "{}", r.to_json())?;
+            let mut j = r.to_json();
+            if let Some(m) = j.as_object_mut() {
+                let (gso, gro) = ctx.io_capabilities();
+                m.insert("gso".into(), gso.into());
+                m.insert("gro".into(), gro.into());
+                m.insert("poll".into(), poll_str(ctx).into());
+            }
+            writeln!(out, "{j}")?;
         } else if a.op != PerfOp::All {
             let mtu = [
                 ("MTU", format!("{} bytes", p.mtu)),
                 ("TX depth", p.tx_depth.to_string()),
+                ("Offloads", offloads_str(ctx)),
+                ("Polling", poll_str(ctx)),
             ];
             print_table(&mut out, &r, &mtu)?;
         }
@@ -557,5 +566,34 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     match server.join() {
         Ok(r) => r,
         Err(_) => Err(CliError::Usage("the server thread failed".into())),
+    }
+}
+
+/// What the kernel gave this device's sockets, and why not when it did not: issue 4
+/// asks that a refused offload fall back cleanly and say so.
+fn offloads_str(ctx: &Context) -> String {
+    let (gso, gro) = ctx.io_capabilities();
+    let why = |on: bool, var: &str| -> String {
+        if on {
+            "on".into()
+        } else if std::env::var(var).is_ok_and(|v| v.trim() == "0") {
+            format!("off ({var}=0)")
+        } else {
+            "off (refused by the kernel: one datagram per packet)".into()
+        }
+    };
+    format!(
+        "GSO {}, GRO {}",
+        why(gso, "SOFTHCA_GSO"),
+        why(gro, "SOFTHCA_GRO")
+    )
+}
+
+/// The datapath's polling mode, as SOFTHCA_POLL spells it.
+fn poll_str(ctx: &Context) -> String {
+    match ctx.poll_mode() {
+        softhca::PollMode::Busy => "busy".into(),
+        softhca::PollMode::Blocking => "blocking".into(),
+        softhca::PollMode::Adaptive { spin_us } => format!("adaptive:{spin_us}"),
     }
 }
