@@ -37,6 +37,9 @@ fn quick_bench_writes_every_row_kind() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["failures"].as_array().unwrap().len(), 0);
+    // Memory per idle connected QP was measured (1024 QPs in RTS).
+    let idle = doc["idle_qp_bytes"].as_f64().expect("idle_qp_bytes");
+    assert!(idle > 0.0, "{idle}");
     let rows = doc["rows"].as_array().unwrap();
     let of = |kind: &str| -> Vec<&serde_json::Value> {
         let v: Vec<_> = rows.iter().filter(|r| r["kind"] == kind).collect();

@@ -250,3 +250,47 @@ fn two_processes_write_verified() {
         "{out}"
     );
 }
+
+/// Without GSO and GRO (here disabled, as when the kernel refuses them) the run falls
+/// back to one datagram per packet, still verifies every byte, and says so.
+#[test]
+fn offload_fallback_is_reported() {
+    let out = softhca()
+        .args([
+            "perf",
+            "write",
+            "--loopback",
+            "-s",
+            "65536",
+            "-n",
+            "100",
+            "--verify",
+        ])
+        .env("SOFTHCA_GSO", "0")
+        .env("SOFTHCA_GRO", "0")
+        .output()
+        .expect("run softhca");
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}\n{}", text(&out.stderr));
+    assert!(
+        s.contains("Offloads        : GSO off (SOFTHCA_GSO=0), GRO off (SOFTHCA_GRO=0)"),
+        "{s}"
+    );
+    let out = softhca()
+        .args([
+            "perf",
+            "write",
+            "--loopback",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "--json",
+        ])
+        .env("SOFTHCA_GSO", "0")
+        .output()
+        .expect("run softhca");
+    let rs = json_lines(&out);
+    assert_eq!(rs[0]["gso"], false, "{rs:?}");
+    assert!(rs[0]["poll"].is_string(), "{rs:?}");
+}

@@ -1,7 +1,9 @@
 //! The per-device table of protection domains and memory regions, and every access to
 //! registered memory (the only raw-pointer code in softhca).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -208,7 +210,7 @@ impl MemoryTable {
             slots: Vec::new(),
             free: VecDeque::new(),
             mr_count: 0,
-            pds: HashMap::new(),
+            pds: HashMap::default(),
             next_pd: 1,
         }
     }

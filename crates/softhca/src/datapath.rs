@@ -47,6 +47,9 @@ const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
 pub(crate) const APP_WINDOW_NS: u64 = 2_000_000;
 /// Inline steps per poll when each one fills every transmit buffer.
 pub(crate) const INLINE_STEPS: usize = 4;
+/// A step's transmits are held for the application's answer only when fewer than this
+/// many buffers are filled (ACKs, a short response), never a bulk batch.
+const HOLD_MAX: usize = 2;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,6 +68,9 @@ pub(crate) struct Progress {
     local_ips: Vec<IpAddr>,
     tx_bufs: Vec<Box<[u8]>>,
     tx: Vec<(usize, Transmit)>,
+    /// `tx` was filled by an application thread's step that also completed work, and
+    /// is held for that thread's next call (see [`Progress::step`]).
+    held: bool,
 }
 
 impl Progress {
@@ -80,6 +86,7 @@ impl Progress {
                 .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
                 .collect(),
             tx: Vec::with_capacity(TX_BATCH),
+            held: false,
         }
     }
 
@@ -89,7 +96,7 @@ impl Progress {
     pub(crate) fn transmit(&mut self, shared: &Shared) -> bool {
         self.rx_count.iter_mut().for_each(|c| *c = 0);
         shared.pending.store(false, Ordering::SeqCst);
-        let (ntx, deadline) = self.process(shared, shared.now());
+        let (ntx, deadline, _) = self.process(shared, shared.now());
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
@@ -101,27 +108,51 @@ impl Progress {
 
     /// One step. `force` runs the engine even with nothing received and nothing
     /// pending (the last step left transmits behind).
-    pub(crate) fn step(&mut self, shared: &Shared, force: bool) -> Step {
+    ///
+    /// `may_hold`: the caller is an application thread polling its CQ. When this step
+    /// completes work and has only a few packets to send (typically the ACK of the
+    /// request just completed), they are held for that thread's next call instead of
+    /// sent now: an application that answers a completion (ping-pong, RPC) posts at
+    /// once, and the ACK leaves with its answer in one `sendmmsg` (and usually reaches
+    /// the peer in the same `recvmmsg`), one system call less each way. Held packets
+    /// go out at the next post or poll of any thread, when the application blocks
+    /// (`app_will_block` wakes the datapath thread), or when its polling window ends,
+    /// and are never held twice: a held ACK is late by one poll cycle at most.
+    pub(crate) fn step(&mut self, shared: &Shared, force: bool, may_hold: bool) -> Step {
         let rx = self.receive(shared);
         let now = shared.now();
         let pending = shared.pending.swap(false, Ordering::SeqCst);
         let due = shared.deadline.load(Ordering::Relaxed) <= now;
+        let was_held = self.held;
         let mut step = Step {
             active: rx > 0,
             ..Step::default()
         };
-        if rx > 0 || pending || due || force {
-            let (ntx, deadline) = self.process(shared, now);
+        if rx > 0 || pending || due || force || was_held {
+            let (ntx, deadline, completed) = self.process(shared, now);
             shared
                 .deadline
                 .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
             step.more_tx = ntx == TX_BATCH;
             if ntx > 0 {
-                self.send(shared);
                 step.active = true;
+                if may_hold && completed && !was_held && ntx < HOLD_MAX {
+                    self.held = true;
+                    Stats::add(&shared.stats.tx_held, 1);
+                } else {
+                    self.send(shared);
+                }
             }
         }
         step
+    }
+
+    /// Sends what a step held for the application's answer (before a QP or the device
+    /// goes away: the peer must still get the ACKs of what completed here).
+    pub(crate) fn flush_held(&mut self, shared: &Shared) {
+        if self.held {
+            self.send(shared);
+        }
     }
 
     /// One `recvmmsg` per socket; returns the number of datagrams received.
@@ -144,9 +175,10 @@ impl Progress {
         total
     }
 
-    /// Under one engine lock: feed, time, deliver, fill transmits. Returns the number of
-    /// filled transmit buffers and the next deadline.
-    fn process(&mut self, shared: &Shared, now: Nanos) -> (usize, Option<Nanos>) {
+    /// Under one engine lock: feed, time, deliver, fill transmits (after any held
+    /// ones). Returns the number of filled transmit buffers, the next deadline and
+    /// whether completions were delivered.
+    fn process(&mut self, shared: &Shared, now: Nanos) -> (usize, Option<Nanos>, bool) {
         let mut core = shared.core.lock();
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         for (i, batch) in self.rx.iter().enumerate() {
@@ -176,9 +208,13 @@ impl Progress {
         if core.engine.poll_timeout().is_some_and(|d| d <= now) {
             core.engine.handle_timeout(now);
         }
+        let completed = core.engine.has_completions();
         core.deliver(shared);
-        self.tx.clear();
-        for (b, buf) in self.tx_bufs.iter_mut().enumerate() {
+        if !self.held {
+            self.tx.clear();
+        }
+        let first_free = self.tx.len();
+        for (b, buf) in self.tx_bufs.iter_mut().enumerate().skip(first_free) {
             match core.engine.poll_transmit(now, buf) {
                 Some(t) => self.tx.push((b, t)),
                 None => break,
@@ -196,11 +232,12 @@ impl Progress {
         Stats::add(&st.rx_packets, packets);
         Stats::add(&st.rx_gro_datagrams, gro);
         Stats::add(&st.rx_truncated, truncated);
-        (self.tx.len(), deadline)
+        (self.tx.len(), deadline, completed)
     }
 
     /// Sends the filled transmit buffers, one `sendmmsg` batch per socket.
     fn send(&mut self, shared: &Shared) {
+        self.held = false;
         let st = &shared.stats;
         Stats::add(&st.tx_batches, 1);
         Stats::add(&st.tx_transmits, self.tx.len() as u64);
@@ -280,7 +317,7 @@ impl Datapath {
                 let step = shared
                     .progress
                     .try_lock()
-                    .map(|mut p| p.step(&shared, more_tx));
+                    .map(|mut p| p.step(&shared, more_tx, false));
                 if let Some(step) = step {
                     more_tx = step.more_tx;
                     if step.active {

@@ -149,7 +149,7 @@ impl Pd {
         let pd = self.inner.id;
         self.inner
             .ctx
-            .with_core(|core, _| {
+            .with_core_untimed(|core| {
                 // SAFETY: forwarded from this function's contract.
                 unsafe {
                     core.engine

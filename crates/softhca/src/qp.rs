@@ -111,7 +111,7 @@ impl Qp {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let qpn = ctx.with_core(|core, _| core.engine.create_qp(&attr))??;
+        let qpn = ctx.with_core_untimed(|core| core.engine.create_qp(&attr))??;
         Ok(Qp {
             pd: pd.clone(),
             qpn,
@@ -151,7 +151,7 @@ impl Qp {
         Ok(self
             .pd
             .context()
-            .with_core(|core, _| core.engine.query_qp(self.qpn))??)
+            .with_core_untimed(|core| core.engine.query_qp(self.qpn))??)
     }
 
     /// The current state.
@@ -199,7 +199,7 @@ impl Qp {
         Ok(self
             .pd
             .context()
-            .with_core(|core, _| core.engine.post_recv(self.qpn, wr))??)
+            .with_core_untimed(|core| core.engine.post_recv(self.qpn, wr))??)
     }
 
     /// RESET → INIT → RTR → RTS for an RC (or UC) QP towards `remote`, with perftest's
@@ -328,6 +328,9 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         let qpn = self.qpn;
+        // ACKs of what this QP just completed may be held for an answer that will
+        // never come (the application is tearing down): they go first.
+        self.pd.context().shared().flush_held();
         let r = self
             .pd
             .context()
@@ -368,7 +371,7 @@ impl Srq {
         let pdid = pd.id();
         let id = pd
             .context()
-            .with_core(|core, _| core.engine.create_srq(pdid, attr))??;
+            .with_core_untimed(|core| core.engine.create_srq(pdid, attr))??;
         Ok(Srq {
             inner: Arc::new(SrqInner { pd: pd.clone(), id }),
         })
@@ -386,7 +389,7 @@ impl Srq {
             .inner
             .pd
             .context()
-            .with_core(|core, _| core.engine.post_srq_recv(id, wr))??)
+            .with_core_untimed(|core| core.engine.post_srq_recv(id, wr))??)
     }
 
     /// Modifies it (`ibv_modify_srq`); `mask`: [`crate::SRQ_MAX_WR`] | [`crate::SRQ_LIMIT`].
@@ -397,7 +400,7 @@ impl Srq {
             .inner
             .pd
             .context()
-            .with_core(|core, _| core.engine.modify_srq(id, attr, mask))??)
+            .with_core_untimed(|core| core.engine.modify_srq(id, attr, mask))??)
     }
 
     /// Its attributes (`ibv_query_srq`).
@@ -407,7 +410,7 @@ impl Srq {
             .inner
             .pd
             .context()
-            .with_core(|core, _| core.engine.query_srq(id))??)
+            .with_core_untimed(|core| core.engine.query_srq(id))??)
     }
 }
 

@@ -1,6 +1,8 @@
 //! The engine: QP table, packet demultiplexing and the verbs-facing API.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::counters::Counters;
@@ -8,7 +10,7 @@ use crate::error::TransportError;
 use crate::packet::{self, op, IcrcInfo};
 use crate::path::Path;
 use crate::qp::state::modify_is_ok;
-use crate::qp::{psn_diff, Ctx, Qp, SendWqe, Srq};
+use crate::qp::{psn_diff, Budget, Ctx, Qp, SendWqe, Srq, DEVICE_MAX_INFLIGHT_PSNS};
 use crate::requester::TxPlan;
 use crate::responder::RxMeta;
 use crate::timers::Timers;
@@ -101,6 +103,8 @@ pub struct Engine {
     source_port: Option<u16>,
     /// Per IPv4 peer: the IPv4 ID its last packet carried (for the ICRC).
     ip_ids: HashMap<IpAddr, PeerIpId>,
+    /// Request PSNs in flight over all QPs, and the QPs waiting for room.
+    budget: Budget,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +136,7 @@ macro_rules! ctx {
             completions: &mut $s.completions,
             events: &mut $s.events,
             srqs: &mut $s.srqs,
+            budget: &mut $s.budget,
             now: $now,
         }
     };
@@ -141,6 +146,13 @@ macro_rules! ctx {
 /// something to send.
 fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut Timers) {
     qp.complete_sends(ctx);
+    let cur = qp.inflight_psns();
+    ctx.budget.inflight = ctx
+        .budget
+        .inflight
+        .saturating_sub(qp.reported_inflight)
+        .saturating_add(cur);
+    qp.reported_inflight = cur;
     let want = qp.deadline();
     qp.timer = want;
     if let Some(t) = want {
@@ -150,9 +162,15 @@ fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut 
             timers.push(t, qp.qpn, qp.timer_gen);
         }
     }
-    if !qp.in_ready && qp.has_output(ctx) {
-        qp.in_ready = true;
-        ready.push_back(qp.qpn);
+    if !qp.in_ready {
+        ctx.budget.hit = false;
+        if qp.has_output(ctx) {
+            qp.in_ready = true;
+            ready.push_back(qp.qpn);
+        } else if ctx.budget.hit && !qp.budget_blocked {
+            qp.budget_blocked = true;
+            ctx.budget.blocked.push(qp.qpn);
+        }
     }
     // Planning may have found a local error on the next WQE (bad lkey, UD too long):
     // complete it now rather than at the next event.
@@ -172,19 +190,26 @@ impl Engine {
             memory: MemoryTable::new(cfg.seed ^ 0x5eed_cafe_f00d_d00d),
             cfg,
             counters: Counters::default(),
-            qps: HashMap::new(),
+            qps: HashMap::default(),
             next_qpn: FIRST_QPN,
-            cqs: HashMap::new(),
+            cqs: HashMap::default(),
             next_cq: 1,
-            srqs: HashMap::new(),
+            srqs: HashMap::default(),
             next_srq: 1,
             completions: VecDeque::new(),
             events: VecDeque::new(),
             ready: VecDeque::new(),
             timers: Timers::default(),
             source_port: None,
-            ip_ids: HashMap::new(),
+            ip_ids: HashMap::default(),
+            budget: Budget::default(),
         }
+    }
+
+    /// Request PSNs in flight over all RC QPs (bounded by the device budget, see
+    /// `qp::DEVICE_MAX_INFLIGHT_PSNS`), and the most any device may have.
+    pub fn device_inflight_psns(&self) -> (u32, u32) {
+        (self.budget.inflight, DEVICE_MAX_INFLIGHT_PSNS)
     }
 
     /// The configuration.
@@ -451,6 +476,7 @@ impl Engine {
             completions: &mut self.completions,
             events: &mut self.events,
             srqs: &mut self.srqs,
+            budget: &mut self.budget,
             now,
         };
         let a = &mut qp.attr;
@@ -558,6 +584,7 @@ impl Engine {
             .qps
             .remove(&crate::deps::qpn_value(qpn))
             .ok_or(TransportError::NotFound)?;
+        self.budget.inflight = self.budget.inflight.saturating_sub(qp.reported_inflight);
         if let Some(s) = qp.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {
             s.users = s.users.saturating_sub(1);
         }
@@ -634,6 +661,7 @@ impl Engine {
             completions: &mut self.completions,
             events: &mut self.events,
             srqs: &mut self.srqs,
+            budget: &mut self.budget,
             now,
         };
         if qp.state == QpState::Err {
@@ -750,6 +778,7 @@ impl Engine {
             completions: &mut self.completions,
             events: &mut self.events,
             srqs: &mut self.srqs,
+            budget: &mut self.budget,
             now,
         };
         let is_response = qp.init.qp_type == QpType::Rc
@@ -843,6 +872,21 @@ impl Engine {
     /// the last may be shorter), ICRC-sealed. None when nothing is ready.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
         let max_segs = self.cfg.max_gso_segments.max(1);
+        // Room in the device budget again (below 3/4, so that a freed PSN does not wake
+        // every blocked QP for one packet each): blocked QPs get another look.
+        if !self.budget.blocked.is_empty()
+            && self.budget.inflight < DEVICE_MAX_INFLIGHT_PSNS / 4 * 3
+        {
+            for qpn in std::mem::take(&mut self.budget.blocked) {
+                if let Some(qp) = self.qps.get_mut(&qpn) {
+                    qp.budget_blocked = false;
+                    if !qp.in_ready {
+                        qp.in_ready = true;
+                        self.ready.push_back(qpn);
+                    }
+                }
+            }
+        }
         while let Some(&qpn) = self.ready.front() {
             let Engine {
                 qps,
@@ -953,6 +997,11 @@ impl Engine {
     /// current deadline, then handling it re-arms and does nothing else).
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.timers.peek()
+    }
+
+    /// Whether completions wait to be delivered.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
     }
 
     /// Take one completion.

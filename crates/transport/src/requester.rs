@@ -56,6 +56,19 @@ impl Qp {
         self.plan(ctx).is_some()
     }
 
+    /// Request PSNs this QP counts against the device budget: those sent and not yet
+    /// acknowledged, while it can still send. A QP in timeout recovery (its peer may be
+    /// gone) counts none, so a dead peer cannot hold every other connection of the
+    /// device back for its whole retry budget.
+    pub fn inflight_psns(&self) -> u32 {
+        let sending = matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe);
+        if self.init.qp_type != QpType::Rc || !sending || self.req.retry_left < self.attr.retry_cnt
+        {
+            return 0;
+        }
+        psn_diff(self.req.next_psn, self.req.una).max(0) as u32
+    }
+
     /// Decide the next packet of this QP. Responder output goes first: ACKs are small
     /// and unblock the peer, READ responses are ordered with them.
     pub fn plan(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
@@ -153,6 +166,13 @@ impl Qp {
             }
             if ty == QpType::Rc {
                 if unacked >= MAX_UNACKED_PSNS {
+                    return None;
+                }
+                if !ctx
+                    .budget
+                    .allows(self.reported_inflight, unacked.max(0) as u32)
+                {
+                    ctx.budget.hit = true;
                     return None;
                 }
                 if w.is_rd_atomic() && rd_inflight >= max_rd {

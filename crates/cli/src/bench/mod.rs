@@ -11,6 +11,7 @@
 mod child;
 mod output;
 pub mod peer;
+mod qp_memory;
 
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -126,6 +127,12 @@ fn plan(quick: bool) -> Vec<Point> {
             }
         }
     }
+    // Many connections on one device (issue 4: aggregate against the 1-QP row).
+    v.push(Point::Bw {
+        op: "write",
+        size: 65536,
+        qps: qp_memory::IDLE_QPS,
+    });
     for op in ["send", "write"] {
         for size in [8, 4096] {
             v.push(Point::Lat { op, size });
@@ -174,7 +181,49 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     }
     progress.stop();
     let mut notes = Vec::new();
+    // Memory of idle connections, measured in this process on the server's address
+    // (free again: its measurements are over).
+    let idle_qp_bytes = match qp_memory::measure(server_ip) {
+        Ok(b) => {
+            notes.push(format!(
+                "idle connected RC QP: {:.1} KiB each (resident growth for {} QPs in RTS with \
+                 1-entry rings)",
+                b / 1024.0,
+                qp_memory::IDLE_QPS
+            ));
+            Some(b)
+        }
+        Err(e) => {
+            failures.push(format!("idle QP memory: {e}"));
+            None
+        }
+    };
+    if let (Some(one), Some(many)) = (
+        gbps_of(&rows, "write", 65536, 1),
+        gbps_of(&rows, "write", 65536, qp_memory::IDLE_QPS),
+    ) {
+        notes.push(format!(
+            "WRITE 64K over {} QPs: {:.2}x the 1-QP figure (each QP has its own buffer, so \
+             the many-QP run streams {} MiB from memory where the 1-QP run stays in cache)",
+            qp_memory::IDLE_QPS,
+            many / one,
+            (u64::from(qp_memory::IDLE_QPS) * 2 * 65536) >> 20
+        ));
+    }
     output::add_ratios(&mut rows);
+    if let Some(r) = rows.iter().find(|r| r.kind.starts_with("softhca")) {
+        let on = |v: Option<bool>| match v {
+            Some(true) => "on",
+            Some(false) => "OFF (refused by the kernel or disabled: slower fallback)",
+            None => "unknown",
+        };
+        notes.push(format!(
+            "softhca devices: GSO {}, GRO {}, polling {} (SOFTHCA_POLL)",
+            on(r.gso),
+            on(r.gro),
+            r.poll.as_deref().unwrap_or("unknown")
+        ));
+    }
     if let Some(b) = rows.iter().find(|r| r.kind == "udp_blast") {
         if let Some(n) = &b.note {
             notes.push(n.clone());
@@ -202,6 +251,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         total_seconds: total,
         server_addr: server_ip.to_string(),
         client_addr: client_ip.to_string(),
+        idle_qp_bytes,
         rows,
         notes,
         failures,
@@ -225,6 +275,13 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+/// Gb/s of the softhca bandwidth row for `op`, `size`, `qps`.
+fn gbps_of(rows: &[Row], op: &str, size: u64, qps: u32) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.kind == "softhca_bw" && r.op == op && r.size == size && r.qps == qps)
+        .and_then(|r| r.gbps)
 }
 
 fn check_writable(p: &Path) -> Result<(), CliError> {
@@ -355,6 +412,9 @@ impl Runner<'_> {
             "softhca_bw"
         };
         let mut r = Row::new(kind, op, size, qps, seconds, iters, bytes, cpu_tx, cpu_rx);
+        r.gso = j.get("gso").and_then(|x| x.as_bool());
+        r.gro = j.get("gro").and_then(|x| x.as_bool());
+        r.poll = j.get("poll").and_then(|x| x.as_str()).map(String::from);
         if lat {
             r.lat_us_p50 = j.get("lat_us_p50").and_then(|x| x.as_f64());
             r.lat_us_p99 = j.get("lat_us_p99").and_then(|x| x.as_f64());

@@ -46,12 +46,15 @@ pub struct Row {
     /// softhca ÷ raw UDP: Gb/s against the GSO+GRO blast (bandwidth), p50 against UDP
     /// ping-pong (latency).
     pub vs_raw_udp: Option<f64>,
-    /// Raw UDP: whether the sender used GSO.
+    /// Raw UDP and softhca: whether the sender's socket used GSO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gso: Option<bool>,
-    /// Raw UDP: whether the receiver used GRO.
+    /// Raw UDP and softhca: whether the receiver's socket used GRO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gro: Option<bool>,
+    /// softhca: the datapath's polling mode (SOFTHCA_POLL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll: Option<String>,
     /// Anything the reader should know about this row.
     pub note: Option<String>,
 }
@@ -91,6 +94,7 @@ impl Row {
             vs_raw_udp: None,
             gso: None,
             gro: None,
+            poll: None,
             note: None,
         }
     }
@@ -117,6 +121,8 @@ pub struct Report {
     pub server_addr: String,
     /// The softhca client device's address.
     pub client_addr: String,
+    /// Resident bytes per idle connected RC QP (1-entry rings), when measured.
+    pub idle_qp_bytes: Option<f64>,
     /// Results.
     pub rows: Vec<Row>,
     /// Remarks printed under the table.
@@ -517,6 +523,7 @@ mod tests {
             total_seconds: 1.0,
             server_addr: "a".into(),
             client_addr: "b".into(),
+            idle_qp_bytes: None,
             rows: vec![
                 bw("tcp_stream", "tcp", 65536, 20.0),
                 bw("udp_blast", "udp", 4096, 40.0),

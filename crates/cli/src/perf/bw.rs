@@ -32,7 +32,14 @@ pub fn client(
     progress: &mut Progress,
 ) -> Result<Outcome, CliError> {
     let size = p.size;
-    let window = u64::from(p.tx_depth.min(p.slots)).max(1);
+    // Without --verify every WR reuses slot 0 (perftest does the same), so only the send
+    // queue bounds the window; with --verify a slot must not be rewritten before its
+    // message completed, so the slots bound it too.
+    let window = if p.verify {
+        u64::from(p.tx_depth.min(p.slots)).max(1)
+    } else {
+        u64::from(p.tx_depth).max(1)
+    };
     // A signaled WR must fall inside every window, or the window never reopens.
     let cq_mod = u64::from(cq_mod).min(window).max(1);
     let nslots = side.nslots;
@@ -223,7 +230,11 @@ fn apply_credit(lanes: &mut [Lane], c: Ctl, ctl: &Control) -> Result<(), CliErro
 pub fn server_rx_depth(op: Op, p: &TestParams, max_wr: u32) -> u32 {
     match op {
         Op::Send if p.verify => p.slots + 1,
-        Op::Send => 512.min(max_wr),
+        // perftest's 512, or 8 times the sender's window when that is larger: one
+        // receive step (32 GRO datagrams of up to 64 small SENDs each) can consume
+        // a thousand receives before the application reposts any, and every receive
+        // queue underrun costs an RNR NAK, a 0.64 ms wait and a go-back-N resend.
+        Op::Send => p.tx_depth.saturating_mul(8).max(512).min(max_wr),
         Op::Write if p.verify => p.slots + 1,
         _ => 1,
     }

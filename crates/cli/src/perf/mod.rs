@@ -7,7 +7,7 @@
 
 mod bw;
 mod lat;
-mod setup;
+pub(crate) mod setup;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -251,11 +251,20 @@ fn client(
         };
         let r = client_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, a.json)?;
         if a.json {
-            writeln!(out, "{}", r.to_json())?;
+            let mut j = r.to_json();
+            if let Some(m) = j.as_object_mut() {
+                let (gso, gro) = ctx.io_capabilities();
+                m.insert("gso".into(), gso.into());
+                m.insert("gro".into(), gro.into());
+                m.insert("poll".into(), poll_str(ctx).into());
+            }
+            writeln!(out, "{j}")?;
         } else if a.op != PerfOp::All {
             let mtu = [
                 ("MTU", format!("{} bytes", p.mtu)),
                 ("TX depth", p.tx_depth.to_string()),
+                ("Offloads", offloads_str(ctx)),
+                ("Polling", poll_str(ctx)),
             ];
             print_table(&mut out, &r, &mtu)?;
         }
@@ -539,8 +548,9 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
         .name("perf-server".into())
         .spawn(move || serve(&server_ctx, &listener, op, op != PerfOp::All, true, false))
         .map_err(|e| CliError::Usage(format!("cannot start the server thread: {e}")))?;
-    client(a, &client_ctx, "127.0.0.1", port, server_ip, None)?;
-    // For profiling the datapath: both devices' counters.
+    let result = client(a, &client_ctx, "127.0.0.1", port, server_ip, None);
+    // For profiling the datapath: both devices' counters (also after a failure: they
+    // say why it failed).
     if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_some() {
         for (who, ctx) in [("client", &client_ctx), ("server", &server_view)] {
             let c: Vec<String> = ctx
@@ -552,8 +562,38 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
             eprintln!("{who}: {}", c.join(" "));
         }
     }
+    result?;
     match server.join() {
         Ok(r) => r,
         Err(_) => Err(CliError::Usage("the server thread failed".into())),
+    }
+}
+
+/// What the kernel gave this device's sockets, and why not when it did not: issue 4
+/// asks that a refused offload fall back cleanly and say so.
+fn offloads_str(ctx: &Context) -> String {
+    let (gso, gro) = ctx.io_capabilities();
+    let why = |on: bool, var: &str| -> String {
+        if on {
+            "on".into()
+        } else if std::env::var(var).is_ok_and(|v| v.trim() == "0") {
+            format!("off ({var}=0)")
+        } else {
+            "off (refused by the kernel: one datagram per packet)".into()
+        }
+    };
+    format!(
+        "GSO {}, GRO {}",
+        why(gso, "SOFTHCA_GSO"),
+        why(gro, "SOFTHCA_GRO")
+    )
+}
+
+/// The datapath's polling mode, as SOFTHCA_POLL spells it.
+fn poll_str(ctx: &Context) -> String {
+    match ctx.poll_mode() {
+        softhca::PollMode::Busy => "busy".into(),
+        softhca::PollMode::Blocking => "blocking".into(),
+        softhca::PollMode::Adaptive { spin_us } => format!("adaptive:{spin_us}"),
     }
 }

@@ -3,7 +3,9 @@
 
 pub mod state;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::counters::Counters;
 use crate::engine::EngineConfig;
@@ -19,7 +21,40 @@ pub(crate) struct Ctx<'a> {
     pub completions: &'a mut VecDeque<(CqId, Completion)>,
     pub events: &'a mut VecDeque<AsyncEvent>,
     pub srqs: &'a mut HashMap<u32, Srq>,
+    pub budget: &'a mut Budget,
     pub now: Nanos,
+}
+
+/// Most request PSNs in flight on one device, over all its RC QPs.
+///
+/// Why: each QP may have `MAX_UNACKED_PSNS` (1024) in flight, so 1024 QPs could put
+/// 4 GiB on the wire at once; the peer's socket buffer (16 MiB) overflowed, go-back-N
+/// resent whole windows, and QPs starved into RETRY_EXC_ERR (issue 4's 1024-QP test).
+/// A NIC bounds this with its hardware queues and congestion control (DCQCN); a socket
+/// transport bounds it here: 2048 PSNs is 8 MiB at MTU 4096, within one socket buffer.
+pub(crate) const DEVICE_MAX_INFLIGHT_PSNS: u32 = 2048;
+
+/// The device-wide in-flight account (see [`DEVICE_MAX_INFLIGHT_PSNS`]).
+#[derive(Debug, Default)]
+pub(crate) struct Budget {
+    /// Sum of every QP's `reported_inflight`.
+    pub inflight: u32,
+    /// QPs that had work but were held back by the budget: made ready again when it
+    /// frees up (their own events may never come, since they have nothing in flight).
+    pub blocked: Vec<u32>,
+    /// Set by the requester when it held a WQE back for the budget.
+    pub hit: bool,
+}
+
+impl Budget {
+    /// Whether a QP that reported `reported` and now has `unacked` PSNs in flight may
+    /// start another WQE.
+    pub fn allows(&self, reported: u32, unacked: u32) -> bool {
+        self.inflight
+            .saturating_sub(reported)
+            .saturating_add(unacked)
+            < DEVICE_MAX_INFLIGHT_PSNS
+    }
 }
 
 /// A shared receive queue.
@@ -184,6 +219,10 @@ pub(crate) struct Qp {
     pub path: Path,
     /// In the engine's ready queue.
     pub in_ready: bool,
+    /// This QP's share of [`Budget::inflight`], as of its last `sync`.
+    pub reported_inflight: u32,
+    /// In [`Budget::blocked`].
+    pub budget_blocked: bool,
     /// Current timer deadline (what the QP wants).
     pub timer: Option<Nanos>,
     /// The time of this QP's live entry in the engine's timer heap, and its generation
@@ -220,6 +259,8 @@ impl Qp {
             resp: Responder::default(),
             path: Path::default(),
             in_ready: false,
+            reported_inflight: 0,
+            budget_blocked: false,
             timer: None,
             armed: None,
             timer_gen: 0,
