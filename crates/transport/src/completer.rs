@@ -5,6 +5,7 @@
 use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
+use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
 use crate::timers::{ack_timeout_ns, rnr_timer_ns};
 use crate::verbs::*;
 
@@ -193,7 +194,30 @@ impl Qp {
         if d < 0 {
             return; // duplicate response
         }
-        if d > 0 {
+        // In order means: the PSN this READ expects, with no earlier READ or atomic
+        // still waiting for its response (those come first on the wire).
+        let behind = self
+            .req
+            .sq
+            .iter()
+            .take(idx)
+            .any(|w| w.is_rd_atomic() && !w.done && w.status.is_none());
+        let early = d > 0 || behind;
+        if early && d < OOO_WINDOW && self.req.read_early.len() < OOO_MAX {
+            // Reordering tolerance (as the responder's, see responder::on_rc): each
+            // READ response says where its data goes, so an early one is placed now
+            // and counted when the gap before it fills; only a gap that stays open
+            // OOO_NAK_DELAY_NS is a loss and resends the READ from there.
+            if !self.req.read_early.contains(&psn) && self.place_read(ctx, idx, h, payload) {
+                self.req.read_early.push(psn);
+                ctx.counters.ooo_buffered += 1;
+                if self.req.read_gap_at.is_none() {
+                    self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+                }
+            }
+            return;
+        }
+        if early {
             // A response went missing: go back to it.
             let from = w.read_next_psn;
             if self.ack_through(ctx, psn_add(w.first_psn, 0xff_ffff)) {
@@ -206,27 +230,96 @@ impl Qp {
         if !self.ack_through(ctx, psn_add(first_psn, 0xff_ffff)) {
             return;
         }
+        if !self.place_read(ctx, idx, h, payload) {
+            return; // malformed response: ignore, the timer recovers
+        }
+        let w = &mut self.req.sq[idx];
+        w.read_next_psn = psn_add(psn, 1);
+        if psn == w.last_psn() {
+            w.done = true;
+        }
+        self.req.una = psn_add(psn, 1);
+        self.drain_read_early(ctx);
+    }
+
+    /// Writes one READ response's data where it belongs in WQE `idx`; false if the
+    /// response does not fit the WQE (length or opcode), then nothing is written.
+    fn place_read(&mut self, ctx: &mut Ctx<'_>, idx: usize, h: &PktHdr, payload: &[u8]) -> bool {
         let mtu = self.mtu(ctx.cfg);
         let pd = self.init.pd;
-        let w = &mut self.req.sq[idx];
-        let off = u64::from(psn_diff(psn, first_psn) as u32) * mtu;
-        let is_last = psn == w.last_psn();
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return false;
+        };
+        let off = u64::from(psn_diff(h.psn, w.first_psn) as u32) * mtu;
+        let is_last = h.psn == w.last_psn();
         let n = payload.len() as u64;
         let len_ok = if is_last { off + n == w.len } else { n == mtu };
         let op_ok = matches!(h.opcode, op::READ_RESP_LAST | op::READ_RESP_ONLY) == is_last;
         if !len_ok || !op_ok {
-            return; // malformed response: ignore, the timer recovers
+            return false;
         }
         if let Payload::Sges(sges) = &w.wr.payload {
             if n > 0 && ctx.mem.scatter(pd, sges, off as usize, payload).is_err() {
                 w.status = Some(WcStatus::LocProtErr);
             }
         }
-        w.read_next_psn = psn_add(psn, 1);
-        if is_last {
-            w.done = true;
+        true
+    }
+
+    /// Counts READ responses placed early once everything before them arrived.
+    fn drain_read_early(&mut self, ctx: &mut Ctx<'_>) {
+        while !self.req.read_early.is_empty() {
+            let una = self.req.una;
+            self.req.read_early.retain(|&p| psn_diff(p, una) >= 0);
+            let Some(i) = self.req.read_early.iter().position(|&p| p == una) else {
+                break;
+            };
+            let Some(w) = self
+                .req
+                .sq
+                .iter_mut()
+                .find(|w| w.started && w.contains(una))
+            else {
+                break;
+            };
+            if w.wr.opcode != WrOpcode::RdmaRead || w.done || w.read_next_psn != una {
+                break;
+            }
+            self.req.read_early.swap_remove(i);
+            w.read_next_psn = psn_add(una, 1);
+            if una == w.last_psn() {
+                w.done = true;
+            }
+            self.req.una = psn_add(una, 1);
+            ctx.counters.ooo_placed += 1;
         }
-        self.req.una = psn_add(psn, 1);
+        if self.req.read_early.is_empty() {
+            self.req.read_gap_at = None;
+        } else if self.req.read_gap_at.is_some() {
+            // Progress: give the rest of the gap its full time again.
+            self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+        }
+    }
+
+    /// The READ reorder timer: responses still missing in front of early ones are lost.
+    fn on_read_gap_timer(&mut self, ctx: &mut Ctx<'_>) {
+        match self.req.read_gap_at {
+            Some(t) if t <= ctx.now => {
+                self.req.read_gap_at = None;
+                let una = self.req.una;
+                let from = self
+                    .req
+                    .sq
+                    .iter()
+                    .find(|w| w.started && w.contains(una) && w.wr.opcode == WrOpcode::RdmaRead)
+                    .map(|w| w.read_next_psn);
+                self.req.read_early.clear();
+                if let Some(from) = from {
+                    self.retransmit_from(ctx, from, LossCause::Gap);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Retire finished WQEs from the head in order, writing completions; a WQE with an
@@ -292,6 +385,8 @@ impl Qp {
     /// The QP's timer fired.
     pub fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
         let now = ctx.now;
+        self.on_gap_timer(ctx);
+        self.on_read_gap_timer(ctx);
         if let Some((at, psn)) = self.req.rnr_wait {
             if at <= now {
                 self.req.rnr_wait = None;
@@ -316,9 +411,13 @@ impl Qp {
 
     /// The deadline this QP wants (retransmit or RNR).
     pub fn deadline(&self) -> Option<Nanos> {
-        match self.req.rnr_wait {
+        let req = match self.req.rnr_wait {
             Some((t, _)) => Some(t),
             None => self.req.rto,
-        }
+        };
+        [req, self.resp.gap_nak_at, self.req.read_gap_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }

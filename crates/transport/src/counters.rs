@@ -26,6 +26,10 @@ counters! {
     duplicate_request,
     /// Out-of-sequence requests received.
     out_of_seq_request,
+    /// Out-of-sequence requests kept for later (reordering) instead of dropped.
+    ooo_buffered,
+    /// Kept out-of-sequence requests executed once the gap before them filled.
+    ooo_placed,
     /// PSN sequence error NAKs received.
     rcvd_seq_err,
     /// PSN sequence error NAKs sent.

@@ -153,6 +153,13 @@ fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut 
         .saturating_sub(qp.reported_inflight)
         .saturating_add(cur);
     qp.reported_inflight = cur;
+    let ooo: usize = qp.resp.ooo.iter().map(|(_, b)| b.len()).sum();
+    ctx.budget.ooo_bytes = ctx
+        .budget
+        .ooo_bytes
+        .saturating_sub(qp.reported_ooo)
+        .saturating_add(ooo);
+    qp.reported_ooo = ooo;
     let want = qp.deadline();
     qp.timer = want;
     if let Some(t) = want {
@@ -585,6 +592,7 @@ impl Engine {
             .remove(&crate::deps::qpn_value(qpn))
             .ok_or(TransportError::NotFound)?;
         self.budget.inflight = self.budget.inflight.saturating_sub(qp.reported_inflight);
+        self.budget.ooo_bytes = self.budget.ooo_bytes.saturating_sub(qp.reported_ooo);
         if let Some(s) = qp.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {
             s.users = s.users.saturating_sub(1);
         }

@@ -9,6 +9,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::counters::Counters;
 use crate::engine::EngineConfig;
+use crate::packet::PktHdr;
 use crate::path::Path;
 use crate::recovery::GoBackN;
 use crate::verbs::*;
@@ -44,6 +45,9 @@ pub(crate) struct Budget {
     pub blocked: Vec<u32>,
     /// Set by the requester when it held a WQE back for the budget.
     pub hit: bool,
+    /// Bytes of out-of-sequence requests kept by all responders (sum of every QP's
+    /// `reported_ooo`), bounded by `responder::DEVICE_OOO_BYTES`.
+    pub ooo_bytes: usize,
 }
 
 impl Budget {
@@ -141,6 +145,11 @@ pub(crate) struct Requester {
     pub rto: Option<Nanos>,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
+    /// READ response PSNs placed ahead of the one expected (reordering, see
+    /// `completer::on_read_response`); counted into `una` when the gap fills.
+    pub read_early: Vec<u32>,
+    /// When to resend from the missing READ response if the gap has not filled.
+    pub read_gap_at: Option<Nanos>,
     /// SQD: notify when drained.
     pub sqd_notify: bool,
 }
@@ -204,6 +213,11 @@ pub(crate) struct Responder {
     pub comm_est: bool,
     /// UC: drop packets until the next FIRST/ONLY.
     pub uc_resync: bool,
+    /// RC requests that arrived ahead of `epsn`, kept to be executed when the gap
+    /// fills (see `responder::OOO_MAX`); empty (no allocation) on an in-order path.
+    pub ooo: Vec<(PktHdr, Vec<u8>)>,
+    /// When to NAK the gap in front of `ooo` if it has not filled by then.
+    pub gap_nak_at: Option<Nanos>,
 }
 
 /// A queue pair.
@@ -223,6 +237,8 @@ pub(crate) struct Qp {
     pub reported_inflight: u32,
     /// In [`Budget::blocked`].
     pub budget_blocked: bool,
+    /// This QP's share of [`Budget::ooo_bytes`], as of its last `sync`.
+    pub reported_ooo: usize,
     /// Current timer deadline (what the QP wants).
     pub timer: Option<Nanos>,
     /// The time of this QP's live entry in the engine's timer heap, and its generation
@@ -261,6 +277,7 @@ impl Qp {
             in_ready: false,
             reported_inflight: 0,
             budget_blocked: false,
+            reported_ooo: 0,
             timer: None,
             armed: None,
             timer_gen: 0,
@@ -301,6 +318,8 @@ impl Qp {
         }
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
+        // Kept early requests will never execute now.
+        self.resp.ooo = Vec::new();
         self.flush(ctx);
     }
 
