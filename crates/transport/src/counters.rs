@@ -78,4 +78,6 @@ counters! {
     drop_bad_state,
     /// Dropped: opcode not valid for the QP type or sequence.
     drop_bad_opcode,
+    /// Dropped: a READ/atomic beyond max_dest_rd_atomic responses still queued (flood).
+    drop_rd_atomic_overflow,
 }

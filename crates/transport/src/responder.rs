@@ -527,6 +527,7 @@ impl Qp {
                     return Err(Fail::Nak(syndrome::NAK_INVALID_REQUEST));
                 }
                 self.check_remote(ctx, rkey, va, u64::from(len), AccessFlags::REMOTE_READ)?;
+                self.rd_atomic_room(ctx)?;
                 let npkts = u64::from(len).div_ceil(mtu).max(1) as u32;
                 self.push_res(RdRes::Read {
                     first_psn: h.psn,
@@ -557,6 +558,7 @@ impl Qp {
                     return Err(Fail::Nak(syndrome::NAK_INVALID_REQUEST));
                 }
                 self.check_remote(ctx, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+                self.rd_atomic_room(ctx)?;
                 let aop = if base == op::CMP_SWAP {
                     crate::deps::AtomicOp::CompareSwap {
                         compare,
@@ -612,6 +614,26 @@ impl Qp {
         let code = self.attr.min_rnr_timer & 0x1f;
         self.queue_ack(psn, syndrome::RNR_NAK | code);
         Err(Fail::Drop)
+    }
+
+    /// Responder resources (IBTA 9.5.x: max_dest_rd_atomic): a requester keeps at most
+    /// that many READ/atomic requests outstanding, so more responses than that waiting
+    /// to go out means a flood. The extra request is dropped before it executes (its
+    /// PSN is not consumed; a real requester resends it after its timeout), so the
+    /// response queue, and the memory behind it, stays bounded.
+    fn rd_atomic_room(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fail> {
+        let cap = usize::from(self.attr.max_dest_rd_atomic.max(1));
+        let pending = self
+            .resp
+            .out
+            .iter()
+            .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::AtomicAck { .. }))
+            .count();
+        if pending >= cap {
+            ctx.counters.drop_rd_atomic_overflow += 1;
+            return Err(Fail::Drop);
+        }
+        Ok(())
     }
 
     fn push_res(&mut self, r: RdRes) {
