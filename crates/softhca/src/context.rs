@@ -712,10 +712,15 @@ impl Context {
         self.shared.events.fd()
     }
 
-    /// Transport counters (rxe names) followed by the datapath's I/O counters.
+    /// Transport counters (rxe names), resource gauges (`gauge_*`, see
+    /// `Engine::resource_gauges`), then the datapath's I/O counters.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let mut v: Vec<(&'static str, u64)> =
-            self.shared.core.lock().engine.counters().iter().collect();
+        let mut v: Vec<(&'static str, u64)> = {
+            let core = self.shared.core.lock();
+            let mut v: Vec<_> = core.engine.counters().iter().collect();
+            v.extend(core.engine.resource_gauges());
+            v
+        };
         v.extend(self.shared.stats.iter());
         v.push(("io_gso", u64::from(self.caps.0)));
         v.push(("io_gro", u64::from(self.caps.1)));

@@ -1027,6 +1027,30 @@ impl Engine {
         &self.counters
     }
 
+    /// Gauges of what a flood could try to grow (issue 5, bounded resources): the
+    /// longest response queue, READ/atomic replay cache, early-request buffer and
+    /// receive queue of any QP, and the device's kept bytes and request PSNs in flight.
+    /// Each has a cap: max_dest_rd_atomic (+ coalesced ACKs), max_dest_rd_atomic,
+    /// `responder::OOO_MAX`, max_recv_wr, `responder::DEVICE_OOO_BYTES` and
+    /// `qp::DEVICE_MAX_INFLIGHT_PSNS`.
+    pub fn resource_gauges(&self) -> [(&'static str, u64); 6] {
+        let (mut out, mut res, mut ooo, mut rq) = (0usize, 0usize, 0usize, 0usize);
+        for qp in self.qps.values() {
+            out = out.max(qp.resp.out.len());
+            res = res.max(qp.resp.res.len());
+            ooo = ooo.max(qp.resp.ooo.len());
+            rq = rq.max(qp.rq.len());
+        }
+        [
+            ("gauge_resp_queue_max", out as u64),
+            ("gauge_rd_atomic_replay_max", res as u64),
+            ("gauge_ooo_kept_max", ooo as u64),
+            ("gauge_ooo_bytes", self.budget.ooo_bytes as u64),
+            ("gauge_recv_queue_max", rq as u64),
+            ("gauge_inflight_psns", u64::from(self.budget.inflight)),
+        ]
+    }
+
     /// Is any QP ready to transmit? (Cheap check for the datapath loop.)
     pub fn has_transmit(&self) -> bool {
         !self.ready.is_empty()
