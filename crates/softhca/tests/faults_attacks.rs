@@ -17,6 +17,8 @@ const VICTIM: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 2);
 const ATTACKER: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 1);
 const STRANGER: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 3);
 const ATTACKER_QPN: u32 = 0x99;
+/// The tests share the victim's and attacker's addresses: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const START_PSN: u32 = 0x100;
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -162,6 +164,7 @@ fn expect_nak(a: &Attacker, code: NakCode, psn: u32) {
 
 #[test]
 fn crafted_attacks_are_refused_counted_and_leave_memory_unchanged() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let v = victim();
     let a = Attacker::new(ATTACKER);
     let data = [0x11u8; 64];
@@ -309,4 +312,71 @@ fn crafted_attacks_are_refused_counted_and_leave_memory_unchanged() {
     );
     unchanged(&v);
     assert_eq!(qp.state().expect("state"), QpState::Rts);
+}
+
+/// Samples the victim's gauges while `f` floods it; returns the largest value of each.
+fn peak_gauges(ctx: &Context, f: impl FnOnce()) -> std::collections::HashMap<&'static str, u64> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut peak = std::collections::HashMap::new();
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak: std::collections::HashMap<&'static str, u64> = Default::default();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (k, v) in ctx.counters() {
+                    if k.starts_with("gauge_") {
+                        let e = peak.entry(k).or_insert(0);
+                        *e = (*e).max(v);
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            peak
+        });
+        f();
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        peak = sampler.join().expect("sampler");
+    });
+    peak
+}
+
+/// A flood of READ requests (far beyond max_dest_rd_atomic, never acknowledged) and of
+/// early WRITEs (ahead of a gap that never fills) cannot grow the victim without bound:
+/// the response queue, the replay cache and the early-request buffer stay at their caps,
+/// the extra requests are counted, and memory is unchanged.
+#[test]
+fn floods_are_capped() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = victim();
+    let a = Attacker::new(Ipv4Addr::new(127, 0, 4, 1));
+    let reads = fresh_qp(&v);
+    let early = fresh_qp(&v);
+    let data = [0x22u8; 1024];
+    let peak = peak_gauges(&v.ctx, || {
+        for i in 0..20_000u32 {
+            // 4 KiB READs at consecutive PSNs (4 PSNs each at MTU 1024).
+            let mut h = Headers::new(bth(Opcode::RC_RDMA_READ_REQUEST, &reads, START_PSN + 4 * i));
+            h.reth = Some(Reth {
+                va: v.rw.addr(),
+                rkey: v.rw.rkey(),
+                dma_len: 4096,
+            });
+            a.send(&h, &[]);
+            // WRITEs ahead of a PSN never sent: kept (up to the cap), never executed.
+            let psn = START_PSN + 1 + (i % 900);
+            a.send(&write(&early, psn, v.rw.addr(), v.rw.rkey(), &data), &data);
+        }
+    });
+    let g = |k: &str| peak.get(k).copied().unwrap_or(0);
+    eprintln!("peak gauges under the flood: {peak:?}");
+    assert!(counter(&v.ctx, "drop_rd_atomic_overflow") > 0, "no READ was refused");
+    // max_dest_rd_atomic is 16 (connect_rc): 16 READ responses + one coalesced ACK/NAK.
+    assert!(g("gauge_resp_queue_max") <= 17, "{peak:?}");
+    assert!(g("gauge_rd_atomic_replay_max") <= 16, "{peak:?}");
+    assert!(g("gauge_ooo_kept_max") > 0, "nothing was kept: {peak:?}");
+    assert!(g("gauge_ooo_kept_max") <= 256, "{peak:?}");
+    // Two QPs, each keeping at most 256 requests of at most 1 KiB (MTU 1024).
+    assert!(g("gauge_ooo_bytes") <= 2 * 256 * 1024, "{peak:?}");
+    assert!(counter(&v.ctx, "out_of_seq_request") > 256);
+    unchanged(&v);
 }
