@@ -369,7 +369,10 @@ fn floods_are_capped() {
     });
     let g = |k: &str| peak.get(k).copied().unwrap_or(0);
     eprintln!("peak gauges under the flood: {peak:?}");
-    assert!(counter(&v.ctx, "drop_rd_atomic_overflow") > 0, "no READ was refused");
+    assert!(
+        counter(&v.ctx, "drop_rd_atomic_overflow") > 0,
+        "no READ was refused"
+    );
     // max_dest_rd_atomic is 16 (connect_rc): 16 READ responses + one coalesced ACK/NAK.
     assert!(g("gauge_resp_queue_max") <= 17, "{peak:?}");
     assert!(g("gauge_rd_atomic_replay_max") <= 16, "{peak:?}");
