@@ -373,8 +373,9 @@ fn floods_are_capped() {
         counter(&v.ctx, "drop_rd_atomic_overflow") > 0,
         "no READ was refused"
     );
-    // max_dest_rd_atomic is 16 (connect_rc): 16 READ responses + one coalesced ACK/NAK.
-    assert!(g("gauge_resp_queue_max") <= 17, "{peak:?}");
+    // max_dest_rd_atomic is 16 (connect_rc): at most 4 x 16 READ responses queued
+    // (room for a go-back-N's re-executed duplicates) + one coalesced ACK/NAK.
+    assert!(g("gauge_resp_queue_max") <= 65, "{peak:?}");
     assert!(g("gauge_rd_atomic_replay_max") <= 16, "{peak:?}");
     assert!(g("gauge_ooo_kept_max") > 0, "nothing was kept: {peak:?}");
     assert!(g("gauge_ooo_kept_max") <= 256, "{peak:?}");

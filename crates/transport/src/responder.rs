@@ -617,12 +617,14 @@ impl Qp {
     }
 
     /// Responder resources (IBTA 9.5.x: max_dest_rd_atomic): a requester keeps at most
-    /// that many READ/atomic requests outstanding, so more responses than that waiting
-    /// to go out means a flood. The extra request is dropped before it executes (its
+    /// that many READ/atomic requests outstanding, so several times more responses
+    /// than that waiting to go out means a flood. The extra request is dropped before it executes (its
     /// PSN is not consumed; a real requester resends it after its timeout), so the
     /// response queue, and the memory behind it, stays bounded.
     fn rd_atomic_room(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fail> {
-        let cap = usize::from(self.attr.max_dest_rd_atomic.max(1));
+        // Room for a go-back-N's re-executed duplicates besides the new requests: a
+        // new READ dropped here costs a real requester a whole retransmit timeout.
+        let cap = 4 * usize::from(self.attr.max_dest_rd_atomic.max(16));
         let pending = self
             .resp
             .out

@@ -117,7 +117,9 @@ pub fn run(a: &PerfArgs) -> Result<(), CliError> {
             // Reach the server first: "cannot reach" is the likelier error and the clearer one.
             let (first, server) = Control::connect(host, a.port)?;
             let ctx = Context::open_default().map_err(CliError::verbs("cannot open device"))?;
-            client(a, &ctx, host, a.port, server.ip(), Some(first))
+            let r = client(a, &ctx, host, a.port, server.ip(), Some(first));
+            print_counters("client", &ctx);
+            r
         }
         None => {
             let ctx = Context::open_default().map_err(CliError::verbs("cannot open device"))?;
@@ -380,7 +382,11 @@ fn serve(
             .accept()
             .map_err(|e| CliError::exchange("client", crate::error::io_msg(&e)))?;
         let mut ctl = Control::new(stream, peer.to_string())?;
-        match serve_one(ctx, &mut ctl, op) {
+        let served = serve_one(ctx, &mut ctl, op);
+        if !quiet {
+            print_counters("server", ctx);
+        }
+        match served {
             Ok(None) => return Ok(()),
             Ok(Some((p, o))) => {
                 if !quiet {
@@ -551,17 +557,8 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     let result = client(a, &client_ctx, "127.0.0.1", port, server_ip, None);
     // For profiling the datapath: both devices' counters (also after a failure: they
     // say why it failed).
-    if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_some() {
-        for (who, ctx) in [("client", &client_ctx), ("server", &server_view)] {
-            let c: Vec<String> = ctx
-                .counters()
-                .into_iter()
-                .filter(|c| c.1 != 0)
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            eprintln!("{who}: {}", c.join(" "));
-        }
-    }
+    print_counters("client", &client_ctx);
+    print_counters("server", &server_view);
     result?;
     match server.join() {
         Ok(r) => r,
@@ -596,4 +593,19 @@ fn poll_str(ctx: &Context) -> String {
         softhca::PollMode::Blocking => "blocking".into(),
         softhca::PollMode::Adaptive { spin_us } => format!("adaptive:{spin_us}"),
     }
+}
+
+/// With SOFTHCA_PERF_COUNTERS set, prints the device's non-zero counters to stderr
+/// (for profiling and for diagnosing a failed or slow run).
+fn print_counters(who: &str, ctx: &Context) {
+    if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_none() {
+        return;
+    }
+    let c: Vec<String> = ctx
+        .counters()
+        .into_iter()
+        .filter(|c| c.1 != 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    eprintln!("{who}: {}", c.join(" "));
 }
