@@ -268,6 +268,7 @@ impl Qp {
 
     /// Counts READ responses placed early once everything before them arrived.
     fn drain_read_early(&mut self, ctx: &mut Ctx<'_>) {
+        let una_before = self.req.una;
         while !self.req.read_early.is_empty() {
             let una = self.req.una;
             self.req.read_early.retain(|&p| psn_diff(p, una) >= 0);
@@ -295,8 +296,9 @@ impl Qp {
         }
         if self.req.read_early.is_empty() {
             self.req.read_gap_at = None;
-        } else if self.req.read_gap_at.is_some() {
-            // Progress: give the rest of the gap its full time again.
+        } else if self.req.read_gap_at.is_none() || self.req.una != una_before {
+            // A gap is still open in front of placed responses (after progress, or
+            // after a resend that did not fill it yet): give it its full time again.
             self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
         }
     }
@@ -313,7 +315,8 @@ impl Qp {
                     .iter()
                     .find(|w| w.started && w.contains(una) && w.wr.opcode == WrOpcode::RdmaRead)
                     .map(|w| w.read_next_psn);
-                self.req.read_early.clear();
+                // Early responses stay placed: when the resent range fills the gap,
+                // una jumps over them.
                 if let Some(from) = from {
                     self.retransmit_from(ctx, from, LossCause::Gap);
                 }

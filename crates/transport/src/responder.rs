@@ -17,8 +17,11 @@ pub(crate) struct RxMeta {
     pub udp_len: usize,
 }
 
-/// Most out-of-sequence requests a QP keeps for later (see `on_rc`).
-pub(crate) const OOO_MAX: usize = 256;
+/// Most out-of-sequence requests a QP keeps for later (see `on_rc`): a requester's
+/// whole window (`requester::MAX_UNACKED_PSNS`), so that after one loss everything
+/// behind it is kept and only the lost packet needs to come again (with 256, most of
+/// a window was dropped and resent at 1 % loss). Bounded per device by DEVICE_OOO_BYTES.
+pub(crate) const OOO_MAX: usize = 1024;
 /// Only packets less than this far ahead of the expected PSN are kept.
 pub(crate) const OOO_WINDOW: i32 = 1024;
 /// A gap still open this long after the first packet behind it arrived is a loss.
@@ -136,8 +139,9 @@ impl Qp {
                 && if self.resp.ooo.iter().any(|(k, _)| k.psn == h.psn) {
                     true // a duplicate of one already kept
                 } else {
+                    // Accounted into budget.ooo_bytes by the engine's sync after this
+                    // packet (within one packet, the check above may lag by one).
                     self.resp.ooo.push((*h, payload.to_vec()));
-                    ctx.budget.ooo_bytes += payload.len();
                     ctx.counters.ooo_buffered += 1;
                     true
                 };
@@ -164,7 +168,6 @@ impl Qp {
                 break;
             };
             let (kh, kp) = self.resp.ooo.swap_remove(i);
-            ctx.budget.ooo_bytes = ctx.budget.ooo_bytes.saturating_sub(kp.len());
             ctx.counters.ooo_placed += 1;
             self.in_order(ctx, &kh, &kp);
             if self.resp.epsn == epsn {
