@@ -28,6 +28,12 @@ impl PixelFormat {
             PixelFormat::BayerRg8 => 0x0108_0009,
         }
     }
+    /// The format of a PFNC code, if it is one of these.
+    pub fn from_pfnc(code: u32) -> Option<PixelFormat> {
+        [PixelFormat::Mono8, PixelFormat::BayerRg8]
+            .into_iter()
+            .find(|p| p.pfnc() == code)
+    }
     /// Parses `mono8` / `bayerrg8`.
     pub fn parse(s: &str) -> Option<PixelFormat> {
         match s.to_ascii_lowercase().as_str() {

@@ -8,9 +8,15 @@
 //! Image leader data: `flags u16 | payload_type u16 (1 = image) | timestamp u64 |
 //! pixel_format u32 | width u32 | height u32 | x_offset u32 | y_offset u32 |
 //! x_padding u16 | y_padding u16` (36 bytes). Trailer data: `payload_type u32 | size_y u32`.
+//!
+//! GEV 1.x header (EI clear), 8 bytes: `status u16 | block_id u16 | packet_infos u32
+//! (content type << 24 | packet_id, 24 bits)`; the leader and trailer data are the same.
 
 /// Bytes of the extended-id GVSP header.
 pub const HEADER_LEN: usize = 20;
+/// Bytes of the GEV 1.x GVSP header (16-bit block id, 24-bit packet id), which
+/// devices send unless extended ids are switched on (Aravis's fake camera does).
+pub const LEGACY_HEADER_LEN: usize = 8;
 /// Bytes of an image leader's data.
 pub const LEADER_LEN: usize = 36;
 /// Bytes of an image trailer's data.
@@ -54,11 +60,32 @@ pub struct Header {
     pub block_id: u64,
     /// Packet id within the block.
     pub packet_id: u32,
+    /// Extended ids (20-byte header); `false` for the GEV 1.x 8-byte header, whose
+    /// 16-bit block id wraps.
+    pub extended: bool,
 }
 
-/// Writes an extended-id header into `out[..HEADER_LEN]` (no-op if short).
+impl Header {
+    /// Bytes of this header on the wire.
+    pub fn wire_len(&self) -> usize {
+        if self.extended {
+            HEADER_LEN
+        } else {
+            LEGACY_HEADER_LEN
+        }
+    }
+}
+
+/// Writes a header into `out[..h.wire_len()]` (no-op if short).
 pub fn write_header(out: &mut [u8], h: &Header) {
-    if out.len() < HEADER_LEN {
+    if out.len() < h.wire_len() {
+        return;
+    }
+    if !h.extended {
+        out[0..2].copy_from_slice(&h.status.to_be_bytes());
+        out[2..4].copy_from_slice(&(h.block_id as u16).to_be_bytes());
+        let infos = (h.content.code() << 24) | (h.packet_id & 0x00FF_FFFF);
+        out[4..8].copy_from_slice(&infos.to_be_bytes());
         return;
     }
     out[0..2].copy_from_slice(&h.status.to_be_bytes());
@@ -80,29 +107,36 @@ fn be64(b: &[u8], o: usize) -> Option<u64> {
     Some((u64::from(be32(b, o)?) << 32) | u64::from(be32(b, o + 4)?))
 }
 
-/// Parses a packet: header and its data. `None` for short packets, packets without
-/// extended ids, or content types this receiver does not handle.
+/// Parses a packet of either header form: header and its data. `None` for short
+/// packets or content types this receiver does not handle.
 pub fn parse(pkt: &[u8]) -> Option<(Header, &[u8])> {
     let status = be16(pkt, 0)?;
     let infos = be32(pkt, 4)?;
-    if infos & EXTENDED_ID == 0 || pkt.len() < HEADER_LEN {
-        return None;
-    }
+    let extended = infos & EXTENDED_ID != 0;
     let content = match (infos >> 24) & 0x7f {
         1 => Content::Leader,
         2 => Content::Trailer,
         3 => Content::Payload,
         _ => return None,
     };
-    Some((
+    let h = if extended {
         Header {
             status,
             content,
             block_id: be64(pkt, 8)?,
             packet_id: be32(pkt, 16)?,
-        },
-        &pkt[HEADER_LEN..],
-    ))
+            extended,
+        }
+    } else {
+        Header {
+            status,
+            content,
+            block_id: u64::from(be16(pkt, 2)?),
+            packet_id: infos & 0x00FF_FFFF,
+            extended,
+        }
+    };
+    Some((h, pkt.get(h.wire_len()..)?))
 }
 
 /// An image leader's fields.
@@ -177,6 +211,24 @@ pub struct ResendRequest {
     pub last: u32,
 }
 
+/// Bytes of a GEV 1.x PACKETRESEND_CMD.
+pub const LEGACY_RESEND_LEN: usize = 8 + 12;
+
+/// Encodes a GEV 1.x PACKETRESEND_CMD: `channel u16 | block_id u16 | first u32 |
+/// last u32` (packet ids 24 bits), no extended-id flag.
+pub fn encode_legacy_resend(r: &ResendRequest) -> [u8; LEGACY_RESEND_LEN] {
+    let mut b = [0u8; LEGACY_RESEND_LEN];
+    b[0] = GVCP_KEY;
+    b[2..4].copy_from_slice(&GVCP_PACKETRESEND_CMD.to_be_bytes());
+    b[4..6].copy_from_slice(&12u16.to_be_bytes());
+    b[6..8].copy_from_slice(&r.req_id.to_be_bytes());
+    b[8..10].copy_from_slice(&r.channel.to_be_bytes());
+    b[10..12].copy_from_slice(&(r.block_id as u16).to_be_bytes());
+    b[12..16].copy_from_slice(&(r.first & 0x00FF_FFFF).to_be_bytes());
+    b[16..20].copy_from_slice(&(r.last & 0x00FF_FFFF).to_be_bytes());
+    b
+}
+
 /// Encodes a PACKETRESEND_CMD (GVCP header `key 0x42 | flags | command 0x0040 | length |
 /// req_id`, then `channel u16 | block_id16 u16 (0 with extended ids) | first u32 |
 /// last u32 | block_id_high u32 | block_id_low u32`).
@@ -223,6 +275,7 @@ mod tests {
             content: Content::Payload,
             block_id: 0x1_0000_0002,
             packet_id: 77,
+            extended: true,
         };
         let mut b = [0u8; HEADER_LEN + 3];
         write_header(&mut b, &h);
@@ -232,6 +285,37 @@ mod tests {
         assert_eq!(p, h);
         assert_eq!(d.len(), 3);
         assert!(parse(&b[..10]).is_none());
+    }
+
+    #[test]
+    fn legacy_header_as_aravis_sends_it() {
+        // The first 12 bytes of a payload packet from arv-fake-gv-camera-0.8 (tshark).
+        let pkt = [
+            0x00, 0x00, 0xff, 0x79, 0x03, 0x00, 0x00, 0x01, 0x79, 0x7a, 0x7b, 0x7c,
+        ];
+        let (h, d) = parse(&pkt).unwrap();
+        assert_eq!(
+            h,
+            Header {
+                status: 0,
+                content: Content::Payload,
+                block_id: 0xff79,
+                packet_id: 1,
+                extended: false,
+            }
+        );
+        assert_eq!(d, &[0x79, 0x7a, 0x7b, 0x7c]);
+        let mut b = [0u8; 12];
+        write_header(&mut b, &h);
+        assert_eq!(&b[..8], &pkt[..8]);
+        let r = encode_legacy_resend(&ResendRequest {
+            req_id: 1,
+            channel: 0,
+            block_id: 0x1ff79,
+            first: 5,
+            last: 6,
+        });
+        assert_eq!(&r[..12], &[0x42, 0, 0, 0x40, 0, 12, 0, 1, 0, 0, 0xff, 0x79]);
     }
 
     #[test]

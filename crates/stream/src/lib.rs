@@ -16,6 +16,8 @@
 #![warn(missing_docs)]
 
 pub mod frame;
+pub mod gige;
+pub mod gvcp;
 pub mod gvsp;
 mod harness;
 pub mod png;

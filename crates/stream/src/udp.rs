@@ -146,6 +146,7 @@ impl GvspCamera {
                 content,
                 block_id: *id,
                 packet_id: pid,
+                extended: true,
             },
         );
         if self.rng.chance(self.loss) {
@@ -237,6 +238,8 @@ struct Block {
     timestamp: u64,
     last_ns: u64,
     requests: u32,
+    leader: Option<ImageLeader>,
+    bytes: usize,
 }
 
 impl Block {
@@ -261,8 +264,16 @@ pub struct GvspReceiver {
     npkts: u32,
     slots: Vec<Vec<u8>>,
     free: Vec<bool>,
+    /// Per slot: the leader and payload bytes of the frame it holds.
+    slot_meta: Vec<(Option<ImageLeader>, usize)>,
     blocks: VecDeque<Block>,
-    next_new: u64,
+    /// The block id after the newest seen; `None` before the first packet (a camera
+    /// that was already streaming does not make its earlier frames "lost").
+    next_new: Option<u64>,
+    packet_size: usize,
+    /// Header form expected: extended ids, or GEV 1.x 16-bit block ids unwrapped to 64.
+    extended: bool,
+    last_block: Option<u64>,
     queue: ReadyQueue,
     counters: RxCounters,
     req_id: u16,
@@ -296,8 +307,12 @@ impl GvspReceiver {
             npkts,
             slots: (0..slots).map(|_| vec![0u8; spec.image_len()]).collect(),
             free: vec![true; slots],
+            slot_meta: vec![(None, 0); slots],
             blocks: VecDeque::new(),
-            next_new: 0,
+            next_new: None,
+            packet_size,
+            extended: true,
+            last_block: None,
             queue: ReadyQueue {
                 count_gaps: false,
                 ..ReadyQueue::new(overflow, 2.min(slots - 1))
@@ -306,6 +321,35 @@ impl GvspReceiver {
             req_id: 0,
             buf: vec![0u8; 65536],
         })
+    }
+
+    /// Expects GEV 1.x headers (16-bit block ids, 8-byte header) instead of extended
+    /// ids, as devices that were not switched to extended ids send (Aravis's fake
+    /// camera, most GEV 1.2 cameras).
+    pub fn legacy_ids(mut self) -> GvspReceiver {
+        self.extended = false;
+        self.dpp = self
+            .packet_size
+            .saturating_sub(IP_UDP + gvsp::LEGACY_HEADER_LEN)
+            .max(64);
+        self.npkts = self.spec.image_len().div_ceil(self.dpp) as u32 + 2;
+        self
+    }
+
+    /// Widens a 16-bit block id to the 64-bit id nearest the last one seen (ids wrap
+    /// at 65536; a GEV 1.x camera skips 0 on the wrap, Aravis's fake one does not).
+    fn unwrap_block(&mut self, id16: u64) -> u64 {
+        let ext = match self.last_block {
+            None => id16,
+            Some(last) => {
+                let delta = (id16 as u16).wrapping_sub(last as u16) as i16;
+                last.wrapping_add_signed(i64::from(delta))
+            }
+        };
+        if self.last_block.is_none_or_lt64(ext) {
+            self.last_block = Some(ext);
+        }
+        ext
     }
 
     /// The address the camera must stream to.
@@ -323,14 +367,19 @@ impl GvspReceiver {
     fn request(&mut self, block_id: u64, first: u32, last: u32) {
         let Some(ctl) = self.camera_ctl else { return };
         self.req_id = self.req_id.wrapping_add(1).max(1);
-        let cmd = gvsp::encode_resend(&ResendRequest {
+        let r = ResendRequest {
             req_id: self.req_id,
             channel: 0,
             block_id,
             first,
             last,
-        });
-        if self.sock.send_to(&cmd, ctl).is_ok() {
+        };
+        let sent = if self.extended {
+            self.sock.send_to(&gvsp::encode_resend(&r), ctl)
+        } else {
+            self.sock.send_to(&gvsp::encode_legacy_resend(&r), ctl)
+        };
+        if sent.is_ok() {
             self.counters.resend_requests += 1;
         }
     }
@@ -339,6 +388,17 @@ impl GvspReceiver {
         let Some(b) = self.blocks.remove(idx) else {
             return;
         };
+        // A frame of another geometry than the ring was sized for is not this stream's
+        // image, whatever its packets say.
+        let status = match b.leader {
+            Some(l) if l.width != self.spec.width || l.height != self.spec.height => {
+                FrameStatus::Incomplete
+            }
+            _ => status,
+        };
+        if let Some(m) = self.slot_meta.get_mut(b.slot) {
+            *m = (b.leader, b.bytes);
+        }
         self.queue.push(
             FrameInfo {
                 id: b.id,
@@ -372,28 +432,30 @@ impl GvspReceiver {
     }
 
     fn place(&mut self, pkt: &[u8]) {
-        let Some((h, data)) = gvsp::parse(pkt) else {
+        let Some((mut h, data)) = gvsp::parse(pkt) else {
             return;
         };
-        if h.packet_id >= self.npkts {
+        if h.packet_id >= self.npkts || h.extended != self.extended {
             return;
+        }
+        if !h.extended {
+            h.block_id = self.unwrap_block(h.block_id);
         }
         if h.status == gvsp::STATUS_RESEND {
             self.counters.resent_packets += 1;
         }
         let idx = match self.blocks.iter().position(|b| b.id == h.block_id) {
             Some(i) => i,
-            None if h.block_id >= self.next_new => {
+            None if self.next_new.is_none_or_le(h.block_id) => {
                 // Blocks skipped entirely (no packet at all) are lost frames.
-                if self.next_new > 0 || h.block_id > 0 {
-                    self.counters.lost += h.block_id - self.next_new;
+                if let Some(n) = self.next_new {
+                    self.counters.lost += h.block_id - n;
                 }
+                self.next_new = Some(h.block_id + 1);
                 let Some(slot) = self.take_slot() else {
                     self.counters.dropped += 1;
-                    self.next_new = h.block_id + 1;
                     return;
                 };
-                self.next_new = h.block_id + 1;
                 self.blocks.push_back(Block {
                     id: h.block_id,
                     slot,
@@ -403,6 +465,8 @@ impl GvspReceiver {
                     timestamp: 0,
                     last_ns: now_ns(),
                     requests: 0,
+                    leader: None,
+                    bytes: 0,
                 });
                 self.blocks.len() - 1
             }
@@ -422,6 +486,7 @@ impl GvspReceiver {
                 Content::Leader => {
                     if let Some(l) = gvsp::parse_leader(data) {
                         b.timestamp = l.timestamp;
+                        b.leader = Some(l);
                     }
                 }
                 Content::Payload => {
@@ -429,6 +494,7 @@ impl GvspReceiver {
                     if let Some(dst) = self.slots[b.slot].get_mut(off..) {
                         let n = dst.len().min(data.len());
                         dst[..n].copy_from_slice(&data[..n]);
+                        b.bytes += n;
                     }
                 }
                 Content::Trailer => {}
@@ -536,6 +602,17 @@ impl GvspReceiver {
         }
     }
 
+    /// The image leader of a delivered frame (width, height, pixel format, camera
+    /// timestamp), if its leader arrived.
+    pub fn leader(&self, f: &FrameInfo) -> Option<ImageLeader> {
+        self.slot_meta.get(f.slot).and_then(|m| m.0)
+    }
+
+    /// Image payload bytes placed for a delivered frame.
+    pub fn payload_len(&self, f: &FrameInfo) -> usize {
+        self.slot_meta.get(f.slot).map_or(0, |m| m.1)
+    }
+
     /// The image bytes of `slot`.
     pub fn image(&self, slot: usize) -> &[u8] {
         self.slots.get(slot).map_or(&[][..], |v| &v[..])
@@ -574,9 +651,95 @@ impl OptCmp for Option<u32> {
 }
 trait OptCmp64 {
     fn is_none_or_gt(&self, v: u64) -> bool;
+    fn is_none_or_le(&self, v: u64) -> bool;
+    fn is_none_or_lt64(&self, v: u64) -> bool;
 }
 impl OptCmp64 for Option<u64> {
     fn is_none_or_gt(&self, v: u64) -> bool {
         !matches!(self, Some(h) if *h <= v)
+    }
+    fn is_none_or_le(&self, v: u64) -> bool {
+        !matches!(self, Some(h) if *h > v)
+    }
+    fn is_none_or_lt64(&self, v: u64) -> bool {
+        !matches!(self, Some(h) if *h >= v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PixelFormat;
+
+    /// GEV 1.x frames across the 16-bit block id wrap arrive as four consecutive
+    /// complete frames, none counted lost, the first one seen not making earlier ids lost.
+    #[test]
+    fn legacy_ids_unwrap_across_65536() {
+        let spec = FrameSpec {
+            width: 100,
+            height: 30,
+            pixel: PixelFormat::Mono8,
+        };
+        let packet_size = 1036; // 1000 data bytes per packet with the 8-byte header
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let mut rx = GvspReceiver::new(ip, spec, packet_size, 8, Overflow::Block)
+            .unwrap()
+            .legacy_ids();
+        let to = rx.local_addr().unwrap();
+        let tx = UdpSocket::bind((ip, 0)).unwrap();
+        let mut pkt = vec![0u8; 2000];
+        for id16 in [65534u64, 65535, 0, 1] {
+            let npayload = spec.image_len().div_ceil(1000) as u32;
+            for pid in 0..=npayload + 1 {
+                let content = match pid {
+                    0 => Content::Leader,
+                    p if p == npayload + 1 => Content::Trailer,
+                    _ => Content::Payload,
+                };
+                let h = Header {
+                    status: 0,
+                    content,
+                    block_id: id16,
+                    packet_id: pid,
+                    extended: false,
+                };
+                gvsp::write_header(&mut pkt, &h);
+                let d = &mut pkt[gvsp::LEGACY_HEADER_LEN..];
+                let n = match content {
+                    Content::Leader => {
+                        let l = ImageLeader {
+                            timestamp: 7,
+                            pixel_format: spec.pixel.pfnc(),
+                            width: spec.width,
+                            height: spec.height,
+                        };
+                        gvsp::write_leader(d, &l);
+                        gvsp::LEADER_LEN
+                    }
+                    Content::Trailer => {
+                        gvsp::write_trailer(d, spec.height);
+                        gvsp::TRAILER_LEN
+                    }
+                    Content::Payload => {
+                        let off = (pid as usize - 1) * 1000;
+                        let n = (spec.image_len() - off).min(1000);
+                        d[..n].fill(id16 as u8);
+                        n
+                    }
+                };
+                tx.send_to(&pkt[..gvsp::LEGACY_HEADER_LEN + n], to).unwrap();
+            }
+        }
+        let mut ids = Vec::new();
+        while let Some(f) = rx.next(Duration::from_millis(200)).unwrap() {
+            assert_eq!(f.status, FrameStatus::Complete);
+            assert_eq!(rx.payload_len(&f), spec.image_len());
+            assert_eq!(rx.leader(&f).map(|l| l.width), Some(100));
+            assert!(rx.image(f.slot).iter().all(|&b| b == f.id as u8));
+            ids.push(f.id);
+            rx.release(&f);
+        }
+        assert_eq!(ids, [65534, 65535, 65536, 65537]);
+        assert_eq!(rx.counters().lost, 0);
     }
 }
