@@ -12,7 +12,7 @@
 //! packet — is present for this frame id only if every packet of the WRITE was placed.
 
 /// Pixel formats (GenICam PFNC codes, as GVSP leaders carry them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PixelFormat {
     /// 8-bit monochrome.
     Mono8,
@@ -45,7 +45,7 @@ impl PixelFormat {
 }
 
 /// Frame geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameSpec {
     /// Pixels per row.
     pub width: u32,

@@ -17,7 +17,7 @@ use crate::udp::{GvspCamera, GvspReceiver};
 use crate::StreamError;
 
 /// Streaming mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Mode {
     /// RC SEND/RECV, one message per frame.
     RcSend,
@@ -192,7 +192,7 @@ fn open_pair() -> Result<(Arc<Context>, Arc<Context>), StreamError> {
     ))
 }
 
-enum Rx {
+pub(crate) enum Rx {
     Rdma(RdmaReceiver),
     Gvsp(GvspReceiver),
 }
@@ -227,19 +227,216 @@ impl Rx {
     }
 }
 
-enum Cam {
+pub(crate) enum Cam {
     Rdma(RdmaCamera),
     Gvsp(GvspCamera),
 }
 
-struct RxOut {
+pub(crate) struct RxOut {
     delivered: Vec<(u64, u64, FrameStatus)>,
-    counters: RxCounters,
+    pub counters: RxCounters,
     cpu_s: f64,
     corrupt: u64,
-    first_ns: u64,
-    end_ns: u64,
 }
+
+/// What the camera and receiver loops share: in one process directly, between two
+/// processes mirrored over the TCP control connection (see [`crate::apart`]).
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Frames the receiver has accounted for (complete, incomplete, dropped, lost): the
+    /// camera's credit.
+    pub released: AtomicU64,
+    /// Frames the camera sent, once it has finished (`u64::MAX` before).
+    pub sent_total: AtomicU64,
+    /// The receiver has finished.
+    pub rx_done: AtomicBool,
+    /// The camera stopped on an error.
+    pub cam_failed: AtomicBool,
+}
+
+impl Shared {
+    pub fn new() -> Shared {
+        Shared {
+            sent_total: AtomicU64::new(u64::MAX),
+            ..Shared::default()
+        }
+    }
+}
+
+/// Checks the frame geometry of a run.
+pub(crate) fn check_spec(spec: &FrameSpec) -> Result<(), StreamError> {
+    if spec.image_len() == 0 || spec.image_len() > (1 << 30) {
+        return Err(StreamError::Invalid(
+            "frame size must be 1 B ..= 1 GiB".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The camera's loop: paces, waits for credits, sends frames; calls `finished` with
+/// what it sent, then keeps answering GVSP resends (or flushes its RDMA sends) until
+/// the receiver is done.
+pub(crate) fn camera_loop(
+    cam: &mut Cam,
+    cfg: &StreamConfig,
+    slots: usize,
+    sh: &Shared,
+    start: Instant,
+    finished: &mut dyn FnMut(&[FrameSent]) -> Result<(), StreamError>,
+) -> Result<Vec<FrameSent>, StreamError> {
+    let frames = if cfg.duration.is_some() {
+        u64::MAX
+    } else {
+        cfg.frames
+    };
+    let mut sent = Vec::new();
+    let window = slots as u64 - 1;
+    let res = (|| {
+        for id in 0..frames {
+            if cfg.duration.is_some_and(|d| start.elapsed() >= d) {
+                break;
+            }
+            if cfg.fps > 0.0 {
+                let due = start + Duration::from_secs_f64(id as f64 / cfg.fps);
+                while Instant::now() < due {
+                    if let Cam::Gvsp(c) = cam {
+                        c.serve_resends()?;
+                    }
+                    std::thread::sleep(
+                        due.saturating_duration_since(Instant::now())
+                            .min(Duration::from_micros(500)),
+                    );
+                }
+            }
+            if cfg.credits {
+                while id >= sh.released.load(Ordering::Acquire) + window {
+                    if sh.rx_done.load(Ordering::Acquire) {
+                        return Err(StreamError::Timeout(
+                            "receiver stopped before the camera".into(),
+                        ));
+                    }
+                    if let Cam::Gvsp(c) = cam {
+                        c.serve_resends()?;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            let fs = match cam {
+                Cam::Rdma(c) => c.send_frame(id)?,
+                Cam::Gvsp(c) => c.send_frame(id)?,
+            };
+            sent.push(fs);
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        sh.cam_failed.store(true, Ordering::Release);
+    }
+    finished(&sent)?;
+    sh.sent_total.store(sent.len() as u64, Ordering::Release);
+    // Keep answering resends until the receiver is done.
+    match cam {
+        Cam::Rdma(c) => {
+            let _ = c.flush(Duration::from_secs(10));
+        }
+        Cam::Gvsp(c) => {
+            let t0 = Instant::now();
+            while !sh.rx_done.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(30)
+            {
+                c.serve_resends()?;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+    res.map(|_| sent)
+}
+
+/// The receiver's loop: takes frames in order, verifies them, saves one, publishes
+/// credits and live numbers, and ends when every sent frame is accounted for (or
+/// nothing came for 2 s after the camera finished).
+pub(crate) fn receiver_loop(
+    rx: &mut Rx,
+    cfg: &StreamConfig,
+    sh: &Shared,
+    live: Option<&(dyn Fn(&Live) + Sync)>,
+    start: Instant,
+) -> Result<RxOut, StreamError> {
+    let spec = cfg.spec;
+    let cpu0 = thread_cpu_s();
+    let mut verify_cpu = 0.0;
+    let mut delivered = Vec::new();
+    let mut corrupt = 0u64;
+    let mut saved = cfg.save_frame.is_none();
+    let mut last_live = Instant::now();
+    let mut idle_since: Option<Instant> = None;
+    let res = (|| {
+        loop {
+            let f = rx.next(Duration::from_millis(20))?;
+            if let Some(f) = f {
+                idle_since = None;
+                if f.status == FrameStatus::Complete && (cfg.verify || !saved) {
+                    let v0 = thread_cpu_s();
+                    let img = rx.image(f.slot);
+                    if cfg.verify && frame::verify(&spec, f.id, img).is_err() {
+                        corrupt += 1;
+                    }
+                    if !saved {
+                        if let Some(p) = &cfg.save_frame {
+                            crate::png::write_gray8(p, spec.width, spec.height, img).map_err(
+                                StreamError::io(format!("write {}", p.display())),
+                            )?;
+                        }
+                        saved = true;
+                    }
+                    verify_cpu += thread_cpu_s() - v0;
+                }
+                delivered.push((f.id, f.arrival_ns, f.status));
+                rx.release(&f)?;
+            }
+            let c = rx.counters();
+            let accounted = c.complete + c.incomplete + c.dropped + c.lost;
+            sh.released.store(accounted, Ordering::Release);
+            if let Some(cb) = live {
+                if last_live.elapsed() >= Duration::from_millis(500) {
+                    last_live = Instant::now();
+                    let t = start.elapsed().as_secs_f64();
+                    cb(&Live {
+                        mode: cfg.mode,
+                        seconds: t,
+                        fps: c.complete as f64 / t,
+                        gbps: (c.complete * spec.image_len() as u64 * 8) as f64 / t / 1e9,
+                        counters: c,
+                    });
+                }
+            }
+            let total = sh.sent_total.load(Ordering::Acquire);
+            if total != u64::MAX {
+                if accounted >= total {
+                    break;
+                }
+                // Nothing more will come (frames lost at the tail).
+                let idle = *idle_since.get_or_insert_with(Instant::now);
+                if f.is_none() && idle.elapsed() > Duration::from_secs(2) {
+                    break;
+                }
+            } else if sh.cam_failed.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    sh.rx_done.store(true, Ordering::Release);
+    res?;
+    Ok(RxOut {
+        delivered,
+        counters: rx.counters(),
+        cpu_s: (thread_cpu_s() - cpu0 - verify_cpu).max(0.0),
+        corrupt,
+    })
+}
+
+/// Name of the host device's datapath thread (its CPU counts as the receiver's).
+pub(crate) const HOST_DP_THREAD: &str = "softhca-dp-host";
 
 /// Runs camera and receiver on two threads over loopback and reports.
 pub fn run_loopback(
@@ -247,11 +444,7 @@ pub fn run_loopback(
     live: Option<&(dyn Fn(&Live) + Sync)>,
 ) -> Result<RunReport, StreamError> {
     let spec = cfg.spec;
-    if spec.image_len() == 0 || spec.image_len() > (1 << 30) {
-        return Err(StreamError::Invalid(
-            "frame size must be 1 B ..= 1 GiB".into(),
-        ));
-    }
+    check_spec(&spec)?;
     let slots = cfg.ring_slots.clamp(2, 64);
     let mut devices = None;
     let (mut cam, mut rx) = match cfg.mode {
@@ -295,173 +488,23 @@ pub fn run_loopback(
             (Cam::Gvsp(c), Rx::Gvsp(r))
         }
     };
-    let dp_name = "softhca-dp-host";
     let dp_cpu0 = if devices.is_some() {
-        named_threads_cpu_s(dp_name)
+        named_threads_cpu_s(HOST_DP_THREAD)
     } else {
         0.0
     };
-
-    let released = AtomicU64::new(0);
-    let sent_total = AtomicU64::new(u64::MAX);
-    let rx_done = AtomicBool::new(false);
-    let cam_failed = AtomicBool::new(false);
+    let sh = Shared::new();
     let start = Instant::now();
-    let frames = if cfg.duration.is_some() {
-        u64::MAX
-    } else {
-        cfg.frames
-    };
-
     let (cam_res, rx_res) = std::thread::scope(|s| {
-        let camera = s.spawn(|| -> Result<Vec<FrameSent>, StreamError> {
-            let mut sent = Vec::new();
-            let window = slots as u64 - 1;
-            let res = (|| {
-                for id in 0..frames {
-                    if cfg.duration.is_some_and(|d| start.elapsed() >= d) {
-                        break;
-                    }
-                    if cfg.fps > 0.0 {
-                        let due = start + Duration::from_secs_f64(id as f64 / cfg.fps);
-                        while Instant::now() < due {
-                            if let Cam::Gvsp(c) = &mut cam {
-                                c.serve_resends()?;
-                            }
-                            std::thread::sleep(
-                                due.saturating_duration_since(Instant::now())
-                                    .min(Duration::from_micros(500)),
-                            );
-                        }
-                    }
-                    if cfg.credits {
-                        while id >= released.load(Ordering::Acquire) + window {
-                            if rx_done.load(Ordering::Acquire) {
-                                return Err(StreamError::Timeout(
-                                    "receiver stopped before the camera".into(),
-                                ));
-                            }
-                            if let Cam::Gvsp(c) = &mut cam {
-                                c.serve_resends()?;
-                            }
-                            std::thread::yield_now();
-                        }
-                    }
-                    let fs = match &mut cam {
-                        Cam::Rdma(c) => c.send_frame(id)?,
-                        Cam::Gvsp(c) => c.send_frame(id)?,
-                    };
-                    sent.push(fs);
-                }
-                Ok(())
-            })();
-            sent_total.store(sent.len() as u64, Ordering::Release);
-            if res.is_err() {
-                cam_failed.store(true, Ordering::Release);
-            }
-            // Keep answering resends until the receiver is done.
-            match &mut cam {
-                Cam::Rdma(c) => {
-                    let _ = c.flush(Duration::from_secs(10));
-                }
-                Cam::Gvsp(c) => {
-                    while !rx_done.load(Ordering::Acquire) {
-                        c.serve_resends()?;
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
-                }
-            }
-            res.map(|_| sent)
-        });
-
-        let receiver = s.spawn(|| -> Result<RxOut, StreamError> {
-            let cpu0 = thread_cpu_s();
-            let mut verify_cpu = 0.0;
-            let mut delivered = Vec::new();
-            let mut corrupt = 0u64;
-            let mut first_ns = 0u64;
-            let mut saved = cfg.save_frame.is_none();
-            let mut last_live = Instant::now();
-            let mut idle_since: Option<Instant> = None;
-            let res = (|| {
-                loop {
-                    let f = rx.next(Duration::from_millis(20))?;
-                    if let Some(f) = f {
-                        idle_since = None;
-                        if first_ns == 0 {
-                            first_ns = f.arrival_ns;
-                        }
-                        if f.status == FrameStatus::Complete && (cfg.verify || !saved) {
-                            let v0 = thread_cpu_s();
-                            let img = rx.image(f.slot);
-                            if cfg.verify && frame::verify(&spec, f.id, img).is_err() {
-                                corrupt += 1;
-                            }
-                            if !saved {
-                                if let Some(p) = &cfg.save_frame {
-                                    crate::png::write_gray8(p, spec.width, spec.height, img)
-                                        .map_err(StreamError::io(format!(
-                                            "write {}",
-                                            p.display()
-                                        )))?;
-                                }
-                                saved = true;
-                            }
-                            verify_cpu += thread_cpu_s() - v0;
-                        }
-                        delivered.push((f.id, f.arrival_ns, f.status));
-                        rx.release(&f)?;
-                    }
-                    let c = rx.counters();
-                    let accounted = c.complete + c.incomplete + c.dropped + c.lost;
-                    released.store(accounted, Ordering::Release);
-                    if let Some(cb) = live {
-                        if last_live.elapsed() >= Duration::from_millis(500) {
-                            last_live = Instant::now();
-                            let t = start.elapsed().as_secs_f64();
-                            cb(&Live {
-                                mode: cfg.mode,
-                                seconds: t,
-                                fps: c.complete as f64 / t,
-                                gbps: (c.complete * spec.image_len() as u64 * 8) as f64 / t / 1e9,
-                                counters: c,
-                            });
-                        }
-                    }
-                    let total = sent_total.load(Ordering::Acquire);
-                    if total != u64::MAX {
-                        if accounted >= total {
-                            break;
-                        }
-                        // Nothing more will come (frames lost at the tail).
-                        let idle = *idle_since.get_or_insert_with(Instant::now);
-                        if f.is_none() && idle.elapsed() > Duration::from_secs(2) {
-                            break;
-                        }
-                    } else if cam_failed.load(Ordering::Acquire) {
-                        break;
-                    }
-                }
-                Ok(())
-            })();
-            rx_done.store(true, Ordering::Release);
-            res?;
-            Ok(RxOut {
-                delivered,
-                counters: rx.counters(),
-                cpu_s: (thread_cpu_s() - cpu0 - verify_cpu).max(0.0),
-                corrupt,
-                first_ns,
-                end_ns: crate::stats::now_ns(),
-            })
-        });
+        let camera = s.spawn(|| camera_loop(&mut cam, cfg, slots, &sh, start, &mut |_| Ok(())));
+        let receiver = s.spawn(|| receiver_loop(&mut rx, cfg, &sh, live, start));
         let r = receiver.join();
         let c = camera.join();
         (c, r)
     });
     let elapsed = start.elapsed().as_secs_f64();
     let dp_cpu = if devices.is_some() {
-        named_threads_cpu_s(dp_name) - dp_cpu0
+        named_threads_cpu_s(HOST_DP_THREAD) - dp_cpu0
     } else {
         0.0
     };
@@ -469,8 +512,18 @@ pub fn run_loopback(
     let panicked = || StreamError::Invalid("a stream thread panicked".into());
     let rxo = rx_res.map_err(|_| panicked())??;
     let sent = cam_res.map_err(|_| panicked())??;
-    let _ = (rxo.first_ns, rxo.end_ns);
+    Ok(build_report(cfg, &sent, &rxo, elapsed, dp_cpu))
+}
 
+/// One row of the report from what the camera sent and what the receiver saw.
+pub(crate) fn build_report(
+    cfg: &StreamConfig,
+    sent: &[FrameSent],
+    rxo: &RxOut,
+    elapsed: f64,
+    dp_cpu: f64,
+) -> RunReport {
+    let spec = cfg.spec;
     let c = rxo.counters;
     let bytes = c.complete as f64 * spec.image_len() as f64;
     let gb = bytes / 1e9;
@@ -502,7 +555,7 @@ pub fn run_loopback(
         .filter(|s| !delivered_ids.contains(&s.id))
         .count() as u64;
     let per_gb = |cpu: f64| if gb > 0.0 { cpu / gb } else { 0.0 };
-    Ok(RunReport {
+    RunReport {
         mode: cfg.mode.name(),
         width: spec.width,
         height: spec.height,
@@ -521,5 +574,5 @@ pub fn run_loopback(
         latency_p50_us: quantile(&mut lat, 0.5),
         latency_p99_us: quantile(&mut lat, 0.99),
         loss_emulated: cfg.loss > 0.0 && cfg.mode != Mode::RcSend,
-    })
+    }
 }

@@ -15,6 +15,7 @@
 //! softhca devices on free loopback addresses and returns a [`RunReport`].
 #![warn(missing_docs)]
 
+pub mod apart;
 pub mod frame;
 pub mod gige;
 pub mod gvcp;

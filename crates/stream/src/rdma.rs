@@ -16,7 +16,7 @@ use crate::stats::{now_ns, Rng};
 use crate::StreamError;
 
 /// Where the host's ring lives (what the host tells a `uc-write` camera at connect).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct RingInfo {
     /// Address of slot 0.
     pub addr: u64,
@@ -352,7 +352,7 @@ impl RdmaReceiver {
 }
 
 /// What the camera knows about one sent frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameSent {
     /// Frame id.
     pub id: u64,

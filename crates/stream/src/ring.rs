@@ -38,7 +38,7 @@ pub enum Overflow {
 }
 
 /// Receiver counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RxCounters {
     /// Frames delivered complete.
     pub complete: u64,
