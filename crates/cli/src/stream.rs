@@ -163,7 +163,21 @@ fn print_table(rows: &[RunReport], a: &StreamArgs) {
             r.latency_p99_us
         );
     }
-    if a.loss > 0.0 && rows.iter().any(|r| r.mode == "rc-send") {
-        println!("note: --loss is not applied to rc-send (softhca has no packet-drop hook yet)");
+    for r in rows.iter().filter(|r| r.loss_emulated) {
+        match r.mode {
+            "rc-send" => println!(
+                "rc-send: the camera's device dropped {} packets; RC retransmitted them",
+                r.packets_dropped_at_sender
+            ),
+            "uc-write" => println!(
+                "uc-write: {} frames damaged at the sender; the incomplete and missing frames are {}",
+                r.damaged_at_sender,
+                if r.damage_named_exactly { "exactly those" } else { "NOT exactly those" }
+            ),
+            _ => println!(
+                "gvsp: {} frames had packets dropped at the sender; {} resend requests, {} packets resent",
+                r.damaged_at_sender, r.counters.resend_requests, r.counters.resent_packets
+            ),
+        }
     }
 }

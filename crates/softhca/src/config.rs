@@ -11,6 +11,7 @@
 //! | `SOFTHCA_PORT` | UDP port to bind and send to | 4791 |
 //! | `SOFTHCA_POLL` | `busy`, `adaptive`, `adaptive:<spin µs>`, `blocking` or `auto` | `auto`: adaptive (50 µs) |
 //! | `SOFTHCA_NAME` | device name | `softhca0` |
+//! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
 
@@ -108,6 +109,10 @@ pub struct Config {
     pub poll: PollMode,
     /// Device name (`ibv_get_device_name`).
     pub name: String,
+    /// Fault injection: drop each outgoing packet with this probability, in parts per
+    /// million (the packet is counted and never handed to the kernel), so recovery can
+    /// be exercised on any host without netem. 0 in normal use.
+    pub tx_drop_ppm: u32,
 }
 
 /// The RoCEv2 UDP destination port (IBTA Annex A17.2.3).
@@ -124,6 +129,7 @@ impl Default for Config {
             udp_port: ROCE_UDP_PORT,
             poll: PollMode::default(),
             name: "softhca0".to_string(),
+            tx_drop_ppm: 0,
         }
     }
 }
@@ -174,6 +180,18 @@ impl Config {
         cfg.poll = PollMode::from_env()?;
         if let Some(v) = env("SOFTHCA_NAME") {
             cfg.name = v;
+        }
+        if let Some(v) = env("SOFTHCA_TX_DROP") {
+            let p = v
+                .parse::<f64>()
+                .ok()
+                .filter(|p| (0.0..1.0).contains(p))
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "SOFTHCA_TX_DROP: {v:?} is not a probability in [0, 1)"
+                    ))
+                })?;
+            cfg.tx_drop_ppm = (p * 1e6).round() as u32;
         }
         Ok(cfg)
     }

@@ -38,6 +38,8 @@ pub(crate) struct Stats {
     pub tx_batches: AtomicU64,
     pub tx_errors: AtomicU64,
     pub tx_no_socket: AtomicU64,
+    /// Packets dropped by fault injection ([`crate::Config::tx_drop_ppm`]).
+    pub tx_injected_drops: AtomicU64,
     pub tx_would_block: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
@@ -68,6 +70,7 @@ impl Stats {
             ("io_tx_batches", r(&self.tx_batches)),
             ("io_tx_errors", r(&self.tx_errors)),
             ("io_tx_no_socket", r(&self.tx_no_socket)),
+            ("io_tx_injected_drops", r(&self.tx_injected_drops)),
             ("io_tx_would_block", r(&self.tx_would_block)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_loop_iterations", r(&self.loop_iterations)),
@@ -510,7 +513,7 @@ impl Context {
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
-        let progress = Mutex::new(Progress::new(&sockets));
+        let progress = Mutex::new(Progress::new(&sockets, cfg.tx_drop_ppm));
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,

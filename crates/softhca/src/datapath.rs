@@ -71,10 +71,13 @@ pub(crate) struct Progress {
     /// `tx` was filled by an application thread's step that also completed work, and
     /// is held for that thread's next call (see [`Progress::step`]).
     held: bool,
+    /// Fault injection: drop probability per packet (ppm) and its xorshift state.
+    drop_ppm: u32,
+    drop_rng: u64,
 }
 
 impl Progress {
-    pub(crate) fn new(sockets: &[RoceSocket]) -> Progress {
+    pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32) -> Progress {
         Progress {
             rx: sockets
                 .iter()
@@ -87,7 +90,18 @@ impl Progress {
                 .collect(),
             tx: Vec::with_capacity(TX_BATCH),
             held: false,
+            drop_ppm,
+            drop_rng: 0x9E37_79B9_7F4A_7C15,
         }
+    }
+
+    /// Fault injection: whether to drop the next packet (xorshift64*).
+    fn inject_drop(rng: &mut u64, ppm: u32) -> bool {
+        *rng ^= *rng >> 12;
+        *rng ^= *rng << 25;
+        *rng ^= *rng >> 27;
+        let r = rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (r >> 32) % 1_000_000 < u64::from(ppm)
     }
 
     /// The doorbell half of a step, for a thread that just posted work: no receive, the
@@ -235,6 +249,49 @@ impl Progress {
         (self.tx.len(), deadline, completed)
     }
 
+    /// Fault injection: drops packets of `list` at random, splitting a GSO transmit
+    /// around a dropped segment so the others still leave.
+    fn drop_some<'a>(
+        rng: &mut u64,
+        ppm: u32,
+        list: SmallVec<[sio::Transmit<'a>; TX_BATCH]>,
+        shared: &Shared,
+    ) -> SmallVec<[sio::Transmit<'a>; TX_BATCH]> {
+        let mut out = SmallVec::new();
+        let mut dropped = 0u64;
+        for t in list {
+            let seg = t.segment_size.unwrap_or(t.contents.len()).max(1);
+            let mut run_start = 0;
+            let mut off = 0;
+            while off < t.contents.len() {
+                let end = (off + seg).min(t.contents.len());
+                if Self::inject_drop(rng, ppm) {
+                    dropped += 1;
+                    if off > run_start {
+                        out.push(Self::part(&t, &t.contents[run_start..off]));
+                    }
+                    run_start = end;
+                }
+                off = end;
+            }
+            if run_start < t.contents.len() {
+                out.push(Self::part(&t, &t.contents[run_start..]));
+            }
+        }
+        Stats::add(&shared.stats.tx_injected_drops, dropped);
+        out
+    }
+
+    /// Segments `contents` of GSO transmit `t` (plain if one segment is left).
+    fn part<'a>(t: &sio::Transmit<'a>, contents: &'a [u8]) -> sio::Transmit<'a> {
+        sio::Transmit {
+            dst: t.dst,
+            src_ip: t.src_ip,
+            contents,
+            segment_size: t.segment_size.filter(|&s| s < contents.len()),
+        }
+    }
+
     /// Sends the filled transmit buffers, one `sendmmsg` batch per socket.
     fn send(&mut self, shared: &Shared) {
         self.held = false;
@@ -243,7 +300,7 @@ impl Progress {
         Stats::add(&st.tx_transmits, self.tx.len() as u64);
         for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
-            let list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
+            let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
                 .tx
                 .iter()
                 .filter(|(_, t)| t.src == ip)
@@ -255,6 +312,9 @@ impl Progress {
                         .then_some(t.segment_size),
                 })
                 .collect();
+            if self.drop_ppm > 0 {
+                list = Self::drop_some(&mut self.drop_rng, self.drop_ppm, list, shared);
+            }
             if !list.is_empty() {
                 send_all(shared, sock, &list);
             }

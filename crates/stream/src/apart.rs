@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use softhca::{Config, Context, Gid, Mtu, PollMode, RemoteQp};
 
 use crate::harness::{
-    build_report, camera_loop, check_spec, receiver_loop, Cam, Rx, Shared, HOST_DP_THREAD,
+    build_report, camera_loop, check_spec, injected_drops, rc_drop_ppm, receiver_loop, Cam, Rx,
+    Shared, HOST_DP_THREAD,
 };
 use crate::rdma::{FrameSent, RdmaCamera, RdmaReceiver, RingInfo};
 use crate::ring::RxCounters;
@@ -124,11 +125,12 @@ fn recv_line<T: serde::de::DeserializeOwned>(
 
 /// Opens a softhca device on `ip`, named `name` (its datapath thread is
 /// `softhca-dp-<name>`).
-fn open_device(ip: IpAddr, name: &str) -> Result<Arc<Context>, StreamError> {
+fn open_device(ip: IpAddr, name: &str, tx_drop_ppm: u32) -> Result<Arc<Context>, StreamError> {
     let base = Config::from_env().map_err(StreamError::verbs("configuration"))?;
     let cfg = Config {
         addrs: vec![ip],
         name: name.into(),
+        tx_drop_ppm,
         poll: if std::env::var_os("SOFTHCA_POLL").is_some() {
             base.poll
         } else {
@@ -171,10 +173,10 @@ pub fn serve_receiver(
     let mut device = None;
     let mut rx = match cfg.mode {
         Mode::RcSend | Mode::UcWrite => {
-            let ctx = open_device(ip, "host")?;
+            let ctx = open_device(ip, "host", 0)?;
             let mut r = RdmaReceiver::new(&ctx, cfg.mode, cfg.spec, slots, cfg.overflow)?;
-            let mtu = Mtu::from_bytes(hello.mtu.min(ctx.active_mtu().bytes()))
-                .unwrap_or(Mtu::M1024);
+            let mtu =
+                Mtu::from_bytes(hello.mtu.min(ctx.active_mtu().bytes())).unwrap_or(Mtu::M1024);
             let remote = RemoteQp {
                 qpn: hello.qpn,
                 psn: CAMERA_PSN,
@@ -235,14 +237,12 @@ pub fn serve_receiver(
                 std::thread::sleep(Duration::from_micros(200));
             }
         });
-        let done = s.spawn(|| {
-            match recv_line::<CamMsg>(&mut r, peer) {
-                Ok(CamMsg::Done { sent: v }) => {
-                    sh.sent_total.store(v.len() as u64, Ordering::Release);
-                    sent = v;
-                }
-                _ => sh.cam_failed.store(true, Ordering::Release),
+        let done = s.spawn(|| match recv_line::<CamMsg>(&mut r, peer) {
+            Ok(CamMsg::Done { sent: v }) => {
+                sh.sent_total.store(v.len() as u64, Ordering::Release);
+                sent = v;
             }
+            _ => sh.cam_failed.store(true, Ordering::Release),
         });
         let res = receiver_loop(&mut rx, &cfg, &sh, live, start);
         let _ = credits.join();
@@ -266,8 +266,10 @@ pub fn serve_receiver(
 pub struct CameraReport {
     /// Frames sent.
     pub frames_sent: u64,
-    /// Frames the loss emulation damaged.
+    /// Frames the loss emulation damaged (uc-write, gvsp).
     pub damaged: u64,
+    /// rc-send: packets the device dropped by fault injection.
+    pub packets_dropped: u64,
     /// Seconds streaming.
     pub seconds: f64,
     /// The receiver's final counters.
@@ -284,7 +286,9 @@ fn route_source(to: SocketAddr) -> Result<IpAddr, StreamError> {
     let u = UdpSocket::bind(any).map_err(StreamError::io("route lookup"))?;
     u.connect(to)
         .map_err(StreamError::io(format!("no route to {to}")))?;
-    Ok(u.local_addr().map_err(StreamError::io("route lookup"))?.ip())
+    Ok(u.local_addr()
+        .map_err(StreamError::io("route lookup"))?
+        .ip())
 }
 
 /// The camera: connects to a receiver at `to` (TCP), streams `cfg`'s frames and
@@ -308,8 +312,10 @@ pub fn run_camera(
     let mut cam = match cfg.mode {
         Mode::RcSend | Mode::UcWrite => {
             let ctx = match (bind, ip) {
-                (None, IpAddr::V4(v4)) if v4.is_loopback() => open_free_loopback(v4)?,
-                _ => open_device(ip, "cam")?,
+                (None, IpAddr::V4(v4)) if v4.is_loopback() => {
+                    open_free_loopback(v4, rc_drop_ppm(cfg))?
+                }
+                _ => open_device(ip, "cam", rc_drop_ppm(cfg))?,
             };
             let mut c = RdmaCamera::new(&ctx, cfg.mode, cfg.spec, 4)?;
             c.set_loss(cfg.loss, cfg.seed);
@@ -380,9 +386,12 @@ pub fn run_camera(
             sh.rx_done.store(true, Ordering::Release);
         });
         let res = camera_loop(&mut cam, cfg, slots, &sh, start, &mut |sent| {
-            send_line(&mut w, &CamMsg::Done {
-                sent: sent.to_vec(),
-            })
+            send_line(
+                &mut w,
+                &CamMsg::Done {
+                    sent: sent.to_vec(),
+                },
+            )
         });
         if res.is_err() {
             // Unblock the reader: the receiver ends when it sees the connection go.
@@ -393,11 +402,13 @@ pub fn run_camera(
     })?;
     let seconds = start.elapsed().as_secs_f64();
     drop(cam);
+    let packets_dropped = device.as_ref().map_or(0, |c| injected_drops(c));
     drop(device);
     Ok(CameraReport {
         frames_sent: sent.len() as u64,
         damaged: sent.iter().filter(|f| f.damaged).count() as u64,
         seconds,
+        packets_dropped,
         receiver: counters,
     })
 }
@@ -413,7 +424,10 @@ fn accept(line: &mut Line) -> Result<HostAccept, StreamError> {
 
 /// On loopback the receiver's device may hold `ip`'s RoCEv2 port: use the next free
 /// 127.0.0.x.
-fn open_free_loopback(first: std::net::Ipv4Addr) -> Result<Arc<Context>, StreamError> {
+fn open_free_loopback(
+    first: std::net::Ipv4Addr,
+    tx_drop_ppm: u32,
+) -> Result<Arc<Context>, StreamError> {
     let [a, b, c, d] = first.octets();
     let mut last = None;
     for i in 0..254u8 {
@@ -422,7 +436,7 @@ fn open_free_loopback(first: std::net::Ipv4Addr) -> Result<Arc<Context>, StreamE
             continue;
         }
         let ip = IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, o));
-        match open_device(ip, "cam") {
+        match open_device(ip, "cam", tx_drop_ppm) {
             Ok(ctx) => return Ok(ctx),
             Err(StreamError::Verbs { what, source }) if source.errno() == libc::EADDRINUSE => {
                 last = Some(StreamError::Verbs { what, source })

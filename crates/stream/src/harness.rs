@@ -60,8 +60,10 @@ pub struct StreamConfig {
     pub duration: Option<Duration>,
     /// Frames per second, 0 = as fast as possible.
     pub fps: f64,
-    /// Emulated loss probability per packet at the sender (gvsp: datagrams; uc-write:
-    /// WRITE packets as the UC responder would lose them; rc-send: not emulated).
+    /// Loss probability per packet at the sender. gvsp: datagrams the camera does not
+    /// send; uc-write: WRITE packets as the UC responder would lose them (the camera
+    /// knows which frames it damaged); rc-send: packets the camera's softhca device
+    /// drops before the kernel (`Config::tx_drop_ppm`), recovered by RC retransmission.
     pub loss: f64,
     /// Host ring slots.
     pub ring_slots: usize,
@@ -141,6 +143,9 @@ pub struct RunReport {
     pub latency_p99_us: f64,
     /// Whether `loss` was applied in this mode.
     pub loss_emulated: bool,
+    /// rc-send: packets the camera's device dropped (fault injection); the transport
+    /// retransmitted them.
+    pub packets_dropped_at_sender: u64,
 }
 
 /// Live numbers for a progress line.
@@ -159,13 +164,14 @@ pub struct Live {
 }
 
 /// Opens two devices on free loopback addresses (127.0.0.x), named `cam` and `host`.
-fn open_pair() -> Result<(Arc<Context>, Arc<Context>), StreamError> {
+fn open_pair(cam_drop_ppm: u32) -> Result<(Arc<Context>, Arc<Context>), StreamError> {
     let base = Config::from_env().map_err(StreamError::verbs("configuration"))?;
     let mut got: Vec<Arc<Context>> = Vec::new();
     for octet in 1..255u8 {
         let cfg = Config {
             addrs: vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet))],
             name: if got.is_empty() { "cam" } else { "host" }.into(),
+            tx_drop_ppm: if got.is_empty() { cam_drop_ppm } else { 0 },
             // Blocking: the receiver's CPU numbers then show work, not spinning.
             poll: if std::env::var_os("SOFTHCA_POLL").is_some() {
                 base.poll
@@ -341,8 +347,7 @@ pub(crate) fn camera_loop(
         }
         Cam::Gvsp(c) => {
             let t0 = Instant::now();
-            while !sh.rx_done.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(30)
-            {
+            while !sh.rx_done.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(30) {
                 c.serve_resends()?;
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -382,9 +387,8 @@ pub(crate) fn receiver_loop(
                     }
                     if !saved {
                         if let Some(p) = &cfg.save_frame {
-                            crate::png::write_gray8(p, spec.width, spec.height, img).map_err(
-                                StreamError::io(format!("write {}", p.display())),
-                            )?;
+                            crate::png::write_gray8(p, spec.width, spec.height, img)
+                                .map_err(StreamError::io(format!("write {}", p.display())))?;
                         }
                         saved = true;
                     }
@@ -435,6 +439,23 @@ pub(crate) fn receiver_loop(
     })
 }
 
+/// rc-send applies `loss` in the camera's device (see [`StreamConfig::loss`]).
+pub(crate) fn rc_drop_ppm(cfg: &StreamConfig) -> u32 {
+    if cfg.mode == Mode::RcSend {
+        (cfg.loss.clamp(0.0, 0.999_999) * 1e6).round() as u32
+    } else {
+        0
+    }
+}
+
+/// The camera device's count of packets dropped by fault injection.
+pub(crate) fn injected_drops(ctx: &Context) -> u64 {
+    ctx.counters()
+        .into_iter()
+        .find(|(n, _)| *n == "io_tx_injected_drops")
+        .map_or(0, |(_, v)| v)
+}
+
 /// Name of the host device's datapath thread (its CPU counts as the receiver's).
 pub(crate) const HOST_DP_THREAD: &str = "softhca-dp-host";
 
@@ -449,7 +470,7 @@ pub fn run_loopback(
     let mut devices = None;
     let (mut cam, mut rx) = match cfg.mode {
         Mode::RcSend | Mode::UcWrite => {
-            let (cctx, hctx) = open_pair()?;
+            let (cctx, hctx) = open_pair(rc_drop_ppm(cfg))?;
             let mut r = RdmaReceiver::new(&hctx, cfg.mode, spec, slots, cfg.overflow)?;
             let mut c = RdmaCamera::new(&cctx, cfg.mode, spec, 4)?;
             c.set_loss(cfg.loss, cfg.seed);
@@ -508,11 +529,16 @@ pub fn run_loopback(
     } else {
         0.0
     };
+    let packets_dropped = devices.as_ref().map_or(0, |(c, _)| injected_drops(c));
     drop(devices);
     let panicked = || StreamError::Invalid("a stream thread panicked".into());
     let rxo = rx_res.map_err(|_| panicked())??;
     let sent = cam_res.map_err(|_| panicked())??;
-    Ok(build_report(cfg, &sent, &rxo, elapsed, dp_cpu))
+    let mut rep = build_report(cfg, &sent, &rxo, elapsed, dp_cpu);
+    if cfg.mode == Mode::RcSend {
+        rep.packets_dropped_at_sender = packets_dropped;
+    }
+    Ok(rep)
 }
 
 /// One row of the report from what the camera sent and what the receiver saw.
@@ -573,6 +599,7 @@ pub(crate) fn build_report(
         damage_named_exactly: bad == damaged,
         latency_p50_us: quantile(&mut lat, 0.5),
         latency_p99_us: quantile(&mut lat, 0.99),
-        loss_emulated: cfg.loss > 0.0 && cfg.mode != Mode::RcSend,
+        loss_emulated: cfg.loss > 0.0,
+        packets_dropped_at_sender: 0,
     }
 }

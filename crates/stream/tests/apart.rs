@@ -39,9 +39,15 @@ fn run(mode: Mode, listen: &str, loss: f64) {
     assert_eq!(cam.frames_sent, 30);
     assert_eq!(rep.frames_sent, 30);
     assert_eq!(rep.corrupt, 0, "{rep:?}");
-    assert_eq!(cam.receiver, rep.counters, "the camera learns the receiver's counters");
-    if loss == 0.0 {
+    assert_eq!(
+        cam.receiver, rep.counters,
+        "the camera learns the receiver's counters"
+    );
+    if loss == 0.0 || mode == Mode::RcSend {
         assert_eq!(rep.counters.complete, 30, "{rep:?}");
+        if loss > 0.0 {
+            assert!(cam.packets_dropped > 0, "{cam:?}");
+        }
     } else {
         // uc-write: exactly the damaged frames are incomplete or missing.
         assert!(cam.damaged > 0, "{cam:?}");
@@ -68,4 +74,9 @@ fn gvsp_two_ends() {
 #[test]
 fn uc_write_two_ends_names_damaged_frames() {
     run(Mode::UcWrite, "127.0.3.40:0", 0.002);
+}
+
+#[test]
+fn rc_send_two_ends_recovers_dropped_packets() {
+    run(Mode::RcSend, "127.0.3.50:0", 0.01);
 }

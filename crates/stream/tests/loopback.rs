@@ -104,3 +104,24 @@ fn save_frame_writes_png() {
     assert!(b.len() > 640 * 480);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn rc_send_delivers_every_frame_intact_at_1_percent_loss() {
+    let r = run_loopback(
+        &StreamConfig {
+            loss: 0.01,
+            ..cfg(Mode::RcSend)
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(r.counters.complete, 20, "{r:?}");
+    assert_eq!(
+        r.counters.incomplete + r.counters.lost + r.missing,
+        0,
+        "{r:?}"
+    );
+    assert_eq!(r.corrupt, 0, "{r:?}");
+    // 20 frames of 75 packets at 1 %: about 15 dropped and retransmitted.
+    assert!(r.packets_dropped_at_sender > 0, "{r:?}");
+}
