@@ -198,52 +198,98 @@ pub enum StreamMode {
 /// `softhca stream`.
 #[derive(Debug, Args, Clone)]
 pub struct StreamArgs {
+    /// Run one end only (default: camera and receiver in this process on loopback).
+    #[command(subcommand)]
+    pub role: Option<StreamRole>,
     /// rc-send, uc-write or gvsp.
-    #[arg(long, value_enum, default_value = "rc-send")]
+    #[arg(long, value_enum, default_value = "rc-send", global = true)]
     pub mode: StreamMode,
     /// Run the three modes back to back on the same frames and print a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub compare: bool,
     /// Frame width in pixels.
-    #[arg(long, default_value_t = 2448)]
+    #[arg(long, default_value_t = 2448, global = true)]
     pub width: u32,
     /// Frame height in rows.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, global = true)]
     pub height: u32,
     /// Pixel format: mono8 or bayerrg8.
-    #[arg(long, default_value = "mono8")]
+    #[arg(long, default_value = "mono8", global = true)]
     pub pixel: String,
     /// Frames per second (0: as fast as possible).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, global = true)]
     pub fps: f64,
     /// Frames per mode.
-    #[arg(short = 'n', long, default_value_t = 100, conflicts_with = "duration")]
+    #[arg(
+        short = 'n',
+        long,
+        default_value_t = 100,
+        conflicts_with = "duration",
+        global = true
+    )]
     pub frames: u64,
     /// Seconds per mode instead of a frame count.
-    #[arg(short = 'D', long = "duration")]
+    #[arg(short = 'D', long = "duration", global = true)]
     pub duration: Option<f64>,
-    /// Drop packets at the sender with this probability (gvsp, uc-write).
-    #[arg(long, default_value_t = 0.0)]
+    /// Drop packets at the sender with this probability (rc-send: in the camera's
+    /// device, recovered by RC; uc-write and gvsp: by the camera).
+    #[arg(long, default_value_t = 0.0, global = true)]
     pub loss: f64,
     /// Seed of the loss emulation.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, global = true)]
     pub seed: u64,
     /// Host ring slots (frame buffers).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64), global = true)]
     pub ring: u32,
     /// GVSP packet size in bytes (IP header to end).
-    #[arg(long, default_value_t = 9000, value_parser = clap::value_parser!(u32).range(576..=65500))]
+    #[arg(long, default_value_t = 9000, value_parser = clap::value_parser!(u32).range(576..=65500), global = true)]
     pub packet_size: u32,
     /// The camera does not wait for the host: a slow host drops the oldest frames.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub no_credits: bool,
     /// Do not check the received frames' pixels.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub no_verify: bool,
     /// Write the results as JSON to this file.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: Option<std::path::PathBuf>,
     /// Write the first complete frame as PNG.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub save_frame: Option<std::path::PathBuf>,
+}
+
+/// One end of a stream run, or a real GigE Vision camera.
+#[derive(Debug, Subcommand, Clone)]
+pub enum StreamRole {
+    /// The camera end: connect to `softhca stream receive` at ADDR and stream to it.
+    Camera {
+        /// The receiver's control address, HOST[:PORT] (port 18516 by default).
+        #[arg(long)]
+        to: String,
+        /// Local address to stream from (default: the route towards the receiver).
+        #[arg(long)]
+        bind: Option<std::net::IpAddr>,
+    },
+    /// The receiving host: wait for one camera, receive its frames, print the report.
+    Receive {
+        /// Address to listen on (TCP control) and receive at; its IP is the device's.
+        #[arg(long, default_value = "127.0.0.1:18516")]
+        listen: std::net::SocketAddr,
+    },
+    /// Receive GVSP frames from a real GigE Vision camera controlled over GVCP, e.g.
+    /// Aravis's `arv-fake-gv-camera-0.8 -i 127.0.0.1`.
+    Gige {
+        /// The camera's address, HOST[:PORT] (GVCP port 3956 by default).
+        #[arg(long, default_value = "127.0.0.1")]
+        camera: String,
+        /// Set the image size, WIDTHxHEIGHT (default: the camera's current size).
+        #[arg(long)]
+        size: Option<String>,
+        /// Set the GVSP packet size (default: the camera's current one).
+        #[arg(long)]
+        gvsp_packet_size: Option<u32>,
+        /// Set the frame rate where the camera has a frame-period register.
+        #[arg(long)]
+        rate: Option<f64>,
+    },
 }

@@ -164,3 +164,62 @@ fn zero_config_write_between_namespaces_ipv4_and_ipv6() {
         "GID table: {text}"
     );
 }
+
+/// `softhca stream receive` in namespace b, `softhca stream camera --to` in namespace a:
+/// each mode's frames cross the veth, the receiver's table and JSON account for all.
+#[test]
+fn stream_camera_and_receiver_in_two_namespaces() {
+    let Some(p) = Pair::new("st") else { return };
+    let dir = std::env::temp_dir().join(format!("softhca-netns-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, mode) in ["rc-send", "uc-write", "gvsp"].iter().enumerate() {
+        let json = dir.join(format!("{mode}.json"));
+        let listen = format!("10.77.0.2:{}", 18600 + i);
+        let rx = p
+            .softhca(&p.b, &["stream", "receive", "--listen", &listen, "--json"])
+            .arg(&json)
+            .args(["--ring", "8"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start receiver");
+        let mut cam = None;
+        for _ in 0..50 {
+            let out = p
+                .softhca(
+                    &p.a,
+                    &[
+                        "stream", "camera", "--to", &listen, "--mode", mode, "-n", "20", "--width",
+                        "640", "--height", "480", "--fps", "200",
+                    ],
+                )
+                .output()
+                .expect("run camera");
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            if out.status.success() || !stderr.contains("refused") {
+                cam = Some(out);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let cam = cam.expect("receiver never listened");
+        let rx = wait_with_timeout(rx, Duration::from_secs(30));
+        let (cs, rs) = (
+            String::from_utf8_lossy(&cam.stdout),
+            String::from_utf8_lossy(&rx.stdout),
+        );
+        assert!(
+            cam.status.success() && rx.status.success(),
+            "{mode}: camera: {cs}{}\nreceiver: {rs}{}",
+            String::from_utf8_lossy(&cam.stderr),
+            String::from_utf8_lossy(&rx.stderr)
+        );
+        assert!(cs.contains("receiver: 20 complete"), "{mode}: {cs}");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let row = &v["rows"][0];
+        assert_eq!(row["mode"], *mode);
+        assert_eq!(row["counters"]["complete"], 20, "{row}");
+        assert_eq!(row["corrupt"], 0, "{row}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

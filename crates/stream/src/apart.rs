@@ -61,8 +61,14 @@ struct HostAccept {
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum CamMsg {
-    Ready { gvsp_ctl: Option<SocketAddr> },
-    Done { sent: Vec<FrameSent> },
+    Ready {
+        gvsp_ctl: Option<SocketAddr>,
+    },
+    Done {
+        sent: Vec<FrameSent>,
+        /// rc-send: packets the camera's device dropped by fault injection.
+        packets_dropped: u64,
+    },
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -151,16 +157,40 @@ pub fn serve_receiver(
     live: Option<&(dyn Fn(&Live) + Sync)>,
 ) -> Result<RunReport, StreamError> {
     let l = TcpListener::bind(listen).map_err(StreamError::io(format!("listen on {listen}")))?;
+    // The device first: on loopback a camera started next picks another address.
+    let ctx = open_device(listen.ip(), "host", 0)?;
     ready(l.local_addr().map_err(StreamError::io("listen address"))?);
     let (s, _) = l.accept().map_err(StreamError::io("accept camera"))?;
     let mut line = Line::new(s)?;
     let hello: CameraHello = line.recv()?;
-    if hello.hello != HELLO {
-        let why = format!("camera speaks {:?}, this receiver {HELLO}", hello.hello);
-        let _ = line.send(&HostMsg::Refused(why.clone()));
-        return Err(StreamError::Invalid(why));
+    let checked = if hello.hello != HELLO {
+        Err(StreamError::Invalid(format!(
+            "camera speaks {:?}, this receiver {HELLO}",
+            hello.hello
+        )))
+    } else {
+        check_spec(&hello.spec)
+    };
+    match receive_from(cfg, ctx, listen.ip(), &mut line, hello, checked, live) {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            // Tell the camera why, rather than just closing on it.
+            let _ = line.send(&HostMsg::Refused(e.to_string()));
+            Err(e)
+        }
     }
-    check_spec(&hello.spec)?;
+}
+
+fn receive_from(
+    cfg: &StreamConfig,
+    ctx: Arc<Context>,
+    ip: IpAddr,
+    line: &mut Line,
+    hello: CameraHello,
+    checked: Result<(), StreamError>,
+    live: Option<&(dyn Fn(&Live) + Sync)>,
+) -> Result<RunReport, StreamError> {
+    checked?;
     let cfg = StreamConfig {
         mode: hello.mode,
         spec: hello.spec,
@@ -169,11 +199,9 @@ pub fn serve_receiver(
         ..cfg.clone()
     };
     let slots = cfg.ring_slots.clamp(2, 64);
-    let ip = listen.ip();
     let mut device = None;
     let mut rx = match cfg.mode {
         Mode::RcSend | Mode::UcWrite => {
-            let ctx = open_device(ip, "host", 0)?;
             let mut r = RdmaReceiver::new(&ctx, cfg.mode, cfg.spec, slots, cfg.overflow)?;
             let mtu =
                 Mtu::from_bytes(hello.mtu.min(ctx.active_mtu().bytes())).unwrap_or(Mtu::M1024);
@@ -219,8 +247,9 @@ pub fn serve_receiver(
     let sh = Shared::new();
     let start = Instant::now();
     let mut sent: Vec<FrameSent> = Vec::new();
+    let mut dropped = 0;
     let peer = line.peer;
-    let (mut r, mut w) = (line.r, line.w);
+    let (r, w) = (&mut line.r, &mut line.w);
     let rxo = std::thread::scope(|s| {
         // Credits out; the camera's Done in. A dead camera ends the run.
         let credits = s.spawn(|| {
@@ -229,7 +258,7 @@ pub fn serve_receiver(
                 let n = sh.released.load(Ordering::Acquire);
                 if n != last {
                     last = n;
-                    if send_line(&mut w, &HostMsg::Credit(n)).is_err() {
+                    if send_line(w, &HostMsg::Credit(n)).is_err() {
                         sh.cam_failed.store(true, Ordering::Release);
                         break;
                     }
@@ -237,10 +266,14 @@ pub fn serve_receiver(
                 std::thread::sleep(Duration::from_micros(200));
             }
         });
-        let done = s.spawn(|| match recv_line::<CamMsg>(&mut r, peer) {
-            Ok(CamMsg::Done { sent: v }) => {
+        let done = s.spawn(|| match recv_line::<CamMsg>(r, peer) {
+            Ok(CamMsg::Done {
+                sent: v,
+                packets_dropped: d,
+            }) => {
                 sh.sent_total.store(v.len() as u64, Ordering::Release);
                 sent = v;
+                dropped = d;
             }
             _ => sh.cam_failed.store(true, Ordering::Release),
         });
@@ -255,10 +288,12 @@ pub fn serve_receiver(
     } else {
         0.0
     };
-    let _ = send_line(&mut w, &HostMsg::End(rxo.counters));
+    let _ = send_line(&mut line.w, &HostMsg::End(rxo.counters));
     drop(rx);
     drop(device);
-    Ok(build_report(&cfg, &sent, &rxo, elapsed, dp))
+    let mut rep = build_report(&cfg, &sent, &rxo, elapsed, dp);
+    rep.packets_dropped_at_sender = dropped;
+    Ok(rep)
 }
 
 /// What the camera process saw.
@@ -386,10 +421,13 @@ pub fn run_camera(
             sh.rx_done.store(true, Ordering::Release);
         });
         let res = camera_loop(&mut cam, cfg, slots, &sh, start, &mut |sent| {
+            // What the device dropped so far; a tail still in flight may add a few.
+            let packets_dropped = device.as_ref().map_or(0, |c| injected_drops(c));
             send_line(
                 &mut w,
                 &CamMsg::Done {
                     sent: sent.to_vec(),
+                    packets_dropped,
                 },
             )
         });

@@ -143,6 +143,12 @@ impl GvcpClient {
                     {
                         break
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        return Err(StreamError::Invalid(format!(
+                            "no GigE Vision device at {} (nothing listens on its GVCP port)",
+                            self.device
+                        )))
+                    }
                     Err(e) => {
                         return Err(StreamError::Io {
                             what: format!("GVCP from {}", self.device),

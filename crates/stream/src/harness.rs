@@ -111,6 +111,8 @@ pub struct RunReport {
     pub width: u32,
     /// Frame geometry.
     pub height: u32,
+    /// Loss probability applied at the sender.
+    pub loss: f64,
     /// Frames the camera sent.
     pub frames_sent: u64,
     /// Wall time from the first frame to the receiver's end.
@@ -585,6 +587,7 @@ pub(crate) fn build_report(
         mode: cfg.mode.name(),
         width: spec.width,
         height: spec.height,
+        loss: cfg.loss,
         frames_sent: sent.len() as u64,
         seconds: elapsed,
         fps: c.complete as f64 / elapsed,
