@@ -503,10 +503,10 @@ fn zero_config_two_devices_on_one_host() {
 #[test]
 fn injected_tx_drops_are_recovered_by_rc() {
     const LEN: usize = 16 << 20;
-    let mut cfg = Config::loopback(ip("127.0.1.21"));
+    let mut cfg = Config::loopback(ip("127.0.1.61"));
     cfg.tx_drop_ppm = 20_000;
     let sa = side(Context::open(&cfg).unwrap(), QpType::Rc, LEN);
-    let sb = side(open("127.0.1.22"), QpType::Rc, LEN);
+    let sb = side(open("127.0.1.62"), QpType::Rc, LEN);
     connect(&sa, &sb);
     let data = pattern(LEN, 0x3c);
     sa.mr.write(0, &data).unwrap();
