@@ -156,11 +156,12 @@ fn live_printer() -> Option<impl Fn(&Live) + Sync> {
     std::io::stderr().is_terminal().then_some(|l: &Live| {
         let c = l.counters;
         eprint!(
-            "\r{:9} {:6.1} s  {:7.1} fps  {:6.2} Gb/s  lost {}  incomplete {}  dropped {}   ",
+            "\r{:9} {:6.1} s  {:7.1} fps  {:6.2} Gb/s  rx CPU {:5.1} %  lost {}  incomplete {}  dropped {}   ",
             l.mode.name(),
             l.seconds,
             l.fps,
             l.gbps,
+            l.cpu_pct,
             c.lost,
             c.incomplete,
             c.dropped

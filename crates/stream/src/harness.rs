@@ -161,6 +161,9 @@ pub struct Live {
     pub fps: f64,
     /// Gb/s so far.
     pub gbps: f64,
+    /// Receiver CPU so far, % of one core: its thread plus the host device's datapath
+    /// thread (RDMA modes).
+    pub cpu_pct: f64,
     /// Counters.
     pub counters: RxCounters,
 }
@@ -370,6 +373,7 @@ pub(crate) fn receiver_loop(
 ) -> Result<RxOut, StreamError> {
     let spec = cfg.spec;
     let cpu0 = thread_cpu_s();
+    let dp0 = named_threads_cpu_s(HOST_DP_THREAD);
     let mut verify_cpu = 0.0;
     let mut delivered = Vec::new();
     let mut corrupt = 0u64;
@@ -406,9 +410,12 @@ pub(crate) fn receiver_loop(
                 if last_live.elapsed() >= Duration::from_millis(500) {
                     last_live = Instant::now();
                     let t = start.elapsed().as_secs_f64();
+                    let cpu = thread_cpu_s() - cpu0 - verify_cpu
+                        + (named_threads_cpu_s(HOST_DP_THREAD) - dp0);
                     cb(&Live {
                         mode: cfg.mode,
                         seconds: t,
+                        cpu_pct: 100.0 * cpu / t.max(1e-9),
                         fps: c.complete as f64 / t,
                         gbps: (c.complete * spec.image_len() as u64 * 8) as f64 / t / 1e9,
                         counters: c,
