@@ -274,6 +274,9 @@ impl Shared {
     }
 }
 
+/// How long the camera waits for the receiver's count to move before sending anyway.
+const CREDIT_STALL: Duration = Duration::from_secs(1);
+
 /// Checks the frame geometry of a run.
 pub(crate) fn check_spec(spec: &FrameSpec) -> Result<(), StreamError> {
     if spec.image_len() == 0 || spec.image_len() > (1 << 30) {
@@ -320,11 +323,22 @@ pub(crate) fn camera_loop(
                 }
             }
             if cfg.credits {
+                // A receiver learns of a frame lost whole (UC, GVSP) only from a later
+                // one; if everything after it is lost too, its count stalls. Like a
+                // real camera, which never waits, go on after CREDIT_STALL.
+                let mut seen = sh.released.load(Ordering::Acquire);
+                let mut since = Instant::now();
                 while id >= sh.released.load(Ordering::Acquire) + window {
                     if sh.rx_done.load(Ordering::Acquire) {
                         return Err(StreamError::Timeout(
                             "receiver stopped before the camera".into(),
                         ));
+                    }
+                    let now = sh.released.load(Ordering::Acquire);
+                    if now != seen {
+                        (seen, since) = (now, Instant::now());
+                    } else if since.elapsed() > CREDIT_STALL {
+                        break;
                     }
                     if let Cam::Gvsp(c) = cam {
                         c.serve_resends()?;
