@@ -153,7 +153,7 @@ fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut 
         .saturating_sub(qp.reported_inflight)
         .saturating_add(cur);
     qp.reported_inflight = cur;
-    let ooo: usize = qp.resp.ooo.iter().map(|(_, b)| b.len()).sum();
+    let ooo = qp.resp.ooo_bytes;
     ctx.budget.ooo_bytes = ctx
         .budget
         .ooo_bytes

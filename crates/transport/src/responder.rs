@@ -3,6 +3,7 @@
 //! the ACK/NAK stream (coalesced: a queued ACK not yet sent is replaced by a newer one).
 
 use std::net::IpAddr;
+use std::collections::VecDeque;
 
 use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, Ctx, InMsg, Qp, RdRes, RespOut};
@@ -133,17 +134,24 @@ impl Qp {
             // goes out only once the gap is OOO_NAK_AFTER packets old (a loss, not a
             // reordering) or nothing more can be kept. The requester sees the standard
             // protocol: ACKs, and at most one sequence NAK per gap.
+            let epsn = self.resp.epsn;
             let kept = d < OOO_WINDOW
                 && self.resp.ooo.len() < OOO_MAX
                 && ctx.budget.ooo_bytes + payload.len() <= DEVICE_OOO_BYTES
-                && if self.resp.ooo.iter().any(|(k, _)| k.psn == h.psn) {
-                    true // a duplicate of one already kept
-                } else {
-                    // Accounted into budget.ooo_bytes by the engine's sync after this
-                    // packet (within one packet, the check above may lag by one).
-                    self.resp.ooo.push((*h, payload.to_vec()));
-                    ctx.counters.ooo_buffered += 1;
-                    true
+                && match self
+                    .resp
+                    .ooo
+                    .binary_search_by(|(k, _)| psn_diff(k.psn, epsn).cmp(&d))
+                {
+                    Ok(_) => true, // a duplicate of one already kept
+                    Err(i) => {
+                        // Accounted into budget.ooo_bytes by the engine's sync after
+                        // this packet (within one packet, the check above may lag).
+                        self.resp.ooo.insert(i, (*h, payload.to_vec()));
+                        self.resp.ooo_bytes += payload.len();
+                        ctx.counters.ooo_buffered += 1;
+                        true
+                    }
                 };
             if !self.resp.nak_sent {
                 if !kept || d >= OOO_NAK_AFTER {
@@ -163,11 +171,23 @@ impl Qp {
         // Execute the kept packets the gap was holding back, in PSN order.
         while !self.resp.ooo.is_empty() && self.state != QpState::Err {
             let epsn = self.resp.epsn;
-            self.resp.ooo.retain(|(k, _)| psn_diff(k.psn, epsn) >= 0);
-            let Some(i) = self.resp.ooo.iter().position(|(k, _)| k.psn == epsn) else {
+            // Kept packets the in-order path has passed (their PSNs arrived again and
+            // executed, or a multi-packet message moved epsn on) are stale.
+            while let Some((k, _)) = self.resp.ooo.front() {
+                if psn_diff(k.psn, epsn) >= 0 {
+                    break;
+                }
+                if let Some((_, p)) = self.resp.ooo.pop_front() {
+                    self.resp.ooo_bytes -= p.len();
+                }
+            }
+            if self.resp.ooo.front().is_none_or(|(k, _)| k.psn != epsn) {
+                break;
+            }
+            let Some((kh, kp)) = self.resp.ooo.pop_front() else {
                 break;
             };
-            let (kh, kp) = self.resp.ooo.swap_remove(i);
+            self.resp.ooo_bytes -= kp.len();
             ctx.counters.ooo_placed += 1;
             self.in_order(ctx, &kh, &kp);
             if self.resp.epsn == epsn {
@@ -178,7 +198,7 @@ impl Qp {
         if self.resp.ooo.is_empty() {
             self.resp.gap_nak_at = None;
             if self.resp.ooo.capacity() > 0 {
-                self.resp.ooo = Vec::new();
+                self.resp.ooo = VecDeque::new();
             }
         }
     }

@@ -214,8 +214,12 @@ pub(crate) struct Responder {
     /// UC: drop packets until the next FIRST/ONLY.
     pub uc_resync: bool,
     /// RC requests that arrived ahead of `epsn`, kept to be executed when the gap
-    /// fills (see `responder::OOO_MAX`); empty (no allocation) on an in-order path.
-    pub ooo: Vec<(PktHdr, Vec<u8>)>,
+    /// fills (see `responder::OOO_MAX`), in PSN order (so a duplicate is a binary
+    /// search and the drain pops from the front); empty (no allocation) on an in-order
+    /// path.
+    pub ooo: VecDeque<(PktHdr, Vec<u8>)>,
+    /// Payload bytes in `ooo`.
+    pub ooo_bytes: usize,
     /// When to NAK the gap in front of `ooo` if it has not filled by then.
     pub gap_nak_at: Option<Nanos>,
 }
@@ -319,7 +323,8 @@ impl Qp {
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
         // Kept early requests will never execute now.
-        self.resp.ooo = Vec::new();
+        self.resp.ooo = VecDeque::new();
+        self.resp.ooo_bytes = 0;
         self.flush(ctx);
     }
 
