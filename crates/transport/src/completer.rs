@@ -208,11 +208,20 @@ impl Qp {
             // READ response says where its data goes, so an early one is placed now
             // and counted when the gap before it fills; only a gap that stays open
             // OOO_NAK_DELAY_NS is a loss and resends the READ from there.
-            if !self.req.read_early.contains(&psn) && self.place_read(ctx, idx, h, payload) {
-                self.req.read_early.push(psn);
-                ctx.counters.ooo_buffered += 1;
-                if self.req.read_gap_at.is_none() {
-                    self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+            let una = self.req.una;
+            let slot = self
+                .req
+                .read_early
+                .binary_search_by(|&p| psn_diff(p, una).cmp(&psn_diff(psn, una)));
+            // Kept in PSN order: a duplicate is found by binary search, the drain
+            // pops from the front.
+            if let Err(i) = slot {
+                if self.place_read(ctx, idx, h, payload) {
+                    self.req.read_early.insert(i, psn);
+                    ctx.counters.ooo_buffered += 1;
+                    if self.req.read_gap_at.is_none() {
+                        self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+                    }
                 }
             }
             return;
@@ -271,10 +280,17 @@ impl Qp {
         let una_before = self.req.una;
         while !self.req.read_early.is_empty() {
             let una = self.req.una;
-            self.req.read_early.retain(|&p| psn_diff(p, una) >= 0);
-            let Some(i) = self.req.read_early.iter().position(|&p| p == una) else {
+            while self
+                .req
+                .read_early
+                .front()
+                .is_some_and(|&p| psn_diff(p, una) < 0)
+            {
+                self.req.read_early.pop_front();
+            }
+            if self.req.read_early.front() != Some(&una) {
                 break;
-            };
+            }
             let Some(w) = self
                 .req
                 .sq
@@ -286,7 +302,7 @@ impl Qp {
             if w.wr.opcode != WrOpcode::RdmaRead || w.done || w.read_next_psn != una {
                 break;
             }
-            self.req.read_early.swap_remove(i);
+            self.req.read_early.pop_front();
             w.read_next_psn = psn_add(una, 1);
             if una == w.last_psn() {
                 w.done = true;

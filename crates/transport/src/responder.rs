@@ -2,8 +2,8 @@
 //! receive WQEs (RQ or SRQ), payload placement, READ/atomic responder resources, and
 //! the ACK/NAK stream (coalesced: a queued ACK not yet sent is replaced by a newer one).
 
-use std::net::IpAddr;
 use std::collections::VecDeque;
+use std::net::IpAddr;
 
 use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, Ctx, InMsg, Qp, RdRes, RespOut};

@@ -147,7 +147,7 @@ pub(crate) struct Requester {
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
     /// `completer::on_read_response`); counted into `una` when the gap fills.
-    pub read_early: Vec<u32>,
+    pub read_early: VecDeque<u32>,
     /// When to resend from the missing READ response if the gap has not filled.
     pub read_gap_at: Option<Nanos>,
     /// SQD: notify when drained.
