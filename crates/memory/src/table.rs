@@ -609,14 +609,19 @@ impl MemoryTable {
         src: &[u8],
     ) -> Result<(), MemError> {
         let len = src.len();
-        self.walk(
-            pd,
-            sges,
-            offset,
-            len,
-            AccessFlags::LOCAL_WRITE,
-            |_, _, _| {},
-        )?;
+        // With one SGE there is one piece, checked before it is written: the checking
+        // pass that keeps a refused multi-SGE scatter from writing anything is not
+        // needed (it was a second key lookup per received packet).
+        if sges.len() > 1 {
+            self.walk(
+                pd,
+                sges,
+                offset,
+                len,
+                AccessFlags::LOCAL_WRITE,
+                |_, _, _| {},
+            )?;
+        }
         let inp = src.as_ptr();
         self.walk(
             pd,
