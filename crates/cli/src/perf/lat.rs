@@ -143,7 +143,7 @@ impl Waiter {
         spins: &mut u32,
     ) -> Result<(), CliError> {
         *spins = spins.wrapping_add(1);
-        if op != Op::Send || *spins % REAP_EVERY == 0 {
+        if op != Op::Send || spins.is_multiple_of(REAP_EVERY) {
             self.reap_sends(side, op, outstanding)?;
         }
         Ok(())
