@@ -352,15 +352,14 @@ fn is_rc_response(opcode: u8) -> bool {
 fn requests_first(
     list: SmallVec<[sio::Transmit<'_>; TX_BATCH]>,
 ) -> SmallVec<[sio::Transmit<'_>; TX_BATCH]> {
-    if !list
-        .iter()
-        .any(|t| t.contents.first().is_some_and(|&op| is_rc_response(op)))
-    {
+    let response = |t: &sio::Transmit<'_>| t.contents.first().is_some_and(|&op| is_rc_response(op));
+    // Already in order (the common case: a sender's batch is all requests, a receiver's
+    // all ACKs): no copy.
+    if list.iter().map(response).is_sorted() {
         return list;
     }
-    let (mut out, responses): (SmallVec<[_; TX_BATCH]>, SmallVec<[_; TX_BATCH]>) = list
-        .into_iter()
-        .partition(|t| !t.contents.first().is_some_and(|&op| is_rc_response(op)));
+    let (mut out, responses): (SmallVec<[_; TX_BATCH]>, SmallVec<[_; TX_BATCH]>) =
+        list.into_iter().partition(|t| !response(t));
     out.extend(responses);
     out
 }
