@@ -281,7 +281,15 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
         }
         if ok == 100 && kill_at.is_none() {
             peer.child.kill().expect("SIGKILL the peer");
+            // Reaped: its socket is gone. The 31 WRITEs still outstanding may all have
+            // been ACKed before it died (they were, in half the runs, once the datapath
+            // got faster), so one more goes to the dead peer for sure.
+            let _ = peer.child.wait();
             kill_at = Some(Instant::now());
+            let off = (posted as usize % 16) * MSG as usize;
+            a.qp.post_send(write_wr(&a, posted, off, MSG, peer.addr, peer.rkey))
+                .expect("post after the kill");
+            posted += 1;
         }
     }
     let kill_at = kill_at.unwrap_or_else(|| {
