@@ -153,6 +153,7 @@ impl Progress {
                 if may_hold && completed && !was_held && ntx < HOLD_MAX {
                     self.held = true;
                     Stats::add(&shared.stats.tx_held, 1);
+                    wake_by_window_end(shared, now);
                 } else {
                     self.send(shared);
                 }
@@ -364,6 +365,26 @@ fn requests_first(
     out
 }
 
+/// A step held packets for the polling application: make sure the datapath thread wakes
+/// by the end of the application's polling window, to send them if the application
+/// goes quiet (no post, no poll, no blocking wait). Without this, a datapath thread
+/// asleep in a long wait from before the application started polling slept on: our
+/// `recvmmsg` had drained the sockets, so epoll never woke it, and the held ACK left
+/// only when the peer's retransmission arrived (68 ms; test `held_ack.rs`).
+///
+/// Dekker with [`Datapath::sleep`]: the window is published with a read-modify-write
+/// (SeqCst) before `sleeping` is read, and the thread sets `sleeping` before it reads
+/// the window; so either it sees the window and sleeps only until its end, or we see
+/// it asleep and ring. Runs once per held step, not per poll.
+fn wake_by_window_end(shared: &Shared, now: Nanos) {
+    let until = now + APP_WINDOW_NS;
+    shared.app_active_until.fetch_max(until, Ordering::SeqCst);
+    if shared.sleeping.load(Ordering::SeqCst) && shared.thread_wake.load(Ordering::SeqCst) > until {
+        Stats::add(&shared.stats.doorbells, 1);
+        shared.doorbell.notify();
+    }
+}
+
 /// The datapath thread's own state: its pollers.
 pub(crate) struct Datapath {
     shared: Arc<Shared>,
@@ -466,7 +487,10 @@ impl Datapath {
             // Cleared by an application about to block (`Shared::app_will_block`).
             shared.app_active_until.load(Ordering::SeqCst) == 0
         } else {
+            // An application that started polling since the loop looked: go back and
+            // sleep only until its window ends (see `wake_by_window_end`).
             shared.pending.load(Ordering::SeqCst)
+                || shared.app_active_until.load(Ordering::SeqCst) > shared.now()
         };
         if woken || shared.stop.load(Ordering::SeqCst) {
             shared.sleeping.store(false, Ordering::SeqCst);
