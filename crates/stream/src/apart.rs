@@ -50,6 +50,22 @@ struct CameraHello {
     mtu: usize,
 }
 
+impl CameraHello {
+    /// The camera's side of the set-up; `qpn`, `gid`, `mtu` are 0 for GVSP.
+    fn new(cfg: &StreamConfig, qpn: u32, gid: [u8; 16], mtu: usize) -> CameraHello {
+        CameraHello {
+            hello: HELLO.into(),
+            mode: cfg.mode,
+            spec: cfg.spec,
+            gvsp_packet_size: cfg.gvsp_packet_size,
+            loss: cfg.loss,
+            qpn,
+            gid,
+            mtu,
+        }
+    }
+}
+
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct HostAccept {
     qpn: u32,
@@ -354,16 +370,12 @@ pub fn run_camera(
             };
             let mut c = RdmaCamera::new(&ctx, cfg.mode, cfg.spec, 4)?;
             c.set_loss(cfg.loss, cfg.seed);
-            line.send(&CameraHello {
-                hello: HELLO.into(),
-                mode: cfg.mode,
-                spec: cfg.spec,
-                gvsp_packet_size: cfg.gvsp_packet_size,
-                loss: cfg.loss,
-                qpn: c.qpn(),
-                gid: ctx.gids()[0].0,
-                mtu: ctx.active_mtu().bytes(),
-            })?;
+            line.send(&CameraHello::new(
+                cfg,
+                c.qpn(),
+                ctx.gids()[0].0,
+                ctx.active_mtu().bytes(),
+            ))?;
             let acc = accept(&mut line)?;
             let mtu = Mtu::from_bytes(acc.mtu).unwrap_or(Mtu::M1024);
             let remote = RemoteQp {
@@ -377,16 +389,7 @@ pub fn run_camera(
             Cam::Rdma(c)
         }
         Mode::Gvsp => {
-            line.send(&CameraHello {
-                hello: HELLO.into(),
-                mode: cfg.mode,
-                spec: cfg.spec,
-                gvsp_packet_size: cfg.gvsp_packet_size,
-                loss: cfg.loss,
-                qpn: 0,
-                gid: [0; 16],
-                mtu: 0,
-            })?;
+            line.send(&CameraHello::new(cfg, 0, [0; 16], 0))?;
             let acc = accept(&mut line)?;
             let dest = acc
                 .gvsp_dest

@@ -346,7 +346,7 @@ impl GvspReceiver {
                 last.wrapping_add_signed(i64::from(delta))
             }
         };
-        if self.last_block.is_none_or_lt64(ext) {
+        if self.last_block.is_none_or(|l| l < ext) {
             self.last_block = Some(ext);
         }
         ext
@@ -446,7 +446,7 @@ impl GvspReceiver {
         }
         let idx = match self.blocks.iter().position(|b| b.id == h.block_id) {
             Some(i) => i,
-            None if self.next_new.is_none_or_le(h.block_id) => {
+            None if self.next_new.is_none_or(|n| n <= h.block_id) => {
                 // Blocks skipped entirely (no packet at all) are lost frames.
                 if let Some(n) = self.next_new {
                     self.counters.lost += h.block_id - n;
@@ -507,7 +507,7 @@ impl GvspReceiver {
                 None if pid > 0 => Some((0, pid - 1)),
                 _ => None,
             };
-            if b.highest.is_none_or_lt(pid) {
+            if b.highest.is_none_or(|hi| hi < pid) {
                 b.highest = Some(pid);
             }
             (gap, b.id)
@@ -567,7 +567,7 @@ impl GvspReceiver {
             // Deliver in order: only when no older frame is still being assembled.
             let oldest_open = self.blocks.iter().map(|b| b.id).min();
             if let Some(f) = self.queue.ready.front() {
-                if oldest_open.is_none_or_gt(f.id) {
+                if oldest_open.is_none_or(|o| o > f.id) {
                     let f = self.queue.ready.pop_front().ok_or_else(|| {
                         StreamError::Invalid("ready queue emptied under us".into())
                     })?;
@@ -638,31 +638,6 @@ impl GvspReceiver {
     /// Counters so far.
     pub fn counters(&self) -> RxCounters {
         self.counters
-    }
-}
-
-trait OptCmp {
-    fn is_none_or_lt(&self, v: u32) -> bool;
-}
-impl OptCmp for Option<u32> {
-    fn is_none_or_lt(&self, v: u32) -> bool {
-        !matches!(self, Some(h) if *h >= v)
-    }
-}
-trait OptCmp64 {
-    fn is_none_or_gt(&self, v: u64) -> bool;
-    fn is_none_or_le(&self, v: u64) -> bool;
-    fn is_none_or_lt64(&self, v: u64) -> bool;
-}
-impl OptCmp64 for Option<u64> {
-    fn is_none_or_gt(&self, v: u64) -> bool {
-        !matches!(self, Some(h) if *h <= v)
-    }
-    fn is_none_or_le(&self, v: u64) -> bool {
-        !matches!(self, Some(h) if *h > v)
-    }
-    fn is_none_or_lt64(&self, v: u64) -> bool {
-        !matches!(self, Some(h) if *h >= v)
     }
 }
 
