@@ -597,6 +597,32 @@ impl MemoryTable {
         })
     }
 
+    /// Where `[offset, offset + len)` of the concatenation of `sges` lives, when it lies
+    /// inside one SGE: the host address of its first byte, after the same checks as
+    /// [`MemoryTable::gather`] (so a send can hand the kernel registered memory instead
+    /// of a copy). `Ok(None)` when the range spans SGEs (copy it with `gather`).
+    ///
+    /// The address stays readable until the region is deregistered; a caller that reads
+    /// it after releasing its hold on the table must keep deregistration out meanwhile.
+    pub fn gather_in_place(
+        &self,
+        pd: PdId,
+        sges: &[Sge],
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<*const u8>, MemError> {
+        let mut first: Option<(*mut u8, usize)> = None;
+        let mut pieces = 0usize;
+        self.walk(pd, sges, offset, len, AccessFlags::empty(), |p, _, n| {
+            pieces += 1;
+            first.get_or_insert((p, n));
+        })?;
+        Ok(match first {
+            Some((p, n)) if pieces == 1 && n == len => Some(p.cast_const()),
+            _ => None,
+        })
+    }
+
     /// Copy `src` into the concatenation of `sges` starting `offset` bytes in (a receive
     /// WR's scatter list, or the local buffer of an RDMA READ / atomic result). Needs
     /// LOCAL_WRITE on every region touched. All pieces are checked before the first byte

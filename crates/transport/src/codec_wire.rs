@@ -119,6 +119,23 @@ pub fn seal(info: &IcrcInfo, buf: &mut [u8], len: usize) -> Option<usize> {
     wire::seal(&info.pseudo(), buf, len).ok()
 }
 
+/// Seal a packet whose payload is elsewhere: `buf[..head]` holds its headers and
+/// `buf[head..len]` its pad; the ICRC over headers, `payload` and pad goes to
+/// `buf[len..len + 4]`. Returns `len + 4`.
+pub fn seal_pieces(
+    info: &IcrcInfo,
+    buf: &mut [u8],
+    head: usize,
+    payload: &[u8],
+    len: usize,
+) -> Option<usize> {
+    let end = len.checked_add(wire::ICRC_LEN).filter(|&e| e <= buf.len())?;
+    let (hdr, pad) = buf.get(..len)?.split_at(head.min(len));
+    let c = wire::icrc_pieces(&info.pseudo(), hdr, &[payload, pad]);
+    buf.get_mut(len..end)?.copy_from_slice(&c.to_le_bytes());
+    Some(end)
+}
+
 /// The IPv4 ID that makes the ICRC of a received UDP payload match, found by solving
 /// (see `softhca_wire::solve_ipv4_id`); None for IPv6 or when no ID fits.
 pub fn solve_ipv4_id(info: &IcrcInfo, p: &[u8]) -> Option<u16> {

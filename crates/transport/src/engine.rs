@@ -11,7 +11,7 @@ use crate::packet::{self, op, IcrcInfo};
 use crate::path::Path;
 use crate::qp::state::modify_is_ok;
 use crate::qp::{psn_diff, Budget, Ctx, Qp, SendWqe, Srq, DEVICE_MAX_INFLIGHT_PSNS};
-use crate::requester::TxPlan;
+use crate::requester::{External, TxPlan};
 use crate::responder::RxMeta;
 use crate::timers::Timers;
 use crate::verbs::*;
@@ -81,6 +81,29 @@ pub struct Transmit {
     /// UDP source port the packets were sealed with (the ICRC covers it): rxe's fixed
     /// per-QP port, or the one set by [`Engine::set_source_port`].
     pub src_port: u16,
+}
+
+/// One packet of a Transmit from [`Engine::poll_transmit_gather`]: its wire bytes are
+/// `buf[start..start + head]`, then the `external` payload if any, then
+/// `buf[start + head..start + head + tail]` (pad and ICRC). Without `external` the
+/// packet is simply `buf[start..start + head + tail]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPiece {
+    /// Where the packet starts in the transmit buffer.
+    pub start: usize,
+    /// Bytes in the buffer before the external payload (the headers).
+    pub head: usize,
+    /// The payload left in registered memory.
+    pub external: Option<External>,
+    /// Bytes in the buffer after the external payload (pad, ICRC).
+    pub tail: usize,
+}
+
+impl TxPiece {
+    /// Bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        self.head + self.external.map_or(0, |e| e.len) + self.tail
+    }
 }
 
 /// The sans-IO RoCEv2 engine.
@@ -879,6 +902,33 @@ impl Engine {
     /// Fill `buf` with packets for one destination (a GSO batch: equal-sized packets,
     /// the last may be shorter), ICRC-sealed. None when nothing is ready.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit_into(now, buf, None)
+    }
+
+    /// [`Engine::poll_transmit`] without copying request payloads: a packet whose payload
+    /// lies in one SGE of registered memory leaves it there, and `pieces` (cleared
+    /// first) says, packet by packet, where the bytes are: [`TxPiece`]. The Transmit's
+    /// `len` and `segment_size` count the wire bytes as with `poll_transmit`, but `buf`
+    /// holds only headers, pads and ICRCs of such packets.
+    ///
+    /// The external payloads stay valid until their MR is deregistered: the caller must
+    /// keep deregistration out until it has sent them (softhca's datapath holds its
+    /// transmit lock across the send, and deregistration takes that lock).
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        pieces: &mut Vec<TxPiece>,
+    ) -> Option<Transmit> {
+        self.transmit_into(now, buf, Some(pieces))
+    }
+
+    fn transmit_into(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        mut pieces: Option<&mut Vec<TxPiece>>,
+    ) -> Option<Transmit> {
         let max_segs = self.cfg.max_gso_segments.max(1);
         // Room in the device budget again (below 3/4, so that a freed PSN does not wake
         // every blocked QP for one packet each): blocked QPs get another look.
@@ -909,8 +959,12 @@ impl Engine {
             };
             let mut ctx = ctx!(self, now);
             let mut off = 0usize;
+            let mut wire_len = 0usize;
             let mut count = 0usize;
             let mut first: Option<(TxPlan, usize)> = None;
+            if let Some(list) = pieces.as_deref_mut() {
+                list.clear();
+            }
             let mut too_small = false;
             while count < max_segs {
                 let Some(plan) = qp.plan(&mut ctx) else { break };
@@ -924,11 +978,13 @@ impl Engine {
                         break;
                     }
                 }
-                if off + wl > buf.len() {
+                if off + wl > buf.len() || wire_len + wl > buf.len() {
                     too_small = count == 0;
                     break;
                 }
-                let Some(len) = qp.build(&mut ctx, &plan, &mut buf[off..]) else {
+                let in_place = pieces.is_some();
+                let Some(built) = qp.build_placed(&mut ctx, &plan, &mut buf[off..], in_place)
+                else {
                     break;
                 };
                 let sport = source_port.unwrap_or(plan.sport);
@@ -939,13 +995,38 @@ impl Engine {
                     dport: plan.dst.port(),
                     ipv4_id: count as u16,
                 };
-                let Some(total) = packet::seal(&ic, &mut buf[off..], len) else {
+                let sealed = match built.external {
+                    None => packet::seal(&ic, &mut buf[off..], built.in_buf),
+                    Some(ext) => {
+                        // SAFETY: `ext` was resolved by `gather_in_place` on
+                        // `self.memory` during this call; deregistration needs
+                        // `&mut self`, so the range is still a live registered region.
+                        // Registered memory may be written by the application while it
+                        // is read here only if it breaks the verbs contract (a send
+                        // buffer is the application's again at its completion); the
+                        // CRC and the data are then both garbage, as on any NIC.
+                        let payload =
+                            unsafe { std::slice::from_raw_parts(ext.addr as *const u8, ext.len) };
+                        packet::seal_pieces(&ic, &mut buf[off..], built.head, payload, built.in_buf)
+                    }
+                };
+                let Some(in_buf) = sealed else {
                     break;
                 };
+                let total = in_buf + built.external.map_or(0, |e| e.len);
+                if let Some(list) = pieces.as_deref_mut() {
+                    list.push(TxPiece {
+                        start: off,
+                        head: built.head,
+                        external: built.external,
+                        tail: in_buf - built.head,
+                    });
+                }
                 if first.is_none() {
                     first = Some((plan, total));
                 }
-                off += total;
+                off += in_buf;
+                wire_len += total;
                 count += 1;
                 if first.as_ref().is_some_and(|(_, seg)| total < *seg) {
                     break;
@@ -961,7 +1042,7 @@ impl Engine {
                 return Some(Transmit {
                     dst: p0.dst,
                     src: p0.src,
-                    len: off,
+                    len: wire_len,
                     segment_size: seg,
                     src_port: source_port.unwrap_or(p0.sport),
                 });

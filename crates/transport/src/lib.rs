@@ -27,6 +27,7 @@ mod timers;
 pub mod verbs;
 
 pub use counters::Counters;
-pub use engine::{DatagramInfo, Engine, EngineConfig, Transmit};
+pub use engine::{DatagramInfo, Engine, EngineConfig, Transmit, TxPiece};
+pub use requester::External;
 pub use error::TransportError;
 pub use verbs::*;

@@ -25,6 +25,26 @@ pub(crate) enum TxSource {
     Requester,
 }
 
+/// A packet payload left in registered memory by a zero-copy build: the host address
+/// of its first byte and its length. It stays readable until its MR is deregistered
+/// (see [`crate::Engine::poll_transmit_gather`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct External {
+    /// Host address (an address, not a pointer, so that transmit lists stay `Send`).
+    pub addr: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// What [`Qp::build_placed`] wrote: `in_buf` bytes of `buf`; with `external`, the
+/// packet is `buf[..head]`, then the external payload, then `buf[head..in_buf]` (pad).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Built {
+    pub in_buf: usize,
+    pub head: usize,
+    pub external: Option<External>,
+}
+
 /// The next packet of a QP, decided but not yet written.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxPlan {
@@ -337,9 +357,18 @@ impl Qp {
     }
 
     /// Write the planned packet (headers, payload, pad; no ICRC) into `buf` and advance.
-    /// Returns the length, or None if it could not be built (local error: the QP
-    /// recorded it).
-    pub fn build(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan, buf: &mut [u8]) -> Option<usize> {
+    /// None if it could not be built (local error: the QP recorded it).
+    ///
+    /// With `in_place`, a request payload that lies in one SGE is left in registered
+    /// memory: `buf` gets the headers then the pad, and the payload's address comes
+    /// back (zero-copy send: the kernel copies it from the MR directly).
+    pub fn build_placed(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        plan: &TxPlan,
+        buf: &mut [u8],
+        in_place: bool,
+    ) -> Option<Built> {
         let hl = crate::packet::emit(buf, &plan.hdr, plan.payload_len)?;
         let n = plan.payload_len;
         let pad = crate::packet::pad_count(n);
@@ -347,6 +376,34 @@ impl Qp {
             return None;
         }
         let pd = self.init.pd;
+        if in_place && n > 0 && plan.source == TxSource::Requester {
+            let idx = self.req.send_idx;
+            let off = self.req.send_off as usize;
+            let w = self.req.sq.get_mut(idx)?;
+            if let Payload::Sges(sges) = &w.wr.payload {
+                match ctx.mem.gather_in_place(pd, sges, off, n) {
+                    Ok(Some(p)) => {
+                        buf[hl..hl + pad].fill(0);
+                        self.advance_request(ctx, plan);
+                        ctx.counters.sent_pkts += 1;
+                        return Some(Built {
+                            in_buf: hl + pad,
+                            head: hl,
+                            external: Some(External {
+                                addr: p as usize,
+                                len: n,
+                            }),
+                        });
+                    }
+                    Ok(None) => {} // spans SGEs: copied below
+                    Err(_) => {
+                        // As `gather` below: IBV_WC_LOC_PROT_ERR (rxe `copy_data`).
+                        w.status = Some(WcStatus::LocProtErr);
+                        return None;
+                    }
+                }
+            }
+        }
         match plan.source {
             TxSource::Responder => {
                 if let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() {
@@ -391,7 +448,11 @@ impl Qp {
         }
         buf[hl + n..hl + n + pad].fill(0);
         ctx.counters.sent_pkts += 1;
-        Some(hl + n + pad)
+        Some(Built {
+            in_buf: hl + n + pad,
+            head: hl + n + pad,
+            external: None,
+        })
     }
 
     fn advance_response(&mut self, n: u64) {

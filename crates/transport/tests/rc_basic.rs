@@ -198,6 +198,8 @@ fn gso_batches_and_multi_megabyte_write() {
     assert_eq!(s[0].status, WcStatus::Success);
     assert!(net.mem(&rb) == net.mem(&la));
     assert!(net.max_batch >= 16, "GSO batches used: {}", net.max_batch);
+    // Node 0 builds zero-copy: every data packet's payload went from the MR as it is.
+    assert_eq!(net.external_payloads, size / 4096);
     // ACKs are coalesced: far fewer ACK packets than data packets.
     let data_pkts = (size / 4096) as u64;
     let acks = net.nodes[1].engine.counters().sent_pkts;

@@ -170,8 +170,29 @@ fn update_udp_and_roce(h: &mut Hasher, p: &UdpPseudo, roce: &[u8]) {
 /// folds with PCLMUL only from 64 bytes on), which for a 64 B message was most of the
 /// ICRC's time when the three headers went in separately.
 pub fn icrc(p: &UdpPseudo, roce: &[u8]) -> u32 {
-    let udp_payload_len = roce.len().wrapping_add(ICRC_LEN);
-    let mut head = [0u8; 8 + IPV6_LEN + UDP_LEN + BTH_LEN];
+    icrc_pieces(p, roce, &[])
+}
+
+/// [`icrc`] of a packet given in pieces: `head` (the headers: at least the BTH, else it
+/// is treated as if the pieces were one buffer anyway), then `rest` in order. For a
+/// packet whose payload stays where it is (zero-copy send: header, payload straight
+/// from registered memory, pad) — the CRC is the same as over the joined bytes.
+pub fn icrc_pieces(p: &UdpPseudo, head: &[u8], rest: &[&[u8]]) -> u32 {
+    let total = rest
+        .iter()
+        .fold(head.len(), |acc, r| acc.wrapping_add(r.len()));
+    if head.len() < BTH_LEN && !rest.is_empty() {
+        // Never in practice (every header is a BTH at least); join to stay exact.
+        let joined: Vec<u8> = std::iter::once(head)
+            .chain(rest.iter().copied())
+            .flatten()
+            .copied()
+            .collect();
+        return icrc(p, &joined);
+    }
+    let roce = head;
+    let udp_payload_len = total.wrapping_add(ICRC_LEN);
+    let mut hdr = [0u8; 8 + IPV6_LEN + UDP_LEN + BTH_LEN];
     let ip_len = match p.ip {
         IpPseudo::V4 {
             src,
@@ -179,26 +200,29 @@ pub fn icrc(p: &UdpPseudo, roce: &[u8]) -> u32 {
             id,
             dont_fragment,
         } => put(
-            &mut head,
+            &mut hdr,
             0,
             &ipv4_head(src, dst, id, dont_fragment, udp_payload_len),
         ),
-        IpPseudo::V6 { src, dst } => put(&mut head, 0, &ipv6_head(src, dst, udp_payload_len)),
+        IpPseudo::V6 { src, dst } => put(&mut hdr, 0, &ipv6_head(src, dst, udp_payload_len)),
     };
-    let mut at = put(&mut head, ip_len, &udp_head(p, udp_payload_len));
+    let mut at = put(&mut hdr, ip_len, &udp_head(p, udp_payload_len));
     let n = roce.len().min(BTH_LEN);
-    let (roce_bth, rest) = roce.split_at(n);
+    let (roce_bth, tail) = roce.split_at(n);
     let bth_at = at;
-    at = put(&mut head, at, roce_bth);
+    at = put(&mut hdr, at, roce_bth);
     // BTH byte 4 (reserved8a / resv8a) is masked (IBTA A17.4.1, as rxe does).
     if n > 4 {
-        if let Some(b) = head.get_mut(bth_at + 4) {
+        if let Some(b) = hdr.get_mut(bth_at + 4) {
             *b = 0xff;
         }
     }
     let mut h = Hasher::new();
-    h.update(head.get(..at).unwrap_or(&head));
-    h.update(rest);
+    h.update(hdr.get(..at).unwrap_or(&hdr));
+    h.update(tail);
+    for r in rest {
+        h.update(r);
+    }
     h.finalize()
 }
 
@@ -388,6 +412,21 @@ mod tests {
             },
             sport: 0xc123,
             dport: 4791,
+        }
+    }
+
+    /// The CRC of a packet in pieces is the CRC of the joined bytes, wherever the
+    /// pieces are cut (a header shorter than the BTH included).
+    #[test]
+    fn pieces_equal_joined() {
+        let pkt: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let whole = icrc(&v4(5), &pkt);
+        for a in [0, 4, 12, 28, 100, 300] {
+            for b in [a, a + 1, 200, 300] {
+                let b = b.clamp(a, 300);
+                let got = icrc_pieces(&v4(5), &pkt[..a], &[&pkt[a..b], &pkt[b..]]);
+                assert_eq!(got, whole, "cut at {a}, {b}");
+            }
         }
     }
 

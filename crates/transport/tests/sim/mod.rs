@@ -106,6 +106,8 @@ pub struct SimNet {
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     buf: Vec<u8>,
+    /// Packets sent with their payload left in registered memory (zero-copy).
+    pub external_payloads: usize,
     pub delivered: u64,
     pub transmits: u64,
     /// Default path MTU for QPs.
@@ -155,6 +157,7 @@ impl SimNet {
             queue: BinaryHeap::new(),
             seq: 0,
             buf: vec![0u8; 256 * 1024],
+            external_payloads: 0,
             delivered: 0,
             transmits: 0,
             mtu,
@@ -230,19 +233,36 @@ impl SimNet {
         }
     }
 
-    /// Move every pending transmit onto the wire.
+    /// Move every pending transmit onto the wire. Even-numbered nodes build zero-copy
+    /// transmits (`poll_transmit_gather`, payloads left in their MRs), joined here, so
+    /// that every test runs both ways of building packets.
     pub fn flush_tx(&mut self) {
+        let mut pieces = Vec::new();
         for i in 0..self.nodes.len() {
             loop {
                 let now = self.now;
-                let Some(t) = self.nodes[i].engine.poll_transmit(now, &mut self.buf) else {
+                let gather = i % 2 == 0;
+                let next = if gather {
+                    self.nodes[i]
+                        .engine
+                        .poll_transmit_gather(now, &mut self.buf, &mut pieces)
+                } else {
+                    self.nodes[i].engine.poll_transmit(now, &mut self.buf)
+                };
+                let Some(t) = next else {
                     break;
                 };
                 self.transmits += 1;
                 assert!(t.segment_size > 0 && t.len > 0);
                 let npk = t.len.div_ceil(t.segment_size);
                 self.max_batch = self.max_batch.max(npk);
-                let bytes = self.buf[..t.len].to_vec();
+                let bytes = if gather {
+                    self.external_payloads += pieces.iter().filter(|p| p.external.is_some()).count();
+                    join_pieces(&self.buf, &pieces)
+                } else {
+                    self.buf[..t.len].to_vec()
+                };
+                assert_eq!(bytes.len(), t.len);
                 for (k, pkt) in bytes.chunks(t.segment_size).enumerate() {
                     self.send_one(i, &t, k as u16, pkt);
                 }
@@ -534,4 +554,20 @@ pub fn recv_wr(wr_id: u64, sges: SmallVec<[Sge; 4]>) -> RecvWr {
         wr_id,
         sg_list: sges,
     }
+}
+
+/// The wire bytes of a zero-copy transmit: headers from `buf`, payloads from registered
+/// memory.
+pub fn join_pieces(buf: &[u8], pieces: &[TxPiece]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in pieces {
+        out.extend_from_slice(&buf[p.start..p.start + p.head]);
+        if let Some(e) = p.external {
+            // SAFETY: the MR it lies in is registered by this test and not deregistered
+            // between the engine call that produced `pieces` and this one.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len) });
+        }
+        out.extend_from_slice(&buf[p.start + p.head..p.start + p.head + p.tail]);
+    }
+    out
 }
