@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dst,
         src_ip: None,
         contents: &data,
+        pieces: &[],
         segment_size: Some(seg),
     }];
     println!("GSO send of {n} x {seg}: {:?}", sock.send(&gso));
@@ -30,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             dst,
             src_ip: None,
             contents: &[i; 100],
+            pieces: &[],
             segment_size: None,
         }];
         println!("plain send {i}: {:?}", sock.send(&plain));

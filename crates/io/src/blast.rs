@@ -92,6 +92,7 @@ pub fn blast_send(
         dst,
         src_ip: None,
         contents: &payload,
+        pieces: &[],
         segment_size: Some(seg),
     };
     let batch = [t; SEND_BATCH];

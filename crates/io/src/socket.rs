@@ -63,9 +63,48 @@ pub struct Transmit<'a> {
     pub src_ip: Option<IpAddr>,
     /// The bytes of all segments back to back.
     pub contents: &'a [u8],
-    /// `Some(n)`: `contents` is several datagrams of `n` bytes each (the last may be
-    /// shorter). `None` (or `Some(0)`, or `n >= contents.len()`): one datagram.
+    /// When not empty, the bytes are these pieces back to back instead of `contents`
+    /// (zero-copy: headers from one buffer, payloads from registered memory; the
+    /// kernel gathers them). The memory must stay readable until [`RoceSocket::send`]
+    /// returns; if it is not, the kernel refuses the send with EFAULT.
+    pub pieces: &'a [libc::iovec],
+    /// `Some(n)`: the bytes are several datagrams of `n` bytes each (the last may be
+    /// shorter). `None` (or `Some(0)`, or `n >= len`): one datagram.
     pub segment_size: Option<usize>,
+}
+
+impl Transmit<'_> {
+    /// Bytes to send.
+    pub fn byte_len(&self) -> usize {
+        if self.pieces.is_empty() {
+            self.contents.len()
+        } else {
+            self.pieces.iter().map(|v| v.iov_len).sum()
+        }
+    }
+}
+
+/// The pieces covering bytes `off..off + len` of `pieces` back to back.
+fn sub_pieces(pieces: &[libc::iovec], off: usize, len: usize) -> Box<[libc::iovec]> {
+    let mut out = Vec::new();
+    let (mut skip, mut left) = (off, len);
+    for v in pieces {
+        if left == 0 {
+            break;
+        }
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        let n = (v.iov_len - skip).min(left);
+        out.push(libc::iovec {
+            iov_base: (v.iov_base as *mut u8).wrapping_add(skip) as *mut libc::c_void,
+            iov_len: n,
+        });
+        left -= n;
+        skip = 0;
+    }
+    out.into_boxed_slice()
 }
 
 /// Offloads [`RoceSocket::bind_with`] may try; each is still probed.
@@ -392,7 +431,9 @@ impl RoceSocket {
             debug_assert!(built > 0);
             // SAFETY: `scratch.hdrs[..built]` were initialised by `fill`, and every pointer in
             // them points into `scratch` (addresses, iovecs, control buffers) or into
-            // `transmits` (payload), all alive and unmoved for the duration of the call.
+            // `transmits` (payload, piece lists), all alive and unmoved for the duration of
+            // the call. The memory the pieces name is the caller's to keep readable; the
+            // kernel only reads it and fails with EFAULT where it is not mapped.
             let rc = unsafe {
                 libc::sendmmsg(
                     fd,
@@ -412,7 +453,7 @@ impl RoceSocket {
                 }
                 let sent = (rc as usize).min(built);
                 let (tt, end) = scratch.owner[sent - 1];
-                if end >= transmits[tt].contents.len() {
+                if end >= transmits[tt].byte_len() {
                     t = tt + 1;
                     off = 0;
                 } else {
@@ -513,6 +554,8 @@ struct SendScratch {
     owner: [(usize, usize); SEND_BATCH],
     /// Whether the first message carries a UDP_SEGMENT cmsg (errors are about it).
     first_uses_gso: bool,
+    /// Piece lists of gathered Transmits cut into several messages.
+    sub: Vec<Box<[libc::iovec]>>,
 }
 
 impl SendScratch {
@@ -524,6 +567,7 @@ impl SendScratch {
             ctrls: [const { MaybeUninit::uninit() }; SEND_BATCH],
             owner: [(0, 0); SEND_BATCH],
             first_uses_gso: false,
+            sub: Vec::new(),
         }
     }
 
@@ -549,6 +593,7 @@ impl SendScratch {
         };
         let mut n = 0usize;
         self.first_uses_gso = false;
+        self.sub.clear();
         while n < SEND_BATCH && t < transmits.len() {
             let tr = &transmits[t];
             let family_ok = tr.dst.is_ipv4() == socket_v4
@@ -562,7 +607,7 @@ impl SendScratch {
                 }
                 break;
             }
-            let len = tr.contents.len();
+            let len = tr.byte_len();
             let remaining = len.saturating_sub(off);
             let seg = match tr.segment_size {
                 Some(s) if s > 0 && s < remaining => s,
@@ -610,17 +655,30 @@ impl SendScratch {
             let (addr, addr_len) = RawAddr::new(&tr.dst);
             self.addrs[n].write(addr);
             self.ctrls[n].write(ctrl);
-            let payload = tr.contents.get(off..off + chunk).unwrap_or(&[]);
-            self.iovs[n].write(libc::iovec {
-                iov_base: payload.as_ptr() as *mut libc::c_void,
-                iov_len: payload.len(),
-            });
+            let (iov_ptr, iov_len) = if tr.pieces.is_empty() {
+                let payload = tr.contents.get(off..off + chunk).unwrap_or(&[]);
+                self.iovs[n].write(libc::iovec {
+                    iov_base: payload.as_ptr() as *mut libc::c_void,
+                    iov_len: payload.len(),
+                });
+                (self.iovs[n].as_mut_ptr(), 1)
+            } else if off == 0 && chunk == len {
+                // The whole Transmit in one message: the kernel gathers its pieces.
+                (tr.pieces.as_ptr() as *mut libc::iovec, tr.pieces.len())
+            } else {
+                // Cut (no GSO, too many segments): the pieces of this chunk. Rare.
+                let sub = sub_pieces(tr.pieces, off, chunk);
+                let ptr = sub.as_ptr() as *mut libc::iovec;
+                let k = sub.len();
+                self.sub.push(sub); // a Box: its slice does not move with the Vec
+                (ptr, k)
+            };
             // SAFETY: msghdr is plain data; all-zero is a valid (empty) value we then fill.
             let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
             hdr.msg_name = self.addrs[n].as_mut_ptr() as *mut libc::c_void;
             hdr.msg_namelen = addr_len;
-            hdr.msg_iov = self.iovs[n].as_mut_ptr();
-            hdr.msg_iovlen = 1;
+            hdr.msg_iov = iov_ptr;
+            hdr.msg_iovlen = iov_len as _;
             if clen > 0 {
                 hdr.msg_control = self.ctrls[n].as_mut_ptr() as *mut libc::c_void;
                 hdr.msg_controllen = clen as _;

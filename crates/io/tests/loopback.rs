@@ -98,6 +98,7 @@ fn plain_batch_v4_carries_addresses() {
             dst: b.local_addr(),
             src_ip: None,
             contents: m,
+            pieces: &[],
             segment_size: None,
         })
         .collect();
@@ -132,6 +133,7 @@ fn gso_round_trip(sender: SocketAddr, receiver: SocketAddr, rx_opts: BindOptions
         dst: b.local_addr(),
         src_ip: None,
         contents: &data,
+        pieces: &[],
         segment_size: Some(SEG),
     }];
     assert_eq!(a.send(&t).unwrap(), 1);
@@ -195,18 +197,21 @@ fn without_gso_segments_are_split_in_user_space() {
             dst: b.local_addr(),
             src_ip: None,
             contents: &big,
+            pieces: &[],
             segment_size: Some(256),
         },
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
             contents: &one,
+            pieces: &[],
             segment_size: None,
         },
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
             contents: &two,
+            pieces: &[],
             segment_size: Some(200),
         },
     ];
@@ -237,6 +242,7 @@ fn oversized_gso_transmit_is_split_into_several_gso_sends() {
             dst: b.local_addr(),
             src_ip: None,
             contents: &data,
+            pieces: &[],
             segment_size: Some(seg),
         }];
         assert_eq!(a.send(&t).unwrap(), 1);
@@ -269,6 +275,7 @@ fn wildcard_socket_reports_dst_and_sends_from_chosen_source() {
             dst,
             src_ip: Some(src),
             contents: &msg,
+            pieces: &[],
             segment_size: None,
         }];
         assert_eq!(client.send(&t).unwrap(), 1);
@@ -298,6 +305,7 @@ fn tos_is_sent_and_reported() {
             dst: b.local_addr(),
             src_ip: None,
             contents: b"x",
+            pieces: &[],
             segment_size: None,
         }];
         assert_eq!(a.send(&t).unwrap(), 1);
@@ -315,6 +323,7 @@ fn truncation_is_flagged() {
         dst: b.local_addr(),
         src_ip: None,
         contents: &big,
+        pieces: &[],
         segment_size: None,
     }];
     assert_eq!(a.send(&t).unwrap(), 1);
@@ -359,6 +368,7 @@ fn errors_are_typed_with_clear_messages() {
         dst: "[::1]:4791".parse().unwrap(),
         src_ip: None,
         contents: b"x",
+        pieces: &[],
         segment_size: None,
     }];
     assert_eq!(a.send(&t).unwrap_err().kind(), io::ErrorKind::InvalidInput);
@@ -368,6 +378,7 @@ fn errors_are_typed_with_clear_messages() {
         dst: b.local_addr(),
         src_ip: None,
         contents: b"ok",
+        pieces: &[],
         segment_size: None,
     };
     assert_eq!(a.send(&[good, t[0], good]).unwrap(), 1);
@@ -379,6 +390,7 @@ fn errors_are_typed_with_clear_messages() {
         dst: b.local_addr(),
         src_ip: None,
         contents: &huge,
+        pieces: &[],
         segment_size: None,
     }];
     assert_eq!(
@@ -413,4 +425,46 @@ fn ipv4_id_prediction_follows_gso_grouping() {
     assert!((0..5).all(|k| plain.ipv4_id_of_segment(4096, k) == 0));
     let six = RoceSocket::bind_with(v6(), BOTH).unwrap();
     assert_eq!(six.ipv4_id_of_segment(1000, 3), 0);
+}
+
+/// A Transmit given as pieces (header, payload elsewhere, trailer per segment: the
+/// zero-copy send) arrives as the same datagrams as the joined bytes, as one GSO send
+/// and, without GSO, cut into plain datagrams at segment boundaries inside pieces.
+#[test]
+fn gathered_pieces_arrive_as_joined_segments() {
+    for (ai, bi, opts) in [(19, 20, BOTH), (21, 22, NO_OFFLOAD)] {
+        let a = RoceSocket::bind_with(v4(ai), opts).unwrap();
+        let b = RoceSocket::bind_with(v4(bi), opts).unwrap();
+        // 5 segments of 12 + 1000 + 8 bytes; the last has a 300-byte payload.
+        let heads: Vec<Vec<u8>> = (0..5u8).map(|i| vec![0x10 + i; 12]).collect();
+        let payload = pattern(4300, 1000);
+        let tails: Vec<Vec<u8>> = (0..5u8).map(|i| vec![0xe0 + i; 8]).collect();
+        let mut pieces = Vec::new();
+        let mut joined = Vec::new();
+        for i in 0..5 {
+            let p = &payload[i * 1000..(i * 1000 + 1000).min(payload.len())];
+            for part in [&heads[i][..], p, &tails[i][..]] {
+                pieces.push(libc::iovec {
+                    iov_base: part.as_ptr() as *mut libc::c_void,
+                    iov_len: part.len(),
+                });
+                joined.extend_from_slice(part);
+            }
+        }
+        let t = [Transmit {
+            dst: b.local_addr(),
+            src_ip: None,
+            contents: &[],
+            pieces: &pieces,
+            segment_size: Some(1020),
+        }];
+        assert_eq!(t[0].byte_len(), joined.len());
+        send_all(&a, &t);
+        let got = recv_segments(&b, 5);
+        let bufs: Vec<&[u8]> = got.iter().flat_map(|(m, b)| segments(m, b)).collect();
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        assert_eq!(lens, [1020, 1020, 1020, 1020, 320], "offloads {opts:?}");
+        let expect: Vec<&[u8]> = joined.chunks(1020).collect();
+        assert!(bufs == expect, "offloads {opts:?}: bytes differ");
+    }
 }

@@ -771,6 +771,17 @@ impl Context {
         r
     }
 
+    /// [`Context::with_core_always`] while no datapath step runs and no transmit is held:
+    /// for taking registered memory away, which a transmit may still point into until
+    /// its `sendmmsg` returns (zero-copy send).
+    pub(crate) fn with_core_no_transmit<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let mut progress = self.shared.progress.lock();
+        progress.flush_held(&self.shared);
+        let r = self.with_core_always(f);
+        drop(progress);
+        r
+    }
+
     /// Tells the datapath there is new work (rings the doorbell if it sleeps).
     pub(crate) fn kick(&self) {
         self.shared.kick();

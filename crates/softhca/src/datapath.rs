@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use softhca_io::{self as sio, Events, Poller, RecvBatch, RoceSocket};
-use softhca_transport::{DatagramInfo, Transmit};
+use softhca_transport::{DatagramInfo, Transmit, TxPiece};
 
 use crate::config::PollMode;
 use crate::context::{Shared, Stats};
@@ -67,6 +67,14 @@ pub(crate) struct Progress {
     rx_count: Vec<usize>,
     local_ips: Vec<IpAddr>,
     tx_bufs: Vec<Box<[u8]>>,
+    /// Per transmit buffer: where its packets' bytes are (zero-copy send: payloads stay
+    /// in registered memory, see `Engine::poll_transmit_gather`).
+    tx_pieces: Vec<Vec<TxPiece>>,
+    /// Per transmit buffer: the iovecs of a gathered transmit, rebuilt at each send.
+    tx_iov: Vec<Vec<libc::iovec>>,
+    /// Build transmits zero-copy (off under fault injection, which cuts transmits by
+    /// bytes).
+    zero_copy: bool,
     tx: Vec<(usize, Transmit)>,
     /// `tx` was filled by an application thread's step that also completed work, and
     /// is held for that thread's next call (see [`Progress::step`]).
@@ -75,6 +83,12 @@ pub(crate) struct Progress {
     drop_ppm: u32,
     drop_rng: u64,
 }
+
+// SAFETY: the raw pointers in `tx_iov` name `tx_bufs` (owned here) and registered
+// memory that deregistration keeps alive while this struct's lock is held (see
+// `Context::with_core_no_transmit`); they are rebuilt before each send and only read by
+// the kernel during that send, by the thread holding the lock.
+unsafe impl Send for Progress {}
 
 impl Progress {
     pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32) -> Progress {
@@ -88,6 +102,9 @@ impl Progress {
             tx_bufs: (0..TX_BATCH)
                 .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
                 .collect(),
+            tx_pieces: (0..TX_BATCH).map(|_| Vec::with_capacity(64)).collect(),
+            tx_iov: (0..TX_BATCH).map(|_| Vec::with_capacity(3 * 64)).collect(),
+            zero_copy: drop_ppm == 0,
             tx: Vec::with_capacity(TX_BATCH),
             held: false,
             drop_ppm,
@@ -230,7 +247,14 @@ impl Progress {
         }
         let first_free = self.tx.len();
         for (b, buf) in self.tx_bufs.iter_mut().enumerate().skip(first_free) {
-            match core.engine.poll_transmit(now, buf) {
+            let t = if self.zero_copy {
+                core.engine
+                    .poll_transmit_gather(now, buf, &mut self.tx_pieces[b])
+            } else {
+                self.tx_pieces[b].clear();
+                core.engine.poll_transmit(now, buf)
+            };
+            match t {
                 Some(t) => self.tx.push((b, t)),
                 None => break,
             }
@@ -289,7 +313,38 @@ impl Progress {
             dst: t.dst,
             src_ip: t.src_ip,
             contents,
+            pieces: &[],
             segment_size: t.segment_size.filter(|&s| s < contents.len()),
+        }
+    }
+
+    /// The iovecs of each gathered transmit (one with a payload left in registered
+    /// memory): per packet its headers, its payload, its pad and ICRC.
+    fn build_iovecs(&mut self) {
+        for &(b, _) in &self.tx {
+            let iov = &mut self.tx_iov[b];
+            iov.clear();
+            let pieces = &self.tx_pieces[b];
+            if pieces.iter().all(|p| p.external.is_none()) {
+                continue; // all in the buffer, back to back: sent as plain bytes
+            }
+            let buf = self.tx_bufs[b].as_ptr();
+            for p in pieces {
+                iov.push(libc::iovec {
+                    iov_base: buf.wrapping_add(p.start) as *mut libc::c_void,
+                    iov_len: p.head,
+                });
+                if let Some(e) = p.external {
+                    iov.push(libc::iovec {
+                        iov_base: e.addr as *mut libc::c_void,
+                        iov_len: e.len,
+                    });
+                }
+                iov.push(libc::iovec {
+                    iov_base: buf.wrapping_add(p.start + p.head) as *mut libc::c_void,
+                    iov_len: p.tail,
+                });
+            }
         }
     }
 
@@ -299,6 +354,7 @@ impl Progress {
         let st = &shared.stats;
         Stats::add(&st.tx_batches, 1);
         Stats::add(&st.tx_transmits, self.tx.len() as u64);
+        self.build_iovecs();
         for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
             let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
@@ -308,7 +364,10 @@ impl Progress {
                 .map(|&(b, t)| sio::Transmit {
                     dst: t.dst,
                     src_ip: None,
+                    // For a gathered transmit `pieces` has the bytes; `contents` still
+                    // starts with its first packet's header (see `requests_first`).
                     contents: &self.tx_bufs[b][..t.len.min(TX_BUF)],
+                    pieces: &self.tx_iov[b],
                     segment_size: (t.segment_size > 0 && t.segment_size < t.len)
                         .then_some(t.segment_size),
                 })

@@ -182,11 +182,13 @@ impl Pd {
 }
 
 fn deregister(pd: &Pd, lkey: u32) {
-    // Under the engine lock: after this returns the engine cannot reach the memory.
+    // Under the engine lock, and with no transmit in flight (packets leave with their
+    // payload still in registered memory, see `datapath`): after this returns neither
+    // the engine nor a `sendmmsg` can reach the memory.
     match pd
         .inner
         .ctx
-        .with_core_always(|core| core.engine.memory_mut().deregister(lkey))
+        .with_core_no_transmit(|core| core.engine.memory_mut().deregister(lkey))
     {
         Ok(()) => {}
         Err(e) => tracing::debug!(lkey, "deregister: {e}"),

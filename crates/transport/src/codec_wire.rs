@@ -129,7 +129,9 @@ pub fn seal_pieces(
     payload: &[u8],
     len: usize,
 ) -> Option<usize> {
-    let end = len.checked_add(wire::ICRC_LEN).filter(|&e| e <= buf.len())?;
+    let end = len
+        .checked_add(wire::ICRC_LEN)
+        .filter(|&e| e <= buf.len())?;
     let (hdr, pad) = buf.get(..len)?.split_at(head.min(len));
     let c = wire::icrc_pieces(&info.pseudo(), hdr, &[payload, pad]);
     buf.get_mut(len..end)?.copy_from_slice(&c.to_le_bytes());

@@ -28,6 +28,6 @@ pub mod verbs;
 
 pub use counters::Counters;
 pub use engine::{DatagramInfo, Engine, EngineConfig, Transmit, TxPiece};
-pub use requester::External;
 pub use error::TransportError;
+pub use requester::External;
 pub use verbs::*;

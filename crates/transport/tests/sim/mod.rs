@@ -257,7 +257,8 @@ impl SimNet {
                 let npk = t.len.div_ceil(t.segment_size);
                 self.max_batch = self.max_batch.max(npk);
                 let bytes = if gather {
-                    self.external_payloads += pieces.iter().filter(|p| p.external.is_some()).count();
+                    self.external_payloads +=
+                        pieces.iter().filter(|p| p.external.is_some()).count();
                     join_pieces(&self.buf, &pieces)
                 } else {
                     self.buf[..t.len].to_vec()
@@ -565,7 +566,9 @@ pub fn join_pieces(buf: &[u8], pieces: &[TxPiece]) -> Vec<u8> {
         if let Some(e) = p.external {
             // SAFETY: the MR it lies in is registered by this test and not deregistered
             // between the engine call that produced `pieces` and this one.
-            out.extend_from_slice(unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len) });
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(e.addr as *const u8, e.len)
+            });
         }
         out.extend_from_slice(&buf[p.start + p.head..p.start + p.head + p.tail]);
     }
