@@ -54,10 +54,12 @@ pub struct RecvBatch {
     hdrs: Vec<libc::mmsghdr>,
     metas: Vec<RecvMeta>,
     len: usize,
+    /// The `recvmmsg` vector is set up (see [`RecvBatch::prime`]).
+    primed: bool,
 }
 
 // SAFETY: the raw pointers inside `iovs` and `hdrs` only ever point into this batch's own
-// heap allocations (`bufs`, `names`, `ctrls`, `iovs`); they are rewritten and handed to the
+// heap allocations (`bufs`, `names`, `ctrls`, `iovs`); they are set up by `prime` and handed to the
 // kernel only through `&mut self`, and never dereferenced through `&self`. Moving the batch
 // to another thread or sharing `&RecvBatch` is therefore as safe as for the Vecs themselves.
 unsafe impl Send for RecvBatch {}
@@ -97,6 +99,7 @@ impl RecvBatch {
             hdrs: vec![unsafe { std::mem::zeroed() }; n],
             metas: vec![RecvMeta::default(); n],
             len: 0,
+            primed: false,
         }
     }
 
@@ -145,14 +148,11 @@ impl RecvBatch {
         (0..self.len).map(|i| self.get(i))
     }
 
-    /// One `recvmmsg` on `fd` into this batch.
-    pub(crate) fn recv_from(&mut self, fd: RawFd) -> io::Result<usize> {
-        self.len = 0;
-        let n = self.metas.len();
-        if n == 0 {
-            return Ok(0);
-        }
-        for i in 0..n {
+    /// Points entries `range` of the `recvmmsg` vector at their buffers, with full
+    /// lengths. The pointers name the heap storage of this batch's vectors, which never
+    /// grow, so they stay valid when the batch moves.
+    fn prime(&mut self, range: std::ops::Range<usize>) {
+        for i in range {
             // SAFETY (pointer arithmetic): `i * buf_size` is within `bufs` (len n * buf_size).
             let base = unsafe { self.bufs.as_mut_ptr().add(i * self.buf_size) };
             self.iovs[i] = libc::iovec {
@@ -168,6 +168,19 @@ impl RecvBatch {
             h.msg_controllen = RECV_CMSG_LEN as _;
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
+        }
+    }
+
+    /// One `recvmmsg` on `fd` into this batch.
+    pub(crate) fn recv_from(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.len = 0;
+        let n = self.metas.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        if !self.primed {
+            self.prime(0..n);
+            self.primed = true;
         }
         let got = loop {
             // SAFETY: `hdrs[..n]` point at live buffers of the stated sizes owned by `self`,
@@ -192,6 +205,9 @@ impl RecvBatch {
         for i in 0..got {
             self.metas[i] = self.decode(i);
         }
+        // Only the entries the kernel filled changed (name and control lengths, flags):
+        // an empty poll, the common call of a polling datapath, resets nothing.
+        self.prime(0..got);
         self.len = got;
         Ok(got)
     }

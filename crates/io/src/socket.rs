@@ -452,7 +452,8 @@ impl RoceSocket {
                     }
                 }
                 let sent = (rc as usize).min(built);
-                let (tt, end) = scratch.owner[sent - 1];
+                // SAFETY: `fill` wrote `owner[..built]`, and `sent <= built`.
+                let (tt, end) = unsafe { scratch.owner[sent - 1].assume_init() };
                 if end >= transmits[tt].byte_len() {
                     t = tt + 1;
                     off = 0;
@@ -551,7 +552,7 @@ struct SendScratch {
     addrs: [MaybeUninit<RawAddr>; SEND_BATCH],
     ctrls: [MaybeUninit<CmsgBuf<SEND_CMSG_LEN>>; SEND_BATCH],
     /// For each message: (Transmit index, end offset of its bytes within that Transmit).
-    owner: [(usize, usize); SEND_BATCH],
+    owner: [MaybeUninit<(usize, usize)>; SEND_BATCH],
     /// Whether the first message carries a UDP_SEGMENT cmsg (errors are about it).
     first_uses_gso: bool,
     /// Piece lists of gathered Transmits cut into several messages.
@@ -565,7 +566,7 @@ impl SendScratch {
             iovs: [const { MaybeUninit::uninit() }; SEND_BATCH],
             addrs: [const { MaybeUninit::uninit() }; SEND_BATCH],
             ctrls: [const { MaybeUninit::uninit() }; SEND_BATCH],
-            owner: [(0, 0); SEND_BATCH],
+            owner: [const { MaybeUninit::uninit() }; SEND_BATCH],
             first_uses_gso: false,
             sub: Vec::new(),
         }
@@ -691,7 +692,7 @@ impl SendScratch {
                 self.first_uses_gso = gso_seg.is_some();
             }
             off += chunk;
-            self.owner[n] = (t, off);
+            self.owner[n].write((t, off));
             n += 1;
             if off >= len {
                 t += 1;

@@ -226,28 +226,52 @@ impl Shared {
         self.now() < self.app_active_until.load(Ordering::Relaxed)
     }
 
-    /// Work was posted: the posting thread transmits it at once unless another thread is
-    /// in a datapath step (which then sees `pending`); the datapath thread is woken only
-    /// when nobody polls and it may sleep.
+    /// Posts with `post` under the engine lock, and transmits what it made ready at once
+    /// in the same lock hold (as a NIC starts sending at its doorbell) unless another
+    /// thread is in a datapath step: that one then sees `pending`. The datapath thread
+    /// is woken only when nobody polls and it may sleep.
+    pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> R {
+        if let Some(mut p) = self.progress.try_lock() {
+            let (r, more) = p.transmit_with(self, post);
+            self.after_transmit(p, more);
+            return r;
+        }
+        let r = {
+            let mut core = self.core.lock();
+            let r = post(&mut core, self.now());
+            core.deliver(self);
+            r
+        };
+        self.posted();
+        r
+    }
+
+    /// Work was posted (see [`Shared::post`]).
     pub(crate) fn posted(&self) {
         self.pending.store(true, Ordering::SeqCst);
         if let Some(mut p) = self.progress.try_lock() {
-            let mut more = p.transmit(self);
-            for _ in 1..INLINE_STEPS {
-                if !more {
-                    break;
-                }
-                more = p.transmit(self);
-            }
-            drop(p);
-            if more {
-                self.pending.store(true, Ordering::SeqCst);
-                self.kick();
-            } else {
-                self.wake_for_timer();
-            }
+            let more = p.transmit(self);
+            self.after_transmit(p, more);
         } else if !self.app_polls() {
             self.kick();
+        }
+    }
+
+    /// After a transmit step that filled every buffer (`more`), runs further ones, up to
+    /// [`INLINE_STEPS`] in all, then hands what is left to the datapath thread.
+    fn after_transmit(&self, mut p: parking_lot::MutexGuard<'_, Progress>, mut more: bool) {
+        for _ in 1..INLINE_STEPS {
+            if !more {
+                break;
+            }
+            more = p.transmit(self);
+        }
+        drop(p);
+        if more {
+            self.pending.store(true, Ordering::SeqCst);
+            self.kick();
+        } else {
+            self.wake_for_timer();
         }
     }
 
@@ -787,9 +811,13 @@ impl Context {
         self.shared.kick();
     }
 
-    /// Work was posted (see [`Shared::posted`]).
-    pub(crate) fn posted(&self) {
-        self.shared.posted();
+    /// Runs `post` on the engine and transmits what it made ready (see [`Shared::post`]).
+    /// Fails with [`Error::Closed`] once the datapath has stopped.
+    pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
+        if self.shared.stop.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        Ok(self.shared.post(post))
     }
 
     pub(crate) fn shared(&self) -> &Shared {

@@ -26,7 +26,7 @@ use softhca_io::{self as sio, Events, Poller, RecvBatch, RoceSocket};
 use softhca_transport::{DatagramInfo, Transmit, TxPiece};
 
 use crate::config::PollMode;
-use crate::context::{Shared, Stats};
+use crate::context::{Core, Shared, Stats};
 use crate::error::Error;
 use crate::Nanos;
 
@@ -125,16 +125,29 @@ impl Progress {
     /// engine builds what is ready and it goes out now (as a NIC starts sending at its
     /// doorbell). Returns whether every transmit buffer was filled (more to send).
     pub(crate) fn transmit(&mut self, shared: &Shared) -> bool {
+        self.transmit_with(shared, |_, _| ()).1
+    }
+
+    /// [`Progress::transmit`] after posting with `post` in the same engine lock hold (one
+    /// lock, one clock read and one completion pass per post instead of two).
+    pub(crate) fn transmit_with<R>(
+        &mut self,
+        shared: &Shared,
+        post: impl FnOnce(&mut Core, Nanos) -> R,
+    ) -> (R, bool) {
         self.rx_count.iter_mut().for_each(|c| *c = 0);
         shared.pending.store(false, Ordering::SeqCst);
-        let (ntx, deadline, _) = self.process(shared, shared.now());
+        let now = shared.now();
+        let mut core = shared.core.lock();
+        let r = post(&mut core, now);
+        let (ntx, deadline, _) = self.process_locked(core, shared, now);
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
         if ntx > 0 {
             self.send(shared);
         }
-        ntx == TX_BATCH
+        (r, ntx == TX_BATCH)
     }
 
     /// One step. `force` runs the engine even with nothing received and nothing
@@ -211,7 +224,17 @@ impl Progress {
     /// ones). Returns the number of filled transmit buffers, the next deadline and
     /// whether completions were delivered.
     fn process(&mut self, shared: &Shared, now: Nanos) -> (usize, Option<Nanos>, bool) {
-        let mut core = shared.core.lock();
+        let core = shared.core.lock();
+        self.process_locked(core, shared, now)
+    }
+
+    /// [`Progress::process`] with the engine lock taken; releases it.
+    fn process_locked(
+        &mut self,
+        mut core: parking_lot::MutexGuard<'_, Core>,
+        shared: &Shared,
+        now: Nanos,
+    ) -> (usize, Option<Nanos>, bool) {
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         for (i, batch) in self.rx.iter().enumerate() {
             let n = self.rx_count[i];
@@ -357,26 +380,27 @@ impl Progress {
         self.build_iovecs();
         for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
+            let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+            let response = |b: usize| bufs[b].first().is_some_and(|&op| is_rc_response(op));
+            // Requests first, then responses (see `is_rc_response`), each in its order.
             let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
                 .tx
                 .iter()
-                .filter(|(_, t)| t.src == ip)
+                .filter(|(b, t)| t.src == ip && !response(*b))
+                .chain(self.tx.iter().filter(|(b, t)| t.src == ip && response(*b)))
                 .map(|&(b, t)| sio::Transmit {
                     dst: t.dst,
                     src_ip: None,
-                    // For a gathered transmit `pieces` has the bytes; `contents` still
-                    // starts with its first packet's header (see `requests_first`).
-                    contents: &self.tx_bufs[b][..t.len.min(TX_BUF)],
-                    pieces: &self.tx_iov[b],
+                    // For a gathered transmit `pieces` has the bytes (`contents` is the
+                    // buffer, which starts with its first packet's header all the same).
+                    contents: &bufs[b][..t.len.min(TX_BUF)],
+                    pieces: &iovs[b],
                     segment_size: (t.segment_size > 0 && t.segment_size < t.len)
                         .then_some(t.segment_size),
                 })
                 .collect();
             if self.drop_ppm > 0 {
                 list = Self::drop_some(&mut self.drop_rng, self.drop_ppm, list, shared);
-            }
-            if list.len() > 1 {
-                list = requests_first(list);
             }
             if !list.is_empty() {
                 send_all(shared, sock, &list);
@@ -396,32 +420,17 @@ impl Progress {
 
 /// RC response opcodes (IBTA 9.2, Table 38): RDMA READ response first..only (0x0D-0x10),
 /// ACKNOWLEDGE (0x11), ATOMIC ACKNOWLEDGE (0x12).
+///
+/// A batch leaves requests first, responses last. Why: an ACK held for the application's
+/// next post (see [`Progress::step`]) would otherwise lead its batch, and on loopback
+/// `sendmmsg` delivers the datagrams one by one: a peer spinning on its socket then picks
+/// up the ACK alone, processes it, and only on its next `recvmmsg` finds the request it
+/// is waiting for (measured: about a third of the 8 B SEND half round trip). Only the
+/// order between the request and response streams changes (they carry independent PSN
+/// spaces, IBTA 9.7.1), never within one, and a GSO transmit moves as a whole: its first
+/// packet's opcode decides.
 fn is_rc_response(opcode: u8) -> bool {
     (0x0D..=0x12).contains(&opcode)
-}
-
-/// Orders a batch so requests leave before responses, each kind in its own order.
-///
-/// Why: an ACK held for the application's next post (see [`Progress::step`]) would
-/// otherwise lead its batch, and on loopback `sendmmsg` delivers the datagrams one by
-/// one: a peer spinning on its socket then picks up the ACK alone, processes it, and
-/// only on its next `recvmmsg` finds the request it is waiting for (measured: about
-/// a third of the 8 B SEND half round trip). Only the order between the request and
-/// response streams changes (they carry independent PSN spaces, IBTA 9.7.1), never
-/// within one, and a GSO transmit moves as a whole: its first packet's opcode decides.
-fn requests_first(
-    list: SmallVec<[sio::Transmit<'_>; TX_BATCH]>,
-) -> SmallVec<[sio::Transmit<'_>; TX_BATCH]> {
-    let response = |t: &sio::Transmit<'_>| t.contents.first().is_some_and(|&op| is_rc_response(op));
-    // Already in order (the common case: a sender's batch is all requests, a receiver's
-    // all ACKs): no copy.
-    if list.iter().map(response).is_sorted() {
-        return list;
-    }
-    let (mut out, responses): (SmallVec<[_; TX_BATCH]>, SmallVec<[_; TX_BATCH]>) =
-        list.into_iter().partition(|t| !response(t));
-    out.extend(responses);
-    out
 }
 
 /// A step held packets for the polling application: make sure the datapath thread wakes

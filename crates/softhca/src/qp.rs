@@ -164,8 +164,7 @@ impl Qp {
     /// else the datapath thread (its doorbell rings only if it sleeps).
     pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
         let ctx = self.pd.context();
-        ctx.with_core(|core, now| core.engine.post_send(now, self.qpn, wr))??;
-        ctx.posted();
+        ctx.post(|core, now| core.engine.post_send(now, self.qpn, wr))??;
         Ok(())
     }
 
@@ -177,7 +176,7 @@ impl Qp {
     ) -> Result<(), (usize, Error)> {
         let ctx = self.pd.context();
         let r = ctx
-            .with_core(|core, now| {
+            .post(|core, now| {
                 let mut posted = 0usize;
                 for wr in wrs {
                     if let Err(e) = core.engine.post_send(now, self.qpn, wr) {
@@ -188,9 +187,6 @@ impl Qp {
                 (posted, Ok(()))
             })
             .map_err(|e| (0, e))?;
-        if r.0 > 0 {
-            ctx.posted();
-        }
         r.1.map_err(|e| (r.0, e))
     }
 
