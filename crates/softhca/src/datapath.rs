@@ -47,9 +47,6 @@ const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
 pub(crate) const APP_WINDOW_NS: u64 = 2_000_000;
 /// Inline steps per poll when each one fills every transmit buffer.
 pub(crate) const INLINE_STEPS: usize = 4;
-/// A step's transmits are held for the application's answer only when fewer than this
-/// many buffers are filled (ACKs, a short response), never a bulk batch.
-const HOLD_MAX: usize = 2;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -76,8 +73,8 @@ pub(crate) struct Progress {
     /// bytes).
     zero_copy: bool,
     tx: Vec<(usize, Transmit)>,
-    /// `tx` was filled by an application thread's step that also completed work, and
-    /// is held for that thread's next call (see [`Progress::step`]).
+    /// An application thread's step completed work and left the ACKs it owes in the
+    /// engine for that thread's next call (see [`Progress::step`]).
     held: bool,
     /// Fault injection: drop probability per packet (ppm) and its xorshift state.
     drop_ppm: u32,
@@ -140,7 +137,7 @@ impl Progress {
         let now = shared.now();
         let mut core = shared.core.lock();
         let r = post(&mut core, now);
-        let (ntx, deadline, _) = self.process_locked(core, shared, now);
+        let (ntx, deadline, _) = self.process_locked(core, shared, now, false);
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
@@ -154,14 +151,15 @@ impl Progress {
     /// pending (the last step left transmits behind).
     ///
     /// `may_hold`: the caller is an application thread polling its CQ. When this step
-    /// completes work and has only a few packets to send (typically the ACK of the
-    /// request just completed), they are held for that thread's next call instead of
-    /// sent now: an application that answers a completion (ping-pong, RPC) posts at
-    /// once, and the ACK leaves with its answer in one `sendmmsg` (and usually reaches
-    /// the peer in the same `recvmmsg`), one system call less each way. Held packets
-    /// go out at the next post or poll of any thread, when the application blocks
-    /// (`app_will_block` wakes the datapath thread), or when its polling window ends,
-    /// and are never held twice: a held ACK is late by one poll cycle at most.
+    /// completes work and has nothing but ACKs to send (typically the ACK of the request
+    /// just completed), they stay in the engine, unbuilt, for that thread's next call:
+    /// an application that answers a completion (ping-pong, RPC) posts at once, and the
+    /// ACK leaves with its answer, as the last segment of the same GSO send (see
+    /// `Qp::plan`): one datagram for the kernel to carry instead of two, and one
+    /// `recvmmsg` at the peer. Held ACKs go out at the next post or poll of any thread,
+    /// when the application blocks (`app_will_block` wakes the datapath thread), or
+    /// when its polling window ends, and are never held twice: a held ACK is late by one
+    /// poll cycle at most.
     pub(crate) fn step(&mut self, shared: &Shared, force: bool, may_hold: bool) -> Step {
         let rx = self.receive(shared);
         let now = shared.now();
@@ -173,20 +171,19 @@ impl Progress {
             ..Step::default()
         };
         if rx > 0 || pending || due || force || was_held {
-            let (ntx, deadline, completed) = self.process(shared, now);
+            let core = shared.core.lock();
+            let (ntx, deadline, _) = self.process_locked(core, shared, now, may_hold && !was_held);
             shared
                 .deadline
                 .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
             step.more_tx = ntx == TX_BATCH;
-            if ntx > 0 {
+            if self.held {
                 step.active = true;
-                if may_hold && completed && !was_held && ntx < HOLD_MAX {
-                    self.held = true;
-                    Stats::add(&shared.stats.tx_held, 1);
-                    wake_by_window_end(shared, now);
-                } else {
-                    self.send(shared);
-                }
+                Stats::add(&shared.stats.tx_held, 1);
+                wake_by_window_end(shared, now);
+            } else if ntx > 0 {
+                step.active = true;
+                self.send(shared);
             }
         }
         step
@@ -196,7 +193,7 @@ impl Progress {
     /// goes away: the peer must still get the ACKs of what completed here).
     pub(crate) fn flush_held(&mut self, shared: &Shared) {
         if self.held {
-            self.send(shared);
+            self.transmit(shared);
         }
     }
 
@@ -220,20 +217,17 @@ impl Progress {
         total
     }
 
-    /// Under one engine lock: feed, time, deliver, fill transmits (after any held
-    /// ones). Returns the number of filled transmit buffers, the next deadline and
-    /// whether completions were delivered.
-    fn process(&mut self, shared: &Shared, now: Nanos) -> (usize, Option<Nanos>, bool) {
-        let core = shared.core.lock();
-        self.process_locked(core, shared, now)
-    }
-
-    /// [`Progress::process`] with the engine lock taken; releases it.
+    /// Under the engine lock (released on return): feed, time, deliver, fill transmits.
+    /// Returns the number of filled transmit buffers, the next deadline and whether
+    /// completions were delivered. With `may_hold`, a step that completed work and has
+    /// only ACKs to send leaves them in the engine (sets `held`, see
+    /// [`Progress::step`]).
     fn process_locked(
         &mut self,
         mut core: parking_lot::MutexGuard<'_, Core>,
         shared: &Shared,
         now: Nanos,
+        may_hold: bool,
     ) -> (usize, Option<Nanos>, bool) {
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         for (i, batch) in self.rx.iter().enumerate() {
@@ -265,11 +259,10 @@ impl Progress {
         }
         let completed = core.engine.has_completions();
         core.deliver(shared);
-        if !self.held {
-            self.tx.clear();
-        }
-        let first_free = self.tx.len();
-        for (b, buf) in self.tx_bufs.iter_mut().enumerate().skip(first_free) {
+        self.tx.clear();
+        self.held = may_hold && completed && core.engine.only_acks_ready();
+        let bufs = if self.held { 0 } else { TX_BATCH };
+        for (b, buf) in self.tx_bufs.iter_mut().enumerate().take(bufs) {
             let t = if self.zero_copy {
                 core.engine
                     .poll_transmit_gather(now, buf, &mut self.tx_pieces[b])
@@ -373,7 +366,6 @@ impl Progress {
 
     /// Sends the filled transmit buffers, one `sendmmsg` batch per socket.
     fn send(&mut self, shared: &Shared) {
-        self.held = false;
         let st = &shared.stats;
         Stats::add(&st.tx_batches, 1);
         Stats::add(&st.tx_transmits, self.tx.len() as u64);

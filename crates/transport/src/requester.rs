@@ -93,8 +93,19 @@ impl Qp {
         psn_diff(self.req.next_psn, self.req.una).max(0) as u32
     }
 
+    /// Nothing to send but ACKs (no request packet, no READ or atomic response).
+    pub fn only_acks_to_send(&self) -> bool {
+        self.req.send_idx >= self.req.sq.len()
+            && self
+                .resp
+                .out
+                .iter()
+                .all(|o| matches!(o, RespOut::Ack { .. }))
+    }
+
     /// Decide the next packet of this QP. Responder output goes first: ACKs are small
-    /// and unblock the peer, READ responses are ordered with them.
+    /// and unblock the peer, READ responses are ordered with them (but a lone ACK may
+    /// wait behind one request packet, see below).
     pub fn plan(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         if self.state == QpState::Err {
             // Only the final NAK of a responder error can still be queued.
@@ -107,8 +118,24 @@ impl Qp {
             return None;
         }
         if let Some(p) = self.plan_response(ctx) {
+            // A lone ACK goes behind one request packet of this QP that is ready: the
+            // two then leave as one GSO send, the ACK as the shorter last segment (an
+            // answer and the ACK of the request it answers: a ping-pong's every step),
+            // and reach a peer's GRO socket as one datagram. The kernel's cost per
+            // datagram, not our work, is most of a small message's latency here.
+            let lone_ack = self.resp.out.len() == 1 && p.hdr.opcode == op::RC | op::ACK;
+            if lone_ack && !self.ack_behind {
+                if let Some(r) = self.plan_request(ctx) {
+                    if r.wire_len() >= p.wire_len() {
+                        self.ack_behind = true;
+                        return Some(r);
+                    }
+                }
+            }
+            self.ack_behind = false;
             return Some(p);
         }
+        self.ack_behind = false;
         self.plan_request(ctx)
     }
 

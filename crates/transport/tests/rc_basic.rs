@@ -283,3 +283,63 @@ fn device_budget_bounds_inflight_over_many_qps() {
         assert_eq!(&d[i * msg..(i + 1) * msg], &s[..], "QP {i}");
     }
 }
+
+/// A ping-pong answer and the ACK of the request it answers leave as one GSO batch: the
+/// answer first, the ACK as the shorter last segment (the kernel carries one datagram
+/// instead of two; a GRO socket receives them in one). Both are accepted by the peer.
+#[test]
+fn answer_and_ack_leave_in_one_gso_batch() {
+    let mut net = SimNet::new(9, 2, Mtu::M4096);
+    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 64, full_access());
+    let lb = net.reg(1, 64, full_access());
+    net.nodes[0]
+        .engine
+        .post_recv(a, recv_wr(1, la.sges(0, 64)))
+        .unwrap();
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(2, lb.sges(0, 64)))
+        .unwrap();
+    net.nodes[0]
+        .engine
+        .post_send(0, a, send_wr(3, WrOpcode::Send, la.sges(0, 8)))
+        .unwrap();
+    let mut buf = vec![0u8; 65536];
+    let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
+    let request = buf[..t.len].to_vec();
+    let info = |t: &Transmit, i: u16| DatagramInfo {
+        src: std::net::SocketAddr::new(t.src, t.src_port),
+        dst: t.dst.ip(),
+        segment_index: i,
+    };
+    // Node 1 receives the request (its ACK is now owed) and answers before sending.
+    net.nodes[1]
+        .engine
+        .handle_datagram(0, &info(&t, 0), &request);
+    assert!(net.nodes[1].engine.only_acks_ready());
+    net.nodes[1]
+        .engine
+        .post_send(0, b, send_wr(4, WrOpcode::Send, lb.sges(0, 8)))
+        .unwrap();
+    assert!(!net.nodes[1].engine.only_acks_ready());
+    let t = net.nodes[1].engine.poll_transmit(0, &mut buf).unwrap();
+    assert!(net.nodes[1].engine.poll_transmit(0, &mut buf).is_none());
+    let segs: Vec<Vec<u8>> = buf[..t.len]
+        .chunks(t.segment_size)
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(segs.len(), 2, "one batch of two packets");
+    assert_eq!(segs[0][0], 0x04, "SEND only first");
+    assert_eq!(segs[1][0], 0x11, "ACKNOWLEDGE last");
+    assert!(segs[1].len() < segs[0].len());
+    for (i, s) in segs.iter().enumerate() {
+        net.nodes[0]
+            .engine
+            .handle_datagram(0, &info(&t, i as u16), s);
+    }
+    let c = net.take_completions(0);
+    let mut got: Vec<(u64, WcStatus)> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    got.sort_unstable_by_key(|g| g.0);
+    assert_eq!(got, [(1, WcStatus::Success), (3, WcStatus::Success)]);
+}

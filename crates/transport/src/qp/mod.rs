@@ -237,6 +237,8 @@ pub(crate) struct Qp {
     pub path: Path,
     /// In the engine's ready queue.
     pub in_ready: bool,
+    /// A lone ACK was planned behind a request packet of this QP (see `Qp::plan`).
+    pub ack_behind: bool,
     /// This QP's share of [`Budget::inflight`], as of its last `sync`.
     pub reported_inflight: u32,
     /// In [`Budget::blocked`].
@@ -279,6 +281,7 @@ impl Qp {
             resp: Responder::default(),
             path: Path::default(),
             in_ready: false,
+            ack_behind: false,
             reported_inflight: 0,
             budget_blocked: false,
             reported_ooo: 0,
