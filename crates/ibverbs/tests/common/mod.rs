@@ -28,7 +28,10 @@ pub fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let so = built_library();
-        let dir = std::env::temp_dir().join(format!("softhca-ibverbs-test-{}", std::process::id()));
+        // Under the target directory (cargo's scratch space for tests), not /tmp: the
+        // link outlives the test process.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("softhca-ibverbs-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create temp lib dir");
         let link = dir.join("libibverbs.so.1");
         let _ = std::fs::remove_file(&link);
