@@ -552,3 +552,50 @@ fn deregistering_the_source_mid_write_is_safe() {
         "bytes that were never in the source arrived"
     );
 }
+
+/// A device serving several addresses (as a default one does: every interface address
+/// plus a loopback one) polls its sockets through one readiness check: traffic on its
+/// second address, in both directions and in bulk, still flows, and a poll with all
+/// sockets quiet costs one system call (not checked here: see the datapath).
+#[test]
+fn traffic_on_the_second_of_several_served_addresses() {
+    let mut cfg = Config::loopback(ip("127.0.1.65"));
+    cfg.addrs.push(ip("127.0.1.66"));
+    let ctx_a = Context::open(&cfg).unwrap();
+    assert_eq!(ctx_a.addrs().len(), 2);
+    let sa = side(ctx_a, QpType::Rc, 1 << 20);
+    let sb = side(open("127.0.1.67"), QpType::Rc, 1 << 20);
+    let (pa, pb) = (0x10, 0x20);
+    let mtu = sa.ctx.active_mtu().min(sb.ctx.active_mtu());
+    let ra = RemoteQp {
+        qpn: sa.qp.qpn(),
+        psn: pa,
+        gid: sa.ctx.gids()[1],
+    };
+    let rb = RemoteQp {
+        qpn: sb.qp.qpn(),
+        psn: pb,
+        gid: sb.ctx.gids()[0],
+    };
+    sa.qp.connect_rc(pa, &rb, mtu, 1).unwrap();
+    sb.qp.connect_rc(pb, &ra, mtu, 0).unwrap();
+    let data = pattern(1 << 20, 0x77);
+    sa.mr.write(0, &data).unwrap();
+    // Bulk one way (WRITE), then a SEND back.
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, sa.mr.sge(0, 1 << 20));
+    w.remote_addr = sb.mr.addr();
+    w.rkey = sb.mr.rkey();
+    sa.qp.post_send(w).unwrap();
+    assert_eq!(one(&sa.cq).status, WcStatus::Success);
+    assert!(sb.mr.to_vec() == data);
+    sa.qp.post_recv(recv_wr(2, sa.mr.sge(0, 64))).unwrap();
+    sb.qp
+        .post_send(send_wr(3, WrOpcode::Send, sb.mr.sge(100, 64)))
+        .unwrap();
+    assert_eq!(one(&sb.cq).status, WcStatus::Success);
+    let c = one(&sa.cq);
+    assert_eq!((c.wr_id, c.status, c.byte_len), (2, WcStatus::Success, 64));
+    let mut got = [0u8; 64];
+    sa.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got[..], &data[100..164]);
+}
