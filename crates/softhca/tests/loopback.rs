@@ -565,20 +565,7 @@ fn traffic_on_the_second_of_several_served_addresses() {
     assert_eq!(ctx_a.addrs().len(), 2);
     let sa = side(ctx_a, QpType::Rc, 1 << 20);
     let sb = side(open("127.0.1.67"), QpType::Rc, 1 << 20);
-    let (pa, pb) = (0x10, 0x20);
-    let mtu = sa.ctx.active_mtu().min(sb.ctx.active_mtu());
-    let ra = RemoteQp {
-        qpn: sa.qp.qpn(),
-        psn: pa,
-        gid: sa.ctx.gids()[1],
-    };
-    let rb = RemoteQp {
-        qpn: sb.qp.qpn(),
-        psn: pb,
-        gid: sb.ctx.gids()[0],
-    };
-    sa.qp.connect_rc(pa, &rb, mtu, 1).unwrap();
-    sb.qp.connect_rc(pb, &ra, mtu, 0).unwrap();
+    connect_gids(&sa, 1, &sb, 0);
     let data = pattern(1 << 20, 0x77);
     sa.mr.write(0, &data).unwrap();
     // Bulk one way (WRITE), then a SEND back.

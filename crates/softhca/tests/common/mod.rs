@@ -54,20 +54,25 @@ pub fn rc_pair(a: &str, b: &str, mr_len: usize) -> (Side, Side) {
 }
 
 pub fn connect(sa: &Side, sb: &Side) {
+    connect_gids(sa, 0, sb, 0);
+}
+
+/// [`connect`] with each side on the GID of the given index.
+pub fn connect_gids(sa: &Side, ga: u8, sb: &Side, gb: u8) {
     let (pa, pb) = (0x1000, 0x2000);
     let ra = RemoteQp {
         qpn: sa.qp.qpn(),
         psn: pa,
-        gid: sa.ctx.gids()[0],
+        gid: sa.ctx.gids()[usize::from(ga)],
     };
     let rb = RemoteQp {
         qpn: sb.qp.qpn(),
         psn: pb,
-        gid: sb.ctx.gids()[0],
+        gid: sb.ctx.gids()[usize::from(gb)],
     };
     let mtu = sa.ctx.active_mtu().min(sb.ctx.active_mtu());
-    sa.qp.connect_rc(pa, &rb, mtu, 0).unwrap();
-    sb.qp.connect_rc(pb, &ra, mtu, 0).unwrap();
+    sa.qp.connect_rc(pa, &rb, mtu, ga).unwrap();
+    sb.qp.connect_rc(pb, &ra, mtu, gb).unwrap();
 }
 
 /// Waits for exactly one completion (panics after 5 s).
