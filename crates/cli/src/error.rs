@@ -46,7 +46,7 @@ pub enum CliError {
     #[error("{what}: {source}")]
     Verbs {
         /// Which call.
-        what: String,
+        what: std::borrow::Cow<'static, str>,
         /// The device error.
         source: softhca::Error,
     },
@@ -74,8 +74,11 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// Wraps a device error with the name of the call that failed.
-    pub fn verbs(what: impl Into<String>) -> impl FnOnce(softhca::Error) -> CliError {
+    /// Wraps a device error with the name of the call that failed. A literal name costs
+    /// nothing until the error happens (this runs on every post of the benchmarks).
+    pub fn verbs(
+        what: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> impl FnOnce(softhca::Error) -> CliError {
         let what = what.into();
         move |source| CliError::Verbs { what, source }
     }

@@ -295,6 +295,7 @@ impl Shared {
     /// steps itself unless another thread is in one. Returns whether packets moved.
     pub(crate) fn progress_inline(&self) -> bool {
         let Some(mut p) = self.progress.try_lock() else {
+            self.app_polling();
             return false;
         };
         let mut any = false;

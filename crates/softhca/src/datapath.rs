@@ -167,6 +167,13 @@ impl Progress {
     pub(crate) fn step(&mut self, shared: &Shared, force: bool, may_hold: bool) -> Step {
         let rx = self.receive(shared);
         let now = shared.now();
+        if may_hold {
+            // An application thread polls: the datapath thread leaves the sockets to it
+            // for a while (see `Shared::app_polling`).
+            shared
+                .app_active_until
+                .store(now + APP_WINDOW_NS, Ordering::Relaxed);
+        }
         let pending = shared.pending.swap(false, Ordering::SeqCst);
         let due = shared.deadline.load(Ordering::Relaxed) <= now;
         let was_held = self.held;

@@ -504,7 +504,7 @@ fn open_pair() -> Result<(Arc<Context>, Arc<Context>), CliError> {
             Ok(c) => Ok(Some(c)),
             Err(e) if e.errno() == libc::EADDRINUSE => Ok(None),
             Err(e) => Err(CliError::Verbs {
-                what: format!("cannot open a device on {ip}"),
+                what: format!("cannot open a device on {ip}").into(),
                 source: e,
             }),
         }
