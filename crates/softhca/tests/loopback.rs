@@ -527,7 +527,9 @@ fn injected_tx_drops_are_recovered_by_rc() {
 /// Packets leave with their payload still in the source MR (zero-copy send). Dropping
 /// that MR while a large WRITE from it is in flight must neither crash nor send bytes
 /// read after the memory was freed: deregistration waits for the transmit in progress,
-/// and the rest of the WR fails with a local protection error (rxe `copy_data`).
+/// and what is left of the WR then fails with a local protection error (rxe
+/// `copy_data`). Deregistration may also wait until every packet is out (the datapath
+/// thread can take the transmit lock again and again meanwhile): then it succeeds.
 #[test]
 fn deregistering_the_source_mid_write_is_safe() {
     const LEN: usize = 32 << 20;
@@ -540,17 +542,18 @@ fn deregistering_the_source_mid_write_is_safe() {
     wr.remote_addr = sb.mr.addr();
     wr.rkey = sb.mr.rkey();
     sa.qp.post_send(wr).unwrap();
-    // At most 8 MiB can be in flight before ACKs (the device budget): 32 MiB cannot be
-    // out before the MR goes.
     drop(src);
     let mut wc = [Completion::default(); 1];
     assert_eq!(sa.cq.wait(&mut wc, Duration::from_secs(30)).unwrap(), 1);
-    assert_eq!(wc[0].status, WcStatus::LocProtErr);
     let got = sb.mr.to_vec();
-    assert!(
-        got.iter().all(|&b| b == 0 || b == 0x5a),
-        "bytes that were never in the source arrived"
-    );
+    match wc[0].status {
+        WcStatus::LocProtErr => assert!(
+            got.iter().all(|&b| b == 0 || b == 0x5a),
+            "bytes that were never in the source arrived"
+        ),
+        WcStatus::Success => assert!(got.iter().all(|&b| b == 0x5a), "WRITE incomplete"),
+        other => panic!("status {other:?}"),
+    }
 }
 
 /// A device serving several addresses (as a default one does: every interface address
