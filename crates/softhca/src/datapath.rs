@@ -141,7 +141,7 @@ impl Progress {
         let now = shared.now();
         let mut core = shared.core.lock();
         let r = post(&mut core, now);
-        let (ntx, deadline, _) = self.process_locked(core, shared, now, false);
+        let (ntx, deadline) = self.process_locked(core, shared, now, false);
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
@@ -183,7 +183,7 @@ impl Progress {
         };
         if rx > 0 || pending || due || force || was_held {
             let core = shared.core.lock();
-            let (ntx, deadline, _) = self.process_locked(core, shared, now, may_hold && !was_held);
+            let (ntx, deadline) = self.process_locked(core, shared, now, may_hold && !was_held);
             shared
                 .deadline
                 .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
@@ -248,17 +248,16 @@ impl Progress {
     }
 
     /// Under the engine lock (released on return): feed, time, deliver, fill transmits.
-    /// Returns the number of filled transmit buffers, the next deadline and whether
-    /// completions were delivered. With `may_hold`, a step that completed work and has
-    /// only ACKs to send leaves them in the engine (sets `held`, see
-    /// [`Progress::step`]).
+    /// Returns the number of filled transmit buffers and the next deadline. With
+    /// `may_hold`, a step that completed work and has only ACKs to send leaves them in
+    /// the engine (sets `held`, see [`Progress::step`]).
     fn process_locked(
         &mut self,
         mut core: parking_lot::MutexGuard<'_, Core>,
         shared: &Shared,
         now: Nanos,
         may_hold: bool,
-    ) -> (usize, Option<Nanos>, bool) {
+    ) -> (usize, Option<Nanos>) {
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         for (i, batch) in self.rx.iter().enumerate() {
             let n = self.rx_count[i];
@@ -317,7 +316,7 @@ impl Progress {
         Stats::add(&st.rx_packets, packets);
         Stats::add(&st.rx_gro_datagrams, gro);
         Stats::add(&st.rx_truncated, truncated);
-        (self.tx.len(), deadline, completed)
+        (self.tx.len(), deadline)
     }
 
     /// Fault injection: drops packets of `list` at random, splitting a GSO transmit

@@ -1051,13 +1051,15 @@ impl Engine {
         None
     }
 
-    /// Whether everything ready to send is ACKs: no request packet, no READ or atomic
-    /// response. What a datapath may leave unbuilt for a moment, for the application's
-    /// answer to take along (see softhca's `datapath`).
+    /// Whether something is ready to send and all of it is ACKs: no request packet, no
+    /// READ or atomic response. What a datapath may leave unbuilt for a moment, for the
+    /// application's answer to take along (see softhca's `datapath`).
     pub fn only_acks_ready(&self) -> bool {
-        self.ready
-            .iter()
-            .all(|q| self.qps.get(q).is_none_or(Qp::only_acks_to_send))
+        !self.ready.is_empty()
+            && self
+                .ready
+                .iter()
+                .all(|q| self.qps.get(q).is_none_or(Qp::only_acks_to_send))
     }
 
     /// Run expired timers (retransmit, RNR wait).
