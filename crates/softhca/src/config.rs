@@ -12,6 +12,7 @@
 //! | `SOFTHCA_POLL` | `busy`, `adaptive`, `adaptive:<spin µs>`, `blocking` or `auto` | `auto`: adaptive (50 µs) |
 //! | `SOFTHCA_NAME` | device name | `softhca0` |
 //! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
+//! | `SOFTHCA_STATS` | at process exit, print every open device's non-zero counters to stderr (any value) | off |
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
 

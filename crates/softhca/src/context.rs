@@ -368,7 +368,27 @@ extern "C" fn flush_all_at_exit() {
         if let Some(mut p) = shared.progress.try_lock_for(Duration::from_millis(10)) {
             p.flush_held(&shared);
         }
+        if std::env::var_os("SOFTHCA_STATS").is_some() {
+            print_counters(&shared);
+        }
     }
+}
+
+/// `SOFTHCA_STATS`: the counters of a device at exit, for a program we cannot change
+/// (perftest exits on a failed completion without closing its device). Non-zero
+/// ones only, on one stderr line.
+fn print_counters(shared: &Shared) {
+    let Some(core) = shared.core.try_lock_for(Duration::from_millis(10)) else {
+        return;
+    };
+    let mut line = String::from("softhca: counters at exit:");
+    let engine = core.engine.counters();
+    let all = engine.iter().chain(shared.stats.iter());
+    for (name, v) in all.filter(|&(_, v)| v != 0) {
+        line.push_str(&format!(" {name}={v}"));
+    }
+    drop(core);
+    eprintln!("{line}");
 }
 
 /// One served address, as the context remembers it.

@@ -388,7 +388,7 @@ fn cq_overflow_raises_cq_err() {
     assert_eq!(b.cq.poll(&mut wc), 2, "the ring kept what fit");
     // The third SEND was placed, but b went to ERR before acknowledging it (like a HCA
     // whose CQ overran): a sees success if the ACK made it out first, otherwise its
-    // retries run out (timeout 14, retry_cnt 7: about 0.6 s).
+    // retries run out (timeout 14, retry_cnt 7, backing off: about 3 s).
     let mut wc = [Completion::default(); 1];
     assert_eq!(a.cq.wait(&mut wc, Duration::from_secs(10)).unwrap(), 1);
     assert!(

@@ -36,9 +36,12 @@ fn ack_timeout() -> Duration {
 }
 
 /// The time after which a requester whose peer went silent must have given up: the
-/// first transmission's timeout plus one per retry.
+/// first transmission's timeout plus one per retry, each doubled after a timeout in a
+/// row without progress, at most 8× (softhca's backoff, `Qp::rto_deadline`).
 fn retry_budget() -> Duration {
-    ack_timeout() * (u32::from(RETRY_CNT) + 1)
+    (0..=u32::from(RETRY_CNT))
+        .map(|k| ack_timeout() * (1 << k.min(3)))
+        .sum()
 }
 
 struct Side {
@@ -306,7 +309,7 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
         WcStatus::RetryExcErr,
         "first error is retry exceeded"
     );
-    // Bound: timeout × (retry_cnt + 1), plus scheduling slack for a loaded 2-core box.
+    // Bound: the retry budget, plus scheduling slack for a loaded 2-core box.
     assert!(
         took <= retry_budget() + Duration::from_millis(400),
         "gave up after {took:?}, budget {:?}",

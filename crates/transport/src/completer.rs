@@ -36,10 +36,11 @@ impl Qp {
             // good response) and restarts the retransmit timer.
             self.req.retry_left = self.attr.retry_cnt;
             self.req.rnr_left = self.attr.rnr_retry;
+            self.req.rto_backoff = 0;
             self.req.recovery.on_progress(self.req.una);
             self.req.rto =
                 if psn_diff(self.req.max_sent, self.req.una) > 0 && self.req.rnr_wait.is_none() {
-                    ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t)
+                    self.rto_deadline(ctx.now)
                 } else {
                     None
                 };
@@ -366,7 +367,17 @@ impl Qp {
             let Some(w) = self.req.sq.pop_front() else {
                 break;
             };
-            if self.req.send_idx == 0 {
+            if let Some((idx, off)) = self.req.probe_resume.take() {
+                if self.req.send_idx == 0 {
+                    // The READ a probe was to re-request completed first (the
+                    // responder was slow, not lossy): no probe, carry on as before.
+                    self.req.send_idx = idx.saturating_sub(1);
+                    self.req.send_off = if idx == 0 { 0 } else { off };
+                } else {
+                    self.req.send_idx -= 1;
+                    self.req.probe_resume = Some((idx.saturating_sub(1), off));
+                }
+            } else if self.req.send_idx == 0 {
                 // A late ACK finished the WQE a rewind was resending: carry on with the
                 // next WQE from its start (the offset belonged to the retired one).
                 self.req.send_off = 0;

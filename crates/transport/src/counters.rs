@@ -48,6 +48,9 @@ counters! {
     completer_retry_err,
     /// Local ACK timeouts.
     local_ack_timeout_err,
+    /// Timeouts that re-requested only the READ at the head instead of going back N
+    /// (a slow responder would replay every READ sent again).
+    read_probe,
     /// RNR NAK retries.
     rnr_nak_retry_err,
     /// Remote access error NAKs received.

@@ -15,6 +15,8 @@ use crate::verbs::*;
 pub(crate) const MAX_UNACKED_PSNS: i32 = 1024;
 /// Ask for an ACK at least this often inside long messages (rxe: RXE_MAX_PKT_PER_ACK).
 pub(crate) const ACK_EVERY: u32 = 32;
+/// Doublings of the retransmit timeout after timeouts in a row (see `rto_deadline`).
+pub(crate) const MAX_RTO_BACKOFF: u8 = 3;
 
 /// Where the next packet of a QP comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -535,6 +537,13 @@ impl Qp {
         if whole {
             self.req.send_idx += 1;
             self.req.send_off = 0;
+            if let Some((idx, off)) = self.req.probe_resume.take() {
+                // The probe (see `probe_read`) is out: carry on where sending was.
+                if idx >= self.req.send_idx {
+                    self.req.send_idx = idx;
+                    self.req.send_off = off;
+                }
+            }
             if ty != QpType::Rc {
                 // UC/UD complete once sent (no ACKs).
                 w.done = true;
@@ -549,7 +558,7 @@ impl Qp {
             self.req.pkts_since_ack_req += 1;
         }
         if ty == QpType::Rc && self.req.rto.is_none() {
-            self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t);
+            self.req.rto = self.rto_deadline(ctx.now);
         }
         if ty != QpType::Rc && whole {
             self.complete_sends(ctx);
@@ -558,6 +567,7 @@ impl Qp {
 
     /// Rewind the send position to `psn` (go-back-N).
     pub fn rewind_to(&mut self, psn: u32, mtu: u64) {
+        self.req.probe_resume = None;
         for (i, w) in self.req.sq.iter().enumerate() {
             if w.contains(psn) {
                 self.req.send_idx = i;
@@ -590,7 +600,45 @@ impl Qp {
         self.req.retry_left -= 1;
         ctx.counters.completer_retry_err += 1;
         let mtu = self.mtu(ctx.cfg);
+        // Where sending was (before a probe still waiting to leave, if any).
+        let resume = self
+            .req
+            .probe_resume
+            .unwrap_or((self.req.send_idx, self.req.send_off));
         self.rewind_to(from, mtu);
-        self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| ctx.now + t);
+        if cause == LossCause::Timeout {
+            self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
+            if self.is_read_at(from) && resume.0 > self.req.send_idx {
+                // Re-request only this READ, then carry on where sending was. A responder
+                // replays every READ it is asked again (rxe `duplicate_request`), after
+                // the responses it still owes: going back N at each timeout multiplied
+                // the work of a responder that was only slow, until it could never catch
+                // up. A READ behind this one that really was lost draws a sequence NAK
+                // when a later request arrives, or times out in turn.
+                ctx.counters.read_probe += 1;
+                self.req.probe_resume = Some(resume);
+            }
+        }
+        self.req.rto = self.rto_deadline(ctx.now);
+    }
+
+    /// The retransmit deadline from `now`: the Local ACK Timeout, doubled per timeout in
+    /// a row without progress (IBTA 9.7.6.1.3 sets the least time to wait, not the
+    /// most). Why: a peer that stalls longer than its timeout allows (kernel rxe under
+    /// a loaded or emulated host stops for a second at times) would otherwise spend the
+    /// whole retry budget in 8 timeouts, 0.5 s at perftest's timeout 14, and fail a
+    /// connection that was only slow. Capped, so a dead peer is still reported within
+    /// (1 + 2 + 4 + 8 × 5) timeouts with retry_cnt 7: 3.1 s at timeout 14.
+    pub(crate) fn rto_deadline(&self, now: Nanos) -> Option<Nanos> {
+        ack_timeout_ns(self.attr.timeout).map(|t| now + (t << self.req.rto_backoff))
+    }
+
+    /// Whether `psn` lies in a READ that was sent and still misses responses.
+    fn is_read_at(&self, psn: u32) -> bool {
+        self.req
+            .sq
+            .iter()
+            .find(|w| w.contains(psn))
+            .is_some_and(|w| w.wr.opcode == WrOpcode::RdmaRead && !w.done)
     }
 }

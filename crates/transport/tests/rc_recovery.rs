@@ -335,3 +335,53 @@ fn reordering_is_absorbed_without_go_back_n() {
     assert_eq!(req.completer_retry_err, 0, "{req:?}");
     assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
 }
+
+/// A READ responder that stalls for a second with 128 READs of 64 KiB outstanding
+/// (kernel rxe does, under an emulated or loaded host; CI saw `ib_read_bw` fail so).
+/// Each retransmit timeout used to re-request every outstanding READ: the responder
+/// replays every one of them, 8 MiB more work per timeout on a peer already behind, and
+/// 8 timeouts of 67 ms without progress ended the QP in RETRY_EXC_ERR. Now the timeout
+/// doubles while nothing progresses, and each timeout re-requests only the READ at the
+/// head: every READ completes, and the responder replays a handful.
+#[test]
+fn stalled_read_responder_is_not_flooded_with_duplicates() {
+    let mut net = SimNet::new(41, 2, Mtu::M4096);
+    // About 32 MB/s of responses, like rxe under emulation.
+    net.link_ps_per_byte = 31_250;
+    let o = RcOpts {
+        timeout: 14,
+        max_rd_atomic: 128,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let (n, size) = (128usize, 65_536usize);
+    let la = net.reg(0, n * size, full_access());
+    let rb = net.reg(1, n * size, full_access());
+    net.fill_random(&rb);
+    for k in 0..n {
+        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
+        r.remote_addr = rb.addr + (k * size) as u64;
+        r.rkey = rb.rkey;
+        r.flags = SendFlags::SIGNALED;
+        net.nodes[0].engine.post_send(0, a, r).unwrap();
+    }
+    net.run_until(50_000_000, |n| n.now >= 50_000_000);
+    net.stall(1, 1_000_000_000);
+    net.run(30_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), n);
+    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
+    let (req, resp) = (
+        net.nodes[0].engine.counters().clone(),
+        net.nodes[1].engine.counters().clone(),
+    );
+    assert!(req.local_ack_timeout_err >= 2, "no stall seen: {req:?}");
+    assert_eq!(req.read_probe, req.local_ack_timeout_err, "{req:?}");
+    assert!(
+        resp.duplicate_request <= req.local_ack_timeout_err,
+        "replayed {} READs for {} timeouts",
+        resp.duplicate_request,
+        req.local_ack_timeout_err
+    );
+}

@@ -143,6 +143,13 @@ pub(crate) struct Requester {
     pub rnr_wait: Option<(Nanos, u32)>,
     /// Retransmit deadline.
     pub rto: Option<Nanos>,
+    /// Retransmit timeouts in a row without forward progress: each doubles the next
+    /// timeout, up to [`crate::requester::MAX_RTO_BACKOFF`] doublings.
+    pub rto_backoff: u8,
+    /// A timeout with a READ at the head re-requests only that READ (see
+    /// `Qp::retransmit_from`); once that request has left, sending resumes here
+    /// (send_idx, send_off).
+    pub probe_resume: Option<(usize, u64)>,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
@@ -348,6 +355,7 @@ impl Qp {
         self.req.rd_atomic_inflight = 0;
         self.req.rnr_wait = None;
         self.req.rto = None;
+        self.req.probe_resume = None;
         let mut recvs: Vec<RecvWr> = self.rq.drain(..).collect();
         if let Some(InMsg::Send {
             wqe,

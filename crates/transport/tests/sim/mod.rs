@@ -74,6 +74,7 @@ pub struct Node {
 struct InFlight {
     at: u64,
     seq: u64,
+    from: usize,
     to: usize,
     info: DatagramInfo,
     bytes: Vec<u8>,
@@ -316,11 +317,31 @@ impl SimNet {
             self.queue.push(Reverse(InFlight {
                 at,
                 seq: self.seq,
+                from,
                 to,
                 info,
                 bytes,
             }));
         }
+    }
+
+    /// `node` stops sending for `ns` from now: what it sent and what has not arrived
+    /// yet, and what it sends meanwhile, arrives `ns` later (a peer whose host stalls,
+    /// as kernel rxe does for a second at times on a loaded or emulated machine).
+    pub fn stall(&mut self, node: usize, ns: u64) {
+        let now = self.now;
+        let queue = std::mem::take(&mut self.queue);
+        self.queue = queue
+            .into_iter()
+            .map(|Reverse(mut p)| {
+                if p.from == node && p.at > now {
+                    p.at += ns;
+                }
+                Reverse(p)
+            })
+            .collect();
+        let free = &mut self.link_free_at[node];
+        *free = (*free).max(now) + ns;
     }
 
     /// Advance to the next event (delivery or timer). False when nothing is left.
