@@ -385,3 +385,40 @@ fn stalled_read_responder_is_not_flooded_with_duplicates() {
         req.local_ack_timeout_err
     );
 }
+
+/// The other side of re-requesting only the head READ at a timeout: READ requests lost
+/// at the tail (nothing behind them for the responder to NAK) are each asked again in
+/// turn, and every READ completes with its data.
+#[test]
+fn lost_tail_of_read_requests_is_recovered() {
+    let mut net = SimNet::new(42, 2, Mtu::M1024);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let (n, size) = (16usize, 4096usize);
+    let la = net.reg(0, n * size, full_access());
+    let rb = net.reg(1, n * size, full_access());
+    net.fill_random(&rb);
+    // The first transmission of the last 6 READ requests is lost.
+    let dropped = drop_first(&mut net, 0, 6, {
+        let seen = std::cell::Cell::new(0usize);
+        move |p| {
+            if p[0] != 0x0c {
+                return false;
+            }
+            seen.set(seen.get() + 1);
+            seen.get() > n - 6
+        }
+    });
+    for k in 0..n {
+        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
+        r.remote_addr = rb.addr + (k * size) as u64;
+        r.rkey = rb.rkey;
+        r.flags = SendFlags::SIGNALED;
+        net.nodes[0].engine.post_send(0, a, r).unwrap();
+    }
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 6);
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), n);
+    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
+}
