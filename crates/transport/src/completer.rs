@@ -335,7 +335,7 @@ impl Qp {
                 // Early responses stay placed: when the resent range fills the gap,
                 // una jumps over them.
                 if let Some(from) = from {
-                    self.retransmit_from(ctx, from, LossCause::Gap);
+                    self.retransmit_from(ctx, from, LossCause::ReadHole);
                 }
             }
             _ => {}

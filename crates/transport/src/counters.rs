@@ -48,8 +48,8 @@ counters! {
     completer_retry_err,
     /// Local ACK timeouts.
     local_ack_timeout_err,
-    /// Timeouts that re-requested only the READ at the head instead of going back N
-    /// (a slow responder would replay every READ sent again).
+    /// Timeouts and READ response holes that re-requested only the READ concerned
+    /// instead of going back N (a responder replays every READ asked again).
     read_probe,
     /// RNR NAK retries.
     rnr_nak_retry_err,

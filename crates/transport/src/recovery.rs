@@ -14,6 +14,10 @@ pub(crate) enum LossCause {
     Timeout,
     /// A response skipped PSNs (READ response gap, or an ACK beyond a pending READ).
     Gap,
+    /// READ responses still missing in front of placed ones when the reorder timer
+    /// fired: the READ with the hole is re-requested alone (the ones behind it are
+    /// arriving or placed already).
+    ReadHole,
 }
 
 /// A loss recovery policy.
@@ -35,7 +39,7 @@ pub(crate) struct GoBackN {
 
 impl LossRecovery for GoBackN {
     fn on_loss(&mut self, psn: u32, cause: LossCause) -> Option<u32> {
-        if cause == LossCause::Gap && self.pending == Some(psn) {
+        if matches!(cause, LossCause::Gap | LossCause::ReadHole) && self.pending == Some(psn) {
             return None;
         }
         self.pending = Some(psn);

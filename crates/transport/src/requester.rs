@@ -608,16 +608,21 @@ impl Qp {
         self.rewind_to(from, mtu);
         if cause == LossCause::Timeout {
             self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
-            if self.is_read_at(from) && resume.0 > self.req.send_idx {
-                // Re-request only this READ, then carry on where sending was. A responder
-                // replays every READ it is asked again (rxe `duplicate_request`), after
-                // the responses it still owes: going back N at each timeout multiplied
-                // the work of a responder that was only slow, until it could never catch
-                // up. A READ behind this one that really was lost draws a sequence NAK
-                // when a later request arrives, or times out in turn.
-                ctx.counters.read_probe += 1;
-                self.req.probe_resume = Some(resume);
-            }
+        }
+        if matches!(cause, LossCause::Timeout | LossCause::ReadHole)
+            && self.is_read_at(from)
+            && resume.0 > self.req.send_idx
+        {
+            // Re-request only this READ, then carry on where sending was. A responder
+            // replays every READ it is asked again (rxe `duplicate_request`), after the
+            // responses it still owes: going back N at each timeout multiplied the work
+            // of a responder that was only slow, until it could never catch up; and a
+            // hole in one READ's responses cost a replay of every READ behind it, whose
+            // responses were arriving or placed already. A READ behind this one that
+            // really was lost draws a sequence NAK when a later request arrives, shows
+            // a hole of its own, or times out in turn.
+            ctx.counters.read_probe += 1;
+            self.req.probe_resume = Some(resume);
         }
         self.req.rto = self.rto_deadline(ctx.now);
     }

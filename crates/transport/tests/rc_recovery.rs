@@ -422,3 +422,57 @@ fn lost_tail_of_read_requests_is_recovered() {
     assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
     assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
 }
+
+/// A response lost in the middle of one READ of 16 in flight: the reorder timer
+/// re-requests that READ's missing part alone. The READs behind it, whose responses
+/// arrived and were placed meanwhile, are not asked again (going back N made the
+/// responder replay all of them).
+#[test]
+fn hole_in_one_read_re_requests_only_that_read() {
+    let mut net = SimNet::new(43, 2, Mtu::M1024);
+    // 10 Gb/s: responses of later READs arrive while the hole waits.
+    net.link_ps_per_byte = 800;
+    let o = RcOpts {
+        max_rd_atomic: 16,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let (n, size) = (16usize, 16_384usize);
+    let la = net.reg(0, n * size, full_access());
+    let rb = net.reg(1, n * size, full_access());
+    net.fill_random(&rb);
+    // The 6th READ response packet overall (READ 1's second MIDDLE) is lost once.
+    let dropped = drop_first(&mut net, 1, 1, {
+        let seen = std::cell::Cell::new(0usize);
+        move |p| {
+            if !(0x0d..=0x10).contains(&p[0]) {
+                return false;
+            }
+            seen.set(seen.get() + 1);
+            seen.get() == 6
+        }
+    });
+    for k in 0..n {
+        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
+        r.remote_addr = rb.addr + (k * size) as u64;
+        r.rkey = rb.rkey;
+        r.flags = SendFlags::SIGNALED;
+        net.nodes[0].engine.post_send(0, a, r).unwrap();
+    }
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 1);
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), n);
+    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
+    let (req, resp) = (
+        net.nodes[0].engine.counters().clone(),
+        net.nodes[1].engine.counters().clone(),
+    );
+    assert_eq!(req.read_probe, 1, "{req:?}");
+    assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
+    assert_eq!(
+        resp.duplicate_request, 1,
+        "only the READ with the hole: {resp:?}"
+    );
+}

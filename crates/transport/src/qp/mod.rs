@@ -146,7 +146,7 @@ pub(crate) struct Requester {
     /// Retransmit timeouts in a row without forward progress: each doubles the next
     /// timeout, up to [`crate::requester::MAX_RTO_BACKOFF`] doublings.
     pub rto_backoff: u8,
-    /// A timeout with a READ at the head re-requests only that READ (see
+    /// A timeout or a response hole in a READ re-requests only that READ (see
     /// `Qp::retransmit_from`); once that request has left, sending resumes here
     /// (send_idx, send_off).
     pub probe_resume: Option<(usize, u64)>,
