@@ -63,6 +63,9 @@ pub enum PeerKind {
     TcpPingpong,
     /// UDP datagram/echo round trips.
     UdpPingpong,
+    /// UDP round trips through softhca's socket setup: each message leaves as a GSO
+    /// pair [message, ACK-sized segment], received with GRO and cmsgs by `recvmmsg`.
+    UdpPingpongRoce,
     /// Raw UDP with GSO and GRO (crates/io blast).
     UdpBlast,
 }

@@ -55,7 +55,12 @@ fn quick_bench_writes_every_row_kind() {
             pos(r, "cpu_s_per_gb_receiver");
         }
     }
-    for kind in ["softhca_lat", "tcp_pingpong", "udp_pingpong"] {
+    for kind in [
+        "softhca_lat",
+        "tcp_pingpong",
+        "udp_pingpong",
+        "udp_pingpong_roce",
+    ] {
         for r in of(kind) {
             let p50 = pos(r, "lat_us_p50");
             let p99 = pos(r, "lat_us_p99");

@@ -58,6 +58,9 @@ enum Point {
     TcpPingpong { size: u64 },
     /// UDP echo latency.
     UdpPingpong { size: u64 },
+    /// UDP echo latency through softhca's socket setup, no protocol: the kernel's share
+    /// of a softhca ping-pong.
+    UdpPingpongRoce { size: u64 },
     /// Raw UDP GSO+GRO throughput.
     UdpBlast,
 }
@@ -72,6 +75,9 @@ impl Point {
             Point::TcpStream { size } => format!("tcp stream {}", sz(size)),
             Point::TcpPingpong { size } => format!("tcp ping-pong {}", sz(size)),
             Point::UdpPingpong { size } => format!("udp ping-pong {}", sz(size)),
+            Point::UdpPingpongRoce { size } => {
+                format!("udp ping-pong, softhca's sockets {}", sz(size))
+            }
             Point::UdpBlast => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
         }
     }
@@ -85,6 +91,7 @@ fn plan(quick: bool) -> Vec<Point> {
         v.push(Point::UdpBlast);
         v.push(Point::TcpPingpong { size: 8 });
         v.push(Point::UdpPingpong { size: 8 });
+        v.push(Point::UdpPingpongRoce { size: 8 });
         v.push(Point::Bw {
             op: "send",
             size: 65536,
@@ -120,6 +127,7 @@ fn plan(quick: bool) -> Vec<Point> {
         v.push(Point::TcpPingpong { size });
         v.push(Point::UdpPingpong { size });
     }
+    v.push(Point::UdpPingpongRoce { size: 8 });
     for op in ["send", "write", "read"] {
         for qps in [1, 2] {
             for size in sizes {
@@ -357,6 +365,7 @@ impl Runner<'_> {
             Point::TcpStream { size } => self.peer("tcp-stream", size),
             Point::TcpPingpong { size } => self.peer("tcp-pingpong", size),
             Point::UdpPingpong { size } => self.peer("udp-pingpong", size),
+            Point::UdpPingpongRoce { size } => self.peer("udp-pingpong-roce", size),
             Point::UdpBlast => self.peer("udp-blast", BLAST_SEGMENT),
         }
     }
@@ -505,10 +514,10 @@ impl Runner<'_> {
             }
             _ => {
                 let iters = num(&cj, "iters") as u64;
-                let (k, op) = if kind == "tcp-pingpong" {
-                    ("tcp_pingpong", "tcp")
-                } else {
-                    ("udp_pingpong", "udp")
+                let (k, op) = match kind {
+                    "tcp-pingpong" => ("tcp_pingpong", "tcp"),
+                    "udp-pingpong-roce" => ("udp_pingpong_roce", "udp"),
+                    _ => ("udp_pingpong", "udp"),
                 };
                 let mut r = Row::new(
                     k,

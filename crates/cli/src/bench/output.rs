@@ -7,7 +7,8 @@ use std::io::Write;
 use serde::Serialize;
 
 /// One measurement's result. `kind` is one of `softhca_bw`, `softhca_lat`,
-/// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_blast`.
+/// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_pingpong_roce`
+/// (the same through softhca's socket setup: GSO pairs, GRO, cmsgs), `udp_blast`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// What was measured.
@@ -232,6 +233,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "tcp_stream" => "TCP stream",
             "tcp_pingpong" => "TCP ping-pong",
             "udp_pingpong" => "UDP ping-pong",
+            "udp_pingpong_roce" => "UDP, softhca's sockets",
             "udp_blast" => "raw UDP GSO+GRO",
             k => k,
         };

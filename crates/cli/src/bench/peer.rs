@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use softhca_io::blast::{blast_recv, blast_send, RecvStop};
-use softhca_io::{BindOptions, RoceSocket};
+use softhca_io::{self as sio, BindOptions, RecvBatch, RoceSocket, Transmit};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -44,6 +44,7 @@ pub fn run(a: &BenchPeerArgs) -> Result<(), CliError> {
                 PeerKind::TcpStream => tcp_stream_server(bind, size)?,
                 PeerKind::TcpPingpong => tcp_pingpong_server(bind, size)?,
                 PeerKind::UdpPingpong => udp_pingpong_server(bind, size)?,
+                PeerKind::UdpPingpongRoce => roce_pingpong_server(bind, size)?,
                 PeerKind::UdpBlast => udp_blast_server(bind, duration)?,
             }
         }
@@ -55,6 +56,7 @@ pub fn run(a: &BenchPeerArgs) -> Result<(), CliError> {
                 PeerKind::TcpStream => tcp_stream_client(to, size, duration)?,
                 PeerKind::TcpPingpong => tcp_pingpong_client(to, size, duration)?,
                 PeerKind::UdpPingpong => udp_pingpong_client(to, size, duration)?,
+                PeerKind::UdpPingpongRoce => roce_pingpong_client(to, size, duration)?,
                 PeerKind::UdpBlast => udp_blast_client(to, size, duration)?,
             }
         }
@@ -373,6 +375,122 @@ fn udp_pingpong_client(
     // Tell the server to stop (twice: a datagram may be lost).
     for _ in 0..2 {
         let _ = s.send(&[]);
+    }
+    Ok(lat_json(&mut samples, n, seconds, lost))
+}
+
+/// BTH (12) and ICRC (4) around a SEND's payload.
+const ROCE_OVERHEAD: usize = 16;
+/// An ACK: BTH, AETH and ICRC.
+const ROCE_ACK: usize = 20;
+
+/// What one softhca ping-pong step hands the kernel, without the protocol: a message
+/// the size of a SEND packet and, as the last segment of the same GSO send, one the size
+/// of the ACK it owes (softhca sends an answer and the ACK of the request it answers
+/// together, `Qp::plan`).
+fn roce_step(size: usize) -> Vec<u8> {
+    vec![0x5a; size + ROCE_OVERHEAD + ROCE_ACK]
+}
+
+fn roce_send(s: &RoceSocket, to: SocketAddr, step: &[u8], size: usize) -> std::io::Result<()> {
+    s.send(&[Transmit {
+        dst: to,
+        src_ip: None,
+        contents: step,
+        pieces: &[],
+        segment_size: Some(size + ROCE_OVERHEAD),
+    }])
+    .map(|_| ())
+}
+
+/// Receives (spinning, as a polling softhca application does) until a datagram whose
+/// first segment is `len` bytes arrives; returns its source. None after `patience`.
+fn roce_wait(
+    s: &RoceSocket,
+    batch: &mut RecvBatch,
+    len: usize,
+    patience: Duration,
+) -> std::io::Result<Option<(SocketAddr, usize)>> {
+    let start = Instant::now();
+    loop {
+        match s.recv(batch) {
+            Ok(n) => {
+                for k in 0..n {
+                    let (meta, buf) = batch.get(k);
+                    if let Some(first) = sio::segments(&meta, buf).next() {
+                        if first.len() == len || first.len() == 1 {
+                            return Ok(Some((meta.src, first.len())));
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if start.elapsed() >= patience {
+            return Ok(None);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Echoes with softhca's socket setup (see [`roce_step`]); a 1-byte datagram ends it.
+fn roce_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Value, CliError> {
+    let s = RoceSocket::bind_with(bind, offloads()).map_err(io_err)?;
+    ready(s.local_addr().port())?;
+    let mut batch = RecvBatch::for_socket(&s, 32);
+    let step = roce_step(size);
+    let mut iters = 0u64;
+    let len = size + ROCE_OVERHEAD;
+    while let Some((from, got)) =
+        roce_wait(&s, &mut batch, len, Duration::from_secs(5)).map_err(net("udp client"))?
+    {
+        if got == 1 {
+            break;
+        }
+        roce_send(&s, from, &step, size).map_err(net("udp client"))?;
+        iters += 1;
+    }
+    Ok(json!({ "iters": iters }))
+}
+
+fn roce_pingpong_client(
+    to: SocketAddr,
+    size: usize,
+    duration: Duration,
+) -> Result<serde_json::Value, CliError> {
+    let s = RoceSocket::bind_with(SocketAddr::new(to.ip(), 0), offloads()).map_err(io_err)?;
+    let mut batch = RecvBatch::for_socket(&s, 32);
+    let step = roce_step(size);
+    let len = size + ROCE_OVERHEAD;
+    let mut samples = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    let end = start + duration;
+    let (mut n, mut lost) = (0u64, 0u64);
+    while Instant::now() < end {
+        let t = Instant::now();
+        roce_send(&s, to, &step, size).map_err(net("udp server"))?;
+        match roce_wait(&s, &mut batch, len, Duration::from_millis(200))
+            .map_err(net("udp server"))?
+        {
+            Some(_) => {
+                if n >= WARMUP {
+                    samples.push(t.elapsed().as_nanos() as u64);
+                }
+                n += 1;
+            }
+            None => lost += 1,
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    for _ in 0..2 {
+        let _ = s.send(&[Transmit {
+            dst: to,
+            src_ip: None,
+            contents: &[0],
+            pieces: &[],
+            segment_size: None,
+        }]);
     }
     Ok(lat_json(&mut samples, n, seconds, lost))
 }
