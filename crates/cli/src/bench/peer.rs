@@ -403,8 +403,11 @@ fn roce_send(s: &RoceSocket, to: SocketAddr, step: &[u8], size: usize) -> std::i
     .map(|_| ())
 }
 
-/// Receives (spinning, as a polling softhca application does) until a datagram whose
-/// first segment is `len` bytes arrives; returns its source. None after `patience`.
+/// Receives until a datagram whose first segment is `len` bytes (or an end marker of 1
+/// byte) arrives; returns its source and that length. None after `patience`. Spins for
+/// [`SPIN`] on an empty socket, then sleeps in `poll(2)`, like the other baselines and
+/// softhca's adaptive polling (two processes spinning forever on a busy 2-core machine
+/// get a round trip per scheduler tick).
 fn roce_wait(
     s: &RoceSocket,
     batch: &mut RecvBatch,
@@ -412,6 +415,7 @@ fn roce_wait(
     patience: Duration,
 ) -> std::io::Result<Option<(SocketAddr, usize)>> {
     let start = Instant::now();
+    let mut idle_since = start;
     loop {
         match s.recv(batch) {
             Ok(n) => {
@@ -427,10 +431,27 @@ fn roce_wait(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
-        if start.elapsed() >= patience {
+        let now = Instant::now();
+        let waited = now.duration_since(start);
+        if waited >= patience {
             return Ok(None);
         }
-        std::hint::spin_loop();
+        if now.duration_since(idle_since) < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        let mut pfd = libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = (patience - waited).as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: one valid pollfd for the call's duration; the result only says whether
+        // to receive again, which the loop does either way.
+        unsafe {
+            libc::poll(&mut pfd, 1, ms);
+        }
+        idle_since = Instant::now();
     }
 }
 
