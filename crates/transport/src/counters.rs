@@ -67,6 +67,8 @@ counters! {
     drop_bad_icrc,
     /// ICRC matched only after solving for a peer's unseen IPv4 ID (first contact, resync).
     icrc_ipv4_id_resync,
+    /// ICRC matched with another IPv4 ID than the predicted one (a second check).
+    icrc_ipv4_id_mispredicted,
     /// Dropped: header did not parse.
     drop_malformed,
     /// Dropped: no such QP.

@@ -134,6 +134,10 @@ pub struct Engine {
 struct PeerIpId {
     last: u16,
     misses: u32,
+    /// The last ID that matched was its packet's GSO segment index: the peer numbers its
+    /// packets per GSO send, as softhca does (0 for a plain datagram), not per packet
+    /// as rxe does.
+    per_send: bool,
 }
 
 /// How far ahead of the predicted IPv4 ID a solved ID is believed without more evidence.
@@ -844,10 +848,12 @@ impl Engine {
         };
         let near = state.map(|s: PeerIpId| s.last);
         // The most likely ID is checked first, in one pass: the GRO segment index for a
-        // GSO batch of ours, else the peer's next ID (rxe counts up; ours stay at 0).
-        let predicted = match near {
+        // GSO batch of ours, else the peer's next ID (rxe counts up; ours restart at 0
+        // with every send: after a batch that ended at ID 14, the next starts at 0, and
+        // predicting 15 cost a failed check and a CRC combine per batch).
+        let predicted = match state {
             _ if seg > 0 => seg,
-            Some(l) if l != 0 => l.wrapping_add(1),
+            Some(s) if s.last != 0 && !s.per_send => s.last.wrapping_add(1),
             _ => 0,
         };
         let icrc = &IcrcInfo {
@@ -863,18 +869,26 @@ impl Engine {
                 .chain((1..=ID_BEHIND).map(move |d| l.wrapping_sub(d)))
         }));
         if let Some(id) = packet::verify(icrc, p, cands) {
+            if id != predicted {
+                self.counters.icrc_ipv4_id_mispredicted += 1;
+            }
             if state.is_some() || self.ip_ids.len() < MAX_ID_PEERS {
                 self.ip_ids.insert(
                     peer,
                     PeerIpId {
                         last: id,
                         misses: 0,
+                        per_send: id == seg,
                     },
                 );
             }
             return true;
         }
-        let mut st = state.unwrap_or(PeerIpId { last: 0, misses: 0 });
+        let mut st = state.unwrap_or(PeerIpId {
+            last: 0,
+            misses: 0,
+            per_send: false,
+        });
         st.misses = st.misses.saturating_add(1);
         // Solving the affine CRC system finds the one ID that fits, at the strength of a
         // 16-bit check (a full scan of all IDs would be no stronger and 4000x slower). So a
@@ -891,6 +905,7 @@ impl Engine {
         if let Some(id) = found {
             st.last = id;
             st.misses = 0;
+            st.per_send = id == seg;
             self.counters.icrc_ipv4_id_resync += 1;
         }
         if self.ip_ids.len() < MAX_ID_PEERS || self.ip_ids.contains_key(&peer) {
