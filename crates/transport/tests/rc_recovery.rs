@@ -336,6 +336,36 @@ fn reordering_is_absorbed_without_go_back_n() {
     assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
 }
 
+/// Posts `n` signaled READs of `size` bytes on `a` (node 0), each into its own slice of
+/// a new local buffer from the same slice of a new remote one filled with random bytes.
+fn post_reads(net: &mut SimNet, a: Qpn, n: usize, size: usize) -> (Mr, Mr) {
+    let la = net.reg(0, n * size, full_access());
+    let rb = net.reg(1, n * size, full_access());
+    net.fill_random(&rb);
+    for k in 0..n {
+        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
+        r.remote_addr = rb.addr + (k * size) as u64;
+        r.rkey = rb.rkey;
+        r.flags = SendFlags::SIGNALED;
+        let now = net.now;
+        net.nodes[0].engine.post_send(now, a, r).unwrap();
+    }
+    (la, rb)
+}
+
+/// Every one of the `n` READs completed successfully with the remote bytes; returns the
+/// requester's and the responder's counters.
+fn reads_done(net: &mut SimNet, n: usize, la: &Mr, rb: &Mr) -> (Counters, Counters) {
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), n);
+    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+    assert!(net.mem(la) == net.mem(rb), "READ data differs");
+    (
+        net.nodes[0].engine.counters().clone(),
+        net.nodes[1].engine.counters().clone(),
+    )
+}
+
 /// A READ responder that stalls for a second with 128 READs of 64 KiB outstanding
 /// (kernel rxe does, under an emulated or loaded host; CI saw `ib_read_bw` fail so).
 /// Each retransmit timeout used to re-request every outstanding READ: the responder
@@ -354,28 +384,12 @@ fn stalled_read_responder_is_not_flooded_with_duplicates() {
         ..RcOpts::default()
     };
     let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let (n, size) = (128usize, 65_536usize);
-    let la = net.reg(0, n * size, full_access());
-    let rb = net.reg(1, n * size, full_access());
-    net.fill_random(&rb);
-    for k in 0..n {
-        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
-        r.remote_addr = rb.addr + (k * size) as u64;
-        r.rkey = rb.rkey;
-        r.flags = SendFlags::SIGNALED;
-        net.nodes[0].engine.post_send(0, a, r).unwrap();
-    }
+    let n = 128;
+    let (la, rb) = post_reads(&mut net, a, n, 65_536);
     net.run_until(50_000_000, |n| n.now >= 50_000_000);
     net.stall(1, 1_000_000_000);
     net.run(30_000_000_000);
-    let s = net.take_completions(0);
-    assert_eq!(s.len(), n);
-    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
-    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
-    let (req, resp) = (
-        net.nodes[0].engine.counters().clone(),
-        net.nodes[1].engine.counters().clone(),
-    );
+    let (req, resp) = reads_done(&mut net, n, &la, &rb);
     assert!(req.local_ack_timeout_err >= 2, "no stall seen: {req:?}");
     assert_eq!(req.read_probe, req.local_ack_timeout_err, "{req:?}");
     assert!(
@@ -393,10 +407,8 @@ fn stalled_read_responder_is_not_flooded_with_duplicates() {
 fn lost_tail_of_read_requests_is_recovered() {
     let mut net = SimNet::new(42, 2, Mtu::M1024);
     let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
-    let (n, size) = (16usize, 4096usize);
-    let la = net.reg(0, n * size, full_access());
-    let rb = net.reg(1, n * size, full_access());
-    net.fill_random(&rb);
+    let n = 16;
+    let (la, rb) = post_reads(&mut net, a, n, 4096);
     // The first transmission of the last 6 READ requests is lost.
     let dropped = drop_first(&mut net, 0, 6, {
         let seen = std::cell::Cell::new(0usize);
@@ -408,19 +420,9 @@ fn lost_tail_of_read_requests_is_recovered() {
             seen.get() > n - 6
         }
     });
-    for k in 0..n {
-        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
-        r.remote_addr = rb.addr + (k * size) as u64;
-        r.rkey = rb.rkey;
-        r.flags = SendFlags::SIGNALED;
-        net.nodes[0].engine.post_send(0, a, r).unwrap();
-    }
     net.run(1_000_000_000);
     assert_eq!(*dropped.borrow(), 6);
-    let s = net.take_completions(0);
-    assert_eq!(s.len(), n);
-    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
-    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
+    reads_done(&mut net, n, &la, &rb);
 }
 
 /// A response lost in the middle of one READ of 16 in flight: the reorder timer
@@ -437,10 +439,8 @@ fn hole_in_one_read_re_requests_only_that_read() {
         ..RcOpts::default()
     };
     let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let (n, size) = (16usize, 16_384usize);
-    let la = net.reg(0, n * size, full_access());
-    let rb = net.reg(1, n * size, full_access());
-    net.fill_random(&rb);
+    let n = 16;
+    let (la, rb) = post_reads(&mut net, a, n, 16_384);
     // The 6th READ response packet overall (READ 1's second MIDDLE) is lost once.
     let dropped = drop_first(&mut net, 1, 1, {
         let seen = std::cell::Cell::new(0usize);
@@ -452,23 +452,9 @@ fn hole_in_one_read_re_requests_only_that_read() {
             seen.get() == 6
         }
     });
-    for k in 0..n {
-        let mut r = send_wr(k as u64, WrOpcode::RdmaRead, la.sges(k * size, size));
-        r.remote_addr = rb.addr + (k * size) as u64;
-        r.rkey = rb.rkey;
-        r.flags = SendFlags::SIGNALED;
-        net.nodes[0].engine.post_send(0, a, r).unwrap();
-    }
     net.run(1_000_000_000);
     assert_eq!(*dropped.borrow(), 1);
-    let s = net.take_completions(0);
-    assert_eq!(s.len(), n);
-    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
-    assert!(net.mem(&la) == net.mem(&rb), "READ data differs");
-    let (req, resp) = (
-        net.nodes[0].engine.counters().clone(),
-        net.nodes[1].engine.counters().clone(),
-    );
+    let (req, resp) = reads_done(&mut net, n, &la, &rb);
     assert_eq!(req.read_probe, 1, "{req:?}");
     assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
     assert_eq!(
