@@ -331,11 +331,32 @@ impl Qp {
                     .sq
                     .iter()
                     .find(|w| w.started && w.contains(una) && w.wr.opcode == WrOpcode::RdmaRead)
-                    .map(|w| w.read_next_psn);
+                    .map(|w| (w.read_next_psn, w.last_psn()));
                 // Early responses stay placed: when the resent range fills the gap,
                 // una jumps over them.
-                if let Some(from) = from {
-                    self.retransmit_from(ctx, from, LossCause::ReadHole);
+                if let Some((from, last)) = from {
+                    // The only hole is in this READ when every PSN from its end to the
+                    // last response placed has arrived: re-request this READ alone.
+                    // With more holes further on, going back N fills them all in one
+                    // pass (one reorder delay for each hole in turn was measured 2x
+                    // slower at 1 % loss).
+                    let (beyond, span) = match self.req.read_early.back() {
+                        Some(&max) if psn_diff(max, last) > 0 => (
+                            self.req
+                                .read_early
+                                .iter()
+                                .filter(|&&p| psn_diff(p, last) > 0)
+                                .count(),
+                            psn_diff(max, last) as usize,
+                        ),
+                        _ => (0, 0),
+                    };
+                    let cause = if beyond == span {
+                        LossCause::ReadHole
+                    } else {
+                        LossCause::Gap
+                    };
+                    self.retransmit_from(ctx, from, cause);
                 }
             }
             _ => {}
