@@ -538,7 +538,7 @@ impl Qp {
             self.req.send_idx += 1;
             self.req.send_off = 0;
             if let Some((idx, off)) = self.req.probe_resume.take() {
-                // The probe (see `probe_read`) is out: carry on where sending was.
+                // The probe (see `retransmit_from`) is out: carry on where sending was.
                 if idx >= self.req.send_idx {
                     self.req.send_idx = idx;
                     self.req.send_off = off;
