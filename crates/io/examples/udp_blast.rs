@@ -52,14 +52,17 @@ fn main() {
     let on = BindOptions {
         allow_gso: true,
         allow_gro: true,
+        recv_tos: false,
     };
     let no_gro = BindOptions {
         allow_gso: true,
         allow_gro: false,
+        recv_tos: false,
     };
     let off = BindOptions {
         allow_gso: false,
         allow_gro: false,
+        recv_tos: false,
     };
     run("gso+gro", on, on, secs, seg);
     run("gso only", on, no_gro, secs, seg);

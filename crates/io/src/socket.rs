@@ -114,6 +114,13 @@ pub struct BindOptions {
     pub allow_gso: bool,
     /// Try GRO (`UDP_GRO`).
     pub allow_gro: bool,
+    /// Ask for each datagram's TOS / traffic class byte (`IP_RECVTOS` /
+    /// `IPV6_RECVTCLASS`, [`RecvMeta::tos`]). Off unless wanted: the kernel then builds,
+    /// and we parse, one more cmsg per datagram, and softhca's transport does not use
+    /// it.
+    ///
+    /// [`RecvMeta::tos`]: crate::RecvMeta::tos
+    pub recv_tos: bool,
 }
 
 impl BindOptions {
@@ -122,6 +129,7 @@ impl BindOptions {
         BindOptions {
             allow_gso: !env_disabled("SOFTHCA_GSO"),
             allow_gro: !env_disabled("SOFTHCA_GRO"),
+            recv_tos: false,
         }
     }
 }
@@ -194,11 +202,14 @@ impl RoceSocket {
     ///
     /// * non-blocking, close-on-exec, `SO_REUSEADDR` off (two devices must not silently
     ///   share an address), `IPV6_V6ONLY` on for IPv6 (bind `0.0.0.0` separately for IPv4);
-    /// * `IP_PKTINFO` / `IPV6_RECVPKTINFO`, so every datagram says which local address it
-    ///   was sent to (a device bound to a wildcard serves several GIDs);
+    /// * `IP_PKTINFO` / `IPV6_RECVPKTINFO` when bound to a wildcard, so every datagram
+    ///   says which local address it was sent to (such a device serves several GIDs);
+    ///   bound to one address, that address is the answer and [`RoceSocket::recv`] fills
+    ///   it in without a cmsg per datagram;
     /// * `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` = `PMTUDISC_DO`: DF set and never
     ///   fragmented, like rxe (an oversized send fails with `EMSGSIZE`);
-    /// * `IP_RECVTOS` / `IPV6_RECVTCLASS` for ECN/DSCP; 16 MiB socket buffers
+    /// * `IP_RECVTOS` / `IPV6_RECVTCLASS` for ECN/DSCP if [`BindOptions::recv_tos`];
+    ///   16 MiB socket buffers
     ///   (`SO_*BUFFORCE` when privileged, else as much as `net.core.*mem_max` allows);
     /// * GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`) probed, unless `SOFTHCA_GSO=0` /
     ///   `SOFTHCA_GRO=0`; see [`RoceSocket::capabilities`].
@@ -233,9 +244,15 @@ impl RoceSocket {
                 source: io::Error::from(io::ErrorKind::InvalidData),
             })?;
         let fd = socket.as_raw_fd();
+        // Bound to one address, every datagram was sent to it (Linux matches a bound
+        // socket's address against the destination, udp4_lib_lookup): no need to ask.
+        let wildcard = local.ip().is_unspecified();
 
         if addr.is_ipv4() {
-            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).map_err(os("IP_PKTINFO"))?;
+            if wildcard {
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)
+                    .map_err(os("IP_PKTINFO"))?;
+            }
             setsockopt_int(
                 fd,
                 libc::IPPROTO_IP,
@@ -243,12 +260,16 @@ impl RoceSocket {
                 libc::IP_PMTUDISC_DO,
             )
             .map_err(os("IP_MTU_DISCOVER"))?;
-            if let Err(e) = setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1) {
-                tracing::debug!("IP_RECVTOS refused ({e}); RecvMeta::tos will be 0");
+            if options.recv_tos {
+                if let Err(e) = setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1) {
+                    tracing::debug!("IP_RECVTOS refused ({e}); RecvMeta::tos will be 0");
+                }
             }
         } else {
-            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
-                .map_err(os("IPV6_RECVPKTINFO"))?;
+            if wildcard {
+                setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
+                    .map_err(os("IPV6_RECVPKTINFO"))?;
+            }
             setsockopt_int(
                 fd,
                 libc::IPPROTO_IPV6,
@@ -256,8 +277,10 @@ impl RoceSocket {
                 libc::IPV6_PMTUDISC_DO,
             )
             .map_err(os("IPV6_MTU_DISCOVER"))?;
-            if let Err(e) = setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1) {
-                tracing::debug!("IPV6_RECVTCLASS refused ({e}); RecvMeta::tos will be 0");
+            if options.recv_tos {
+                if let Err(e) = setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1) {
+                    tracing::debug!("IPV6_RECVTCLASS refused ({e}); RecvMeta::tos will be 0");
+                }
             }
         }
         Self::grow_buffers(fd);
@@ -380,7 +403,12 @@ impl RoceSocket {
     /// may hold several; split it with [`crate::segments`]. Returns
     /// [`io::ErrorKind::WouldBlock`] when nothing is queued.
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        batch.recv_from(self.socket.as_raw_fd())
+        let n = batch.recv_from(self.socket.as_raw_fd())?;
+        let ip = self.local.ip();
+        if !ip.is_unspecified() {
+            batch.set_dst_ip(ip);
+        }
+        Ok(n)
     }
 
     /// Sends a batch with `sendmmsg(2)` and returns how many [`Transmit`]s were sent

@@ -12,14 +12,17 @@ use softhca_io::{
 const BOTH: BindOptions = BindOptions {
     allow_gso: true,
     allow_gro: true,
+    recv_tos: false,
 };
 const NO_GRO: BindOptions = BindOptions {
     allow_gso: true,
     allow_gro: false,
+    recv_tos: false,
 };
 const NO_OFFLOAD: BindOptions = BindOptions {
     allow_gso: false,
     allow_gro: false,
+    recv_tos: false,
 };
 
 fn v4(last: u8) -> SocketAddr {
@@ -299,7 +302,11 @@ fn wildcard_socket_reports_dst_and_sends_from_chosen_source() {
 fn tos_is_sent_and_reported() {
     for (a_addr, b_addr) in [(v4(11), v4(12)), (v6(), v6())] {
         let a = RoceSocket::bind_with(a_addr, BOTH).unwrap();
-        let b = RoceSocket::bind_with(b_addr, BOTH).unwrap();
+        let with_tos = BindOptions {
+            recv_tos: true,
+            ..BOTH
+        };
+        let b = RoceSocket::bind_with(b_addr, with_tos).unwrap();
         a.set_tos(0x8a).unwrap(); // DSCP 34 (AF41), ECT(0)
         let t = [Transmit {
             dst: b.local_addr(),

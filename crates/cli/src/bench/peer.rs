@@ -520,6 +520,7 @@ fn offloads() -> BindOptions {
     BindOptions {
         allow_gso: true,
         allow_gro: true,
+        recv_tos: false,
     }
 }
 
