@@ -2,12 +2,21 @@
 //! and atomic ACKs, retires WQEs in order and writes send completions; runs the
 //! retransmit and RNR timers.
 
+use smallvec::SmallVec;
+
 use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
 use crate::timers::{ack_timeout_ns, rnr_timer_ns};
 use crate::verbs::*;
+
+/// Re-requests of the same READ hole after the responder fell silent (1 ms, then 2 ms),
+/// before the retransmit timeout (67 ms at perftest's timeout 14, doubling) takes over.
+/// A lost re-request, or a lost response to it, was the main cost of READ at 1 % loss:
+/// with the READ window full nothing else draws a NAK or a new gap. Bounded, so that a
+/// responder that stalls (see `rto_deadline`) gets two duplicate READs, not a flood.
+const MAX_QUIET_REREQUESTS: u8 = 2;
 
 impl Qp {
     /// A response packet (ACK, ATOMIC ACKNOWLEDGE, READ RESPONSE) for this QP's requester.
@@ -37,6 +46,7 @@ impl Qp {
             self.req.retry_left = self.attr.retry_cnt;
             self.req.rnr_left = self.attr.rnr_retry;
             self.req.rto_backoff = 0;
+            self.req.reread_quiet = 0;
             self.req.recovery.on_progress(self.req.una);
             self.req.rto =
                 if psn_diff(self.req.max_sent, self.req.una) > 0 && self.req.rnr_wait.is_none() {
@@ -183,6 +193,7 @@ impl Qp {
     }
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+        self.req.last_read_resp_at = ctx.now;
         let psn = h.psn;
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
@@ -325,42 +336,89 @@ impl Qp {
         match self.req.read_gap_at {
             Some(t) if t <= ctx.now => {
                 self.req.read_gap_at = None;
-                let una = self.req.una;
-                let from = self
-                    .req
-                    .sq
-                    .iter()
-                    .find(|w| w.started && w.contains(una) && w.wr.opcode == WrOpcode::RdmaRead)
-                    .map(|w| (w.read_next_psn, w.last_psn()));
                 // Early responses stay placed: when the resent range fills the gap,
                 // una jumps over them.
-                if let Some((from, last)) = from {
-                    // The only hole is in this READ when every PSN from its end to the
-                    // last response placed has arrived: re-request this READ alone.
-                    // With more holes further on, going back N fills them all in one
-                    // pass (one reorder delay for each hole in turn was measured 2x
-                    // slower at 1 % loss).
-                    let (beyond, span) = match self.req.read_early.back() {
-                        Some(&max) if psn_diff(max, last) > 0 => (
-                            self.req
-                                .read_early
-                                .iter()
-                                .filter(|&&p| psn_diff(p, last) > 0)
-                                .count(),
-                            psn_diff(max, last) as usize,
-                        ),
-                        _ => (0, 0),
-                    };
-                    let cause = if beyond == span {
-                        LossCause::ReadHole
-                    } else {
-                        LossCause::Gap
-                    };
-                    self.retransmit_from(ctx, from, cause);
+                match self.read_holes() {
+                    Some(holes) if !holes.is_empty() => {
+                        let (_, from) = holes[0];
+                        if self.req.recovery.is_pending(from) {
+                            // Re-requested already. Lost again if the responder has
+                            // been silent for the whole delay: it serves requests in
+                            // order and owes nothing else. While it still sends (a
+                            // slow responder with a backlog), look again later.
+                            let delay = OOO_NAK_DELAY_NS << self.req.reread_quiet;
+                            if self.req.reread_quiet >= MAX_QUIET_REREQUESTS {
+                                return; // the retransmit timeout takes over
+                            }
+                            if ctx.now < self.req.last_read_resp_at + delay {
+                                self.req.read_gap_at = Some(self.req.last_read_resp_at + delay);
+                                return;
+                            }
+                            self.req.reread_quiet += 1;
+                            self.req.recovery.on_retransmission_lost();
+                        }
+                        // Re-request each READ with a hole, from its first missing
+                        // response, and nothing else (see `rerequest_reads`).
+                        if self.retransmit_from(ctx, from, LossCause::ReadHole) {
+                            self.rerequest_reads(ctx, &holes[1..]);
+                            // Look again once the answers have had time to arrive.
+                            self.req.read_gap_at =
+                                Some(ctx.now + (OOO_NAK_DELAY_NS << self.req.reread_quiet));
+                        }
+                    }
+                    _ => {
+                        // Something other than READ responses is missing (the ACK of a
+                        // request between them): go back N from the READ at una.
+                        let una = self.req.una;
+                        let from = self
+                            .req
+                            .sq
+                            .iter()
+                            .find(|w| {
+                                w.started && w.contains(una) && w.wr.opcode == WrOpcode::RdmaRead
+                            })
+                            .map(|w| w.read_next_psn);
+                        if let Some(from) = from {
+                            self.retransmit_from(ctx, from, LossCause::Gap);
+                        }
+                    }
                 }
             }
             _ => {}
         }
+    }
+
+    /// The READs with responses missing in front of the last one placed: (sq index,
+    /// first missing PSN), in order. None when something else is missing there too.
+    fn read_holes(&self) -> Option<SmallVec<[(usize, u32); 8]>> {
+        let &max = self.req.read_early.back()?;
+        let una = self.req.una;
+        let placed = |p: u32| {
+            self.req
+                .read_early
+                .binary_search_by(|&q| psn_diff(q, una).cmp(&psn_diff(p, una)))
+                .is_ok()
+        };
+        let mut holes = SmallVec::new();
+        for (i, w) in self.req.sq.iter().enumerate() {
+            if !w.started || psn_diff(w.first_psn, max) > 0 {
+                break;
+            }
+            if w.done || psn_diff(w.last_psn(), una) < 0 {
+                continue;
+            }
+            if w.wr.opcode != WrOpcode::RdmaRead {
+                return None;
+            }
+            let mut p = w.read_next_psn;
+            while psn_diff(p, w.last_psn()) <= 0 && placed(p) {
+                p = psn_add(p, 1);
+            }
+            if psn_diff(p, w.last_psn()) <= 0 && psn_diff(p, max) < 0 {
+                holes.push((i, p));
+            }
+        }
+        Some(holes)
     }
 
     /// Retire finished WQEs from the head in order, writing completions; a WQE with an
@@ -388,15 +446,19 @@ impl Qp {
             let Some(w) = self.req.sq.pop_front() else {
                 break;
             };
-            if let Some((idx, off)) = self.req.probe_resume.take() {
+            if !self.req.probe_next.is_empty() {
                 if self.req.send_idx == 0 {
-                    // The READ a probe was to re-request completed first (the
-                    // responder was slow, not lossy): no probe, carry on as before.
-                    self.req.send_idx = idx.saturating_sub(1);
-                    self.req.send_off = if idx == 0 { 0 } else { off };
+                    // The READ to re-request completed first (the responder was slow,
+                    // not lossy): no re-request, on to the next position.
+                    if let Some((idx, off)) = self.req.probe_next.pop_front() {
+                        self.req.send_idx = idx.saturating_sub(1);
+                        self.req.send_off = if idx == 0 { 0 } else { off };
+                    }
                 } else {
                     self.req.send_idx -= 1;
-                    self.req.probe_resume = Some((idx.saturating_sub(1), off));
+                }
+                for p in self.req.probe_next.iter_mut() {
+                    p.0 = p.0.saturating_sub(1);
                 }
             } else if self.req.send_idx == 0 {
                 // A late ACK finished the WQE a rewind was resending: carry on with the

@@ -27,6 +27,10 @@ pub(crate) trait LossRecovery {
     fn on_loss(&mut self, psn: u32, cause: LossCause) -> Option<u32>;
     /// The oldest unacknowledged PSN advanced to `una`.
     fn on_progress(&mut self, una: u32);
+    /// The retransmission under way was lost too: the next signal for its PSN counts.
+    fn on_retransmission_lost(&mut self);
+    /// A retransmission from `psn` is under way (signals for it are ignored).
+    fn is_pending(&self, psn: u32) -> bool;
 }
 
 /// Go-back-N as rxe and IBTA do it.
@@ -44,6 +48,14 @@ impl LossRecovery for GoBackN {
         }
         self.pending = Some(psn);
         Some(psn)
+    }
+
+    fn on_retransmission_lost(&mut self) {
+        self.pending = None;
+    }
+
+    fn is_pending(&self, psn: u32) -> bool {
+        self.pending == Some(psn)
     }
 
     fn on_progress(&mut self, una: u32) {

@@ -535,18 +535,24 @@ impl Qp {
             }
         };
         if whole {
-            self.req.send_idx += 1;
-            self.req.send_off = 0;
-            if let Some((idx, off)) = self.req.probe_resume.take() {
-                // The probe (see `retransmit_from`) is out: carry on where sending was.
-                if idx >= self.req.send_idx {
-                    self.req.send_idx = idx;
-                    self.req.send_off = off;
-                }
-            }
             if ty != QpType::Rc {
                 // UC/UD complete once sent (no ACKs).
                 w.done = true;
+            }
+            self.req.send_idx += 1;
+            self.req.send_off = 0;
+            // A re-request (see `retransmit_from`) is out: on to the next READ with a
+            // hole, or back to where sending was. A READ whose hole filled meanwhile
+            // needs no re-request.
+            while let Some((idx, off)) = self.req.probe_next.pop_front() {
+                let last = self.req.probe_next.is_empty();
+                if idx >= self.req.send_idx
+                    && (last || self.req.sq.get(idx).is_some_and(|w| !w.done))
+                {
+                    self.req.send_idx = idx;
+                    self.req.send_off = off;
+                    break;
+                }
             }
         }
         if psn_diff(next, self.req.max_sent) > 0 || ty != QpType::Rc {
@@ -567,7 +573,7 @@ impl Qp {
 
     /// Rewind the send position to `psn` (go-back-N).
     pub fn rewind_to(&mut self, psn: u32, mtu: u64) {
-        self.req.probe_resume = None;
+        self.req.probe_next.clear();
         for (i, w) in self.req.sq.iter().enumerate() {
             if w.contains(psn) {
                 self.req.send_idx = i;
@@ -585,9 +591,12 @@ impl Qp {
     /// 9.7.6.1.3 and hardware do: 7 means 7, not forever. rxe alone treats 7 as infinite
     /// (`if (qp->comp.retry_cnt != 7)`), so a peer that dies never errors there; perftest
     /// and most programs set 7, and they must learn of a dead peer.
-    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) {
+    ///
+    /// Returns whether a retransmission started (not a repeated signal, not out of
+    /// retries).
+    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) -> bool {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
-            return;
+            return false;
         };
         if self.req.retry_left == 0 {
             ctx.counters.retry_exceeded_err += 1;
@@ -595,15 +604,17 @@ impl Qp {
                 w.status = Some(WcStatus::RetryExcErr);
             }
             self.complete_sends(ctx);
-            return;
+            return false;
         }
         self.req.retry_left -= 1;
         ctx.counters.completer_retry_err += 1;
         let mtu = self.mtu(ctx.cfg);
-        // Where sending was (before a probe still waiting to leave, if any).
+        // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self
             .req
-            .probe_resume
+            .probe_next
+            .back()
+            .copied()
             .unwrap_or((self.req.send_idx, self.req.send_off));
         self.rewind_to(from, mtu);
         if cause == LossCause::Timeout {
@@ -622,9 +633,35 @@ impl Qp {
             // really was lost draws a sequence NAK when a later request arrives, shows
             // a hole of its own, or times out in turn.
             ctx.counters.read_probe += 1;
-            self.req.probe_resume = Some(resume);
+            self.req.probe_next.push_back(resume);
         }
         self.req.rto = self.rto_deadline(ctx.now);
+        true
+    }
+
+    /// After `retransmit_from` set up the re-request of one READ with a hole: also
+    /// re-request `more` (sq index, PSN of the first missing response; in sq order,
+    /// behind that READ), each from its first missing response, before sending goes on
+    /// where it was. Why: each READ with a hole is then asked again once, in one pass,
+    /// without replaying the READs between them (going back N) and without waiting one
+    /// reorder delay per hole (one at a time).
+    pub(crate) fn rerequest_reads(&mut self, ctx: &mut Ctx<'_>, more: &[(usize, u32)]) {
+        let Some(&resume) = self.req.probe_next.back() else {
+            return; // went back N instead: that covers every hole
+        };
+        let mtu = self.mtu(ctx.cfg);
+        for &(idx, psn) in more {
+            let Some(w) = self.req.sq.get(idx) else {
+                continue;
+            };
+            if idx > self.req.send_idx && idx < resume.0 {
+                let off = u64::from(psn_diff(psn, w.first_psn) as u32) * mtu;
+                // In order, before the resume position (always last).
+                let at = self.req.probe_next.len() - 1;
+                self.req.probe_next.insert(at, (idx, off));
+                ctx.counters.read_probe += 1;
+            }
+        }
     }
 
     /// The retransmit deadline from `now`: the Local ACK Timeout, doubled per timeout in

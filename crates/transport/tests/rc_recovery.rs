@@ -462,3 +462,92 @@ fn hole_in_one_read_re_requests_only_that_read() {
         "only the READ with the hole: {resp:?}"
     );
 }
+
+/// Holes in two READs' responses, with placed responses between and after them: both
+/// READs are re-requested in one pass, each from its first missing response, and none
+/// of the READs between them (going back N replayed every READ from the first hole).
+#[test]
+fn holes_in_two_reads_re_request_only_those_two() {
+    let mut net = SimNet::new(44, 2, Mtu::M1024);
+    net.link_ps_per_byte = 800;
+    let o = RcOpts {
+        max_rd_atomic: 16,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let n = 16;
+    let (la, rb) = post_reads(&mut net, a, n, 16_384);
+    // Response packets 6 (in READ 0) and 150 (in READ 9) are lost once.
+    let dropped = drop_first(&mut net, 1, 2, {
+        let seen = std::cell::Cell::new(0usize);
+        move |p| {
+            if !(0x0d..=0x10).contains(&p[0]) {
+                return false;
+            }
+            seen.set(seen.get() + 1);
+            seen.get() == 6 || seen.get() == 150
+        }
+    });
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 2);
+    let (req, resp) = reads_done(&mut net, n, &la, &rb);
+    assert_eq!(req.read_probe, 2, "{req:?}");
+    assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
+    assert_eq!(
+        resp.duplicate_request, 2,
+        "only the two READs with holes: {resp:?}"
+    );
+}
+
+/// The re-request of a READ with a hole is lost too, with the READ window full: nothing
+/// is sent after it, so no NAK and no new gap can report the loss. The responder then
+/// falls silent with the hole still open, and after one reorder delay of silence the
+/// READ is asked again, instead of waiting out the retransmit timeout (67 ms at timeout
+/// 14, where each such loss cost a timeout: most of READ's time at 1 % loss).
+#[test]
+fn lost_re_request_is_asked_again_before_the_timeout() {
+    let mut net = SimNet::new(45, 2, Mtu::M1024);
+    net.link_ps_per_byte = 800;
+    let o = RcOpts {
+        timeout: 14,
+        max_rd_atomic: 16,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let n = 16;
+    let (la, rb) = post_reads(&mut net, a, n, 16_384);
+    // Response packet 6 (in READ 0) is lost, then the first re-request (the 17th READ
+    // request on the wire).
+    let dropped = Rc::new(RefCell::new(0usize));
+    let d = dropped.clone();
+    let (responses, requests) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+    net.filter = Some(Box::new(move |from, p| {
+        let drop = match (from, p[0]) {
+            (1, 0x0d..=0x10) => {
+                responses.set(responses.get() + 1);
+                responses.get() == 6
+            }
+            (0, 0x0c) => {
+                requests.set(requests.get() + 1);
+                requests.get() == n + 1
+            }
+            _ => false,
+        };
+        *d.borrow_mut() += usize::from(drop);
+        drop
+    }));
+    let start = net.now;
+    assert!(net.run_until(1_000_000_000, |net| net.count_completions(0) >= n));
+    let took = net.now - start;
+    assert!(
+        took < 10_000_000,
+        "done {} us after the start; one retransmit timeout is 67 ms",
+        took / 1000
+    );
+    net.run(1_000_000_000);
+    assert_eq!(*dropped.borrow(), 2);
+    let (req, resp) = reads_done(&mut net, n, &la, &rb);
+    assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
+    assert_eq!(req.read_probe, 2, "{req:?}");
+    assert_eq!(resp.duplicate_request, 1, "the second re-request: {resp:?}");
+}

@@ -146,10 +146,16 @@ pub(crate) struct Requester {
     /// Retransmit timeouts in a row without forward progress: each doubles the next
     /// timeout, up to [`crate::requester::MAX_RTO_BACKOFF`] doublings.
     pub rto_backoff: u8,
-    /// A timeout or a response hole in a READ re-requests only that READ (see
-    /// `Qp::retransmit_from`); once that request has left, sending resumes here
-    /// (send_idx, send_off).
-    pub probe_resume: Option<(usize, u64)>,
+    /// A timeout or response holes in READs re-request only those READs (see
+    /// `Qp::retransmit_from`): once the request being sent has left, sending goes on
+    /// from each of these (send_idx, send_off) in turn: the next READ with a hole, and
+    /// last where sending was before. Empty: no re-request under way.
+    pub probe_next: VecDeque<(usize, u64)>,
+    /// Re-requests of a READ hole made because the responder fell silent, since the last
+    /// progress (see `completer::MAX_QUIET_REREQUESTS`).
+    pub reread_quiet: u8,
+    /// When the last READ response arrived.
+    pub last_read_resp_at: Nanos,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
@@ -355,7 +361,7 @@ impl Qp {
         self.req.rd_atomic_inflight = 0;
         self.req.rnr_wait = None;
         self.req.rto = None;
-        self.req.probe_resume = None;
+        self.req.probe_next.clear();
         let mut recvs: Vec<RecvWr> = self.rq.drain(..).collect();
         if let Some(InMsg::Send {
             wqe,
