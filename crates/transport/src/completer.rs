@@ -11,16 +11,22 @@ use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
 use crate::timers::{ack_timeout_ns, rnr_timer_ns};
 use crate::verbs::*;
 
-/// Re-requests of the same READ hole after the responder fell silent (1 ms, then 2 ms),
-/// before the retransmit timeout (67 ms at perftest's timeout 14, doubling) takes over.
-/// A lost re-request, or a lost response to it, was the main cost of READ at 1 % loss:
-/// with the READ window full nothing else draws a NAK or a new gap. Bounded, so that a
-/// responder that stalls (see `rto_deadline`) gets two duplicate READs, not a flood.
-const MAX_QUIET_REREQUESTS: u8 = 2;
+/// While a retransmission is under way: how long the responder may stay silent before
+/// it counts as lost too (doubling: 1 ms, then 2 ms), and how many such resends there
+/// are before the retransmit timeout (67 ms at perftest's timeout 14, doubling) takes
+/// over again. Why: a lost retransmission (a re-requested READ, the packet a sequence
+/// NAK asked for) or a lost response to it left the requester waiting a whole timeout:
+/// nothing else reports it, least of all with the window full. That was most of READ's
+/// time at 1 % loss. A responder serves requests in order, so silence with a
+/// retransmission outstanding means loss; one that only stalls gets at most two
+/// duplicates (see `rto_deadline`).
+const QUIET_NS: u64 = 1_000_000;
+const MAX_QUIET_RESENDS: u8 = 2;
 
 impl Qp {
     /// A response packet (ACK, ATOMIC ACKNOWLEDGE, READ RESPONSE) for this QP's requester.
     pub fn on_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+        self.req.quiet_from = ctx.now;
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
             ctx.counters.drop_bad_state += 1;
             return;
@@ -46,7 +52,7 @@ impl Qp {
             self.req.retry_left = self.attr.retry_cnt;
             self.req.rnr_left = self.attr.rnr_retry;
             self.req.rto_backoff = 0;
-            self.req.reread_quiet = 0;
+            self.req.quiet_resends = 0;
             self.req.recovery.on_progress(self.req.una);
             self.req.rto =
                 if psn_diff(self.req.max_sent, self.req.una) > 0 && self.req.rnr_wait.is_none() {
@@ -193,7 +199,6 @@ impl Qp {
     }
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
-        self.req.last_read_resp_at = ctx.now;
         let psn = h.psn;
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
@@ -340,30 +345,12 @@ impl Qp {
                 // una jumps over them.
                 match self.read_holes() {
                     Some(holes) if !holes.is_empty() => {
-                        let (_, from) = holes[0];
-                        if self.req.recovery.is_pending(from) {
-                            // Re-requested already. Lost again if the responder has
-                            // been silent for the whole delay: it serves requests in
-                            // order and owes nothing else. While it still sends (a
-                            // slow responder with a backlog), look again later.
-                            let delay = OOO_NAK_DELAY_NS << self.req.reread_quiet;
-                            if self.req.reread_quiet >= MAX_QUIET_REREQUESTS {
-                                return; // the retransmit timeout takes over
-                            }
-                            if ctx.now < self.req.last_read_resp_at + delay {
-                                self.req.read_gap_at = Some(self.req.last_read_resp_at + delay);
-                                return;
-                            }
-                            self.req.reread_quiet += 1;
-                            self.req.recovery.on_retransmission_lost();
-                        }
                         // Re-request each READ with a hole, from its first missing
-                        // response, and nothing else (see `rerequest_reads`).
+                        // response, and nothing else (see `rerequest_reads`). If that
+                        // is lost too, the quiet timer notices (see `QUIET_NS`).
+                        let (_, from) = holes[0];
                         if self.retransmit_from(ctx, from, LossCause::ReadHole) {
                             self.rerequest_reads(ctx, &holes[1..]);
-                            // Look again once the answers have had time to arrive.
-                            self.req.read_gap_at =
-                                Some(ctx.now + (OOO_NAK_DELAY_NS << self.req.reread_quiet));
                         }
                     }
                     _ => {
@@ -500,6 +487,15 @@ impl Qp {
         let now = ctx.now;
         self.on_gap_timer(ctx);
         self.on_read_gap_timer(ctx);
+        if self.quiet_deadline().is_some_and(|t| t <= now) {
+            // The retransmission under way was lost, or what answered it: resend from
+            // the oldest unacknowledged PSN (a READ there alone, see `retransmit_from`).
+            self.req.quiet_resends += 1;
+            ctx.counters.quiet_resend += 1;
+            self.req.recovery.on_retransmission_lost();
+            let una = self.req.una;
+            self.retransmit_from(ctx, una, LossCause::Quiet);
+        }
         if let Some((at, psn)) = self.req.rnr_wait {
             if at <= now {
                 self.req.rnr_wait = None;
@@ -528,9 +524,25 @@ impl Qp {
             Some((t, _)) => Some(t),
             None => self.req.rto,
         };
-        [req, self.resp.gap_nak_at, self.req.read_gap_at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            req,
+            self.resp.gap_nak_at,
+            self.req.read_gap_at,
+            self.quiet_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// When the responder's silence means a retransmission was lost (see `QUIET_NS`):
+    /// only while one is under way, so loss-free traffic arms no timer for it.
+    fn quiet_deadline(&self) -> Option<Nanos> {
+        let armed = self.req.recovery.in_progress()
+            && self.req.rnr_wait.is_none()
+            && self.req.quiet_resends < MAX_QUIET_RESENDS
+            && psn_diff(self.req.max_sent, self.req.una) > 0
+            && self.state != QpState::Err;
+        armed.then(|| self.req.quiet_from + (QUIET_NS << self.req.quiet_resends))
     }
 }

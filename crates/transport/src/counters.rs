@@ -51,6 +51,9 @@ counters! {
     /// Timeouts and READ response holes that re-requested only the READ concerned
     /// instead of going back N (a responder replays every READ asked again).
     read_probe,
+    /// Resends after the responder fell silent during a retransmission (the
+    /// retransmission or its answer was lost too).
+    quiet_resend,
     /// RNR NAK retries.
     rnr_nak_retry_err,
     /// Remote access error NAKs received.

@@ -18,6 +18,10 @@ pub(crate) enum LossCause {
     /// fired: the READ with the hole is re-requested alone (the ones behind it are
     /// arriving or placed already).
     ReadHole,
+    /// The responder fell silent while a retransmission was under way (see
+    /// `completer::QUIET_NS`): resend from the oldest unacknowledged PSN, a READ there
+    /// alone.
+    Quiet,
 }
 
 /// A loss recovery policy.
@@ -29,8 +33,8 @@ pub(crate) trait LossRecovery {
     fn on_progress(&mut self, una: u32);
     /// The retransmission under way was lost too: the next signal for its PSN counts.
     fn on_retransmission_lost(&mut self);
-    /// A retransmission from `psn` is under way (signals for it are ignored).
-    fn is_pending(&self, psn: u32) -> bool;
+    /// A retransmission is under way (until the oldest unacknowledged PSN passes it).
+    fn in_progress(&self) -> bool;
 }
 
 /// Go-back-N as rxe and IBTA do it.
@@ -54,8 +58,8 @@ impl LossRecovery for GoBackN {
         self.pending = None;
     }
 
-    fn is_pending(&self, psn: u32) -> bool {
-        self.pending == Some(psn)
+    fn in_progress(&self) -> bool {
+        self.pending.is_some()
     }
 
     fn on_progress(&mut self, una: u32) {

@@ -598,16 +598,22 @@ impl Qp {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return false;
         };
-        if self.req.retry_left == 0 {
-            ctx.counters.retry_exceeded_err += 1;
-            if let Some(w) = self.req.sq.front_mut() {
-                w.status = Some(WcStatus::RetryExcErr);
+        // A resend after silence is our guess, not a loss the spec counts (IBTA
+        // 9.7.6.1.3 counts timeouts and NAKs): it spends no retry, so a dead peer is
+        // reported after as many timeouts as before (and it is bounded, see
+        // `completer::MAX_QUIET_RESENDS`).
+        if cause != LossCause::Quiet {
+            if self.req.retry_left == 0 {
+                ctx.counters.retry_exceeded_err += 1;
+                if let Some(w) = self.req.sq.front_mut() {
+                    w.status = Some(WcStatus::RetryExcErr);
+                }
+                self.complete_sends(ctx);
+                return false;
             }
-            self.complete_sends(ctx);
-            return false;
+            self.req.retry_left -= 1;
+            ctx.counters.completer_retry_err += 1;
         }
-        self.req.retry_left -= 1;
-        ctx.counters.completer_retry_err += 1;
         let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self
@@ -620,8 +626,10 @@ impl Qp {
         if cause == LossCause::Timeout {
             self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
         }
-        if matches!(cause, LossCause::Timeout | LossCause::ReadHole)
-            && self.is_read_at(from)
+        if matches!(
+            cause,
+            LossCause::Timeout | LossCause::ReadHole | LossCause::Quiet
+        ) && self.is_read_at(from)
             && resume.0 > self.req.send_idx
         {
             // Re-request only this READ, then carry on where sending was. A responder
@@ -636,6 +644,7 @@ impl Qp {
             self.req.probe_next.push_back(resume);
         }
         self.req.rto = self.rto_deadline(ctx.now);
+        self.req.quiet_from = ctx.now;
         true
     }
 

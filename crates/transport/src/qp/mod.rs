@@ -151,11 +151,11 @@ pub(crate) struct Requester {
     /// from each of these (send_idx, send_off) in turn: the next READ with a hole, and
     /// last where sending was before. Empty: no re-request under way.
     pub probe_next: VecDeque<(usize, u64)>,
-    /// Re-requests of a READ hole made because the responder fell silent, since the last
-    /// progress (see `completer::MAX_QUIET_REREQUESTS`).
-    pub reread_quiet: u8,
-    /// When the last READ response arrived.
-    pub last_read_resp_at: Nanos,
+    /// Resends made because the responder fell silent during a retransmission, since
+    /// the last progress (see `completer::QUIET_NS`).
+    pub quiet_resends: u8,
+    /// The last response or retransmission: silence is counted from here.
+    pub quiet_from: Nanos,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
@@ -233,8 +233,11 @@ pub(crate) struct Responder {
     pub ooo: VecDeque<(PktHdr, Vec<u8>)>,
     /// Payload bytes in `ooo`.
     pub ooo_bytes: usize,
-    /// When to NAK the gap in front of `ooo` if it has not filled by then.
+    /// When to NAK the gap in front of `ooo` if it has not filled by then (or, after
+    /// the NAK, to repeat it, see `responder::MAX_NAK_REPEATS`).
     pub gap_nak_at: Option<Nanos>,
+    /// Sequence NAKs repeated for the gap at `epsn`.
+    pub nak_repeats: u8,
 }
 
 /// A queue pair.
