@@ -12,15 +12,17 @@ use crate::timers::{ack_timeout_ns, rnr_timer_ns};
 use crate::verbs::*;
 
 /// While a retransmission is under way: how long the responder may stay silent before
-/// it counts as lost too (doubling: 1 ms, then 2 ms), and how many such resends there
+/// it counts as lost too (doubling: 4 ms, then 8 ms), and how many such resends there
 /// are before the retransmit timeout (67 ms at perftest's timeout 14, doubling) takes
 /// over again. Why: a lost retransmission (a re-requested READ, the packet a sequence
 /// NAK asked for) or a lost response to it left the requester waiting a whole timeout:
 /// nothing else reports it, least of all with the window full. That was most of READ's
 /// time at 1 % loss. A responder serves requests in order, so silence with a
-/// retransmission outstanding means loss; one that only stalls gets at most two
-/// duplicates (see `rto_deadline`).
-const QUIET_NS: u64 = 1_000_000;
+/// retransmission outstanding means loss on any path whose round trip is well below
+/// 4 ms (RoCE fabrics: microseconds; the impairment testbed's 1 ms delay: about 2 ms).
+/// On a longer path the resends are spurious but spend no retry; and a responder that
+/// only stalls gets at most two duplicates (see `rto_deadline`).
+const QUIET_NS: u64 = 4_000_000;
 const MAX_QUIET_RESENDS: u8 = 2;
 
 impl Qp {

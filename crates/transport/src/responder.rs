@@ -27,13 +27,14 @@ pub(crate) const OOO_MAX: usize = 1024;
 pub(crate) const OOO_WINDOW: i32 = 1024;
 /// A gap still open this long after the first packet behind it arrived is a loss.
 pub(crate) const OOO_NAK_DELAY_NS: u64 = 1_000_000;
-/// Times the sequence NAK of one gap is repeated while the gap stays open (after
-/// 1 ms, then 2 ms). IBTA C9-88 sends one NAK per gap and lets the requester's timeout
-/// recover a lost one; but the timeout is 67 ms at perftest's timeout 14, and at 1 %
-/// loss a lost NAK, or a lost retransmission of the packet it asked for, was most of
-/// the remaining timeouts of a READ stream. A repeated NAK is one the requester may
-/// have lost: rxe and softhca retransmit from its PSN again. Bounded, like the
-/// requester's resends after silence (`completer::MAX_QUIET_RESENDS`).
+/// Times the sequence NAK of one gap is repeated while the gap stays open, and the wait
+/// before the first repeat (doubling: 4 ms, then 8 ms). IBTA C9-88 sends one NAK per
+/// gap and lets the requester's timeout recover a lost one; but the timeout is 67 ms at
+/// perftest's timeout 14, and at 1 % loss a lost NAK, or a lost retransmission of the
+/// packet it asked for, was most of the remaining timeouts of a READ stream. A repeated
+/// NAK is one the requester may have lost: rxe and softhca retransmit from its PSN
+/// again. The wait is well above a RoCE round trip (see `completer::QUIET_NS`).
+pub(crate) const NAK_REPEAT_NS: u64 = 4_000_000;
 pub(crate) const MAX_NAK_REPEATS: u8 = 2;
 /// A gap this many packets old is a loss: NAK it (once), as IBTA C9-88 would at once.
 const OOO_NAK_AFTER: i32 = 128;
@@ -217,7 +218,7 @@ impl Qp {
     fn nak_gap(&mut self, ctx: &mut Ctx<'_>) {
         self.resp.nak_sent = true;
         self.resp.gap_nak_at = (self.resp.nak_repeats < MAX_NAK_REPEATS)
-            .then(|| ctx.now + (OOO_NAK_DELAY_NS << self.resp.nak_repeats));
+            .then(|| ctx.now + (NAK_REPEAT_NS << self.resp.nak_repeats));
         ctx.counters.seq_err_naks += 1;
         let e = self.resp.epsn;
         self.queue_ack(e, syndrome::NAK_PSN_SEQ);
