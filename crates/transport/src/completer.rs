@@ -8,21 +8,20 @@ use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
-use crate::timers::{ack_timeout_ns, rnr_timer_ns};
+use crate::timers::{ack_timeout_ns, quiet_wait, rnr_timer_ns, rtt_update};
 use crate::verbs::*;
 
-/// While a retransmission is under way: how long the responder may stay silent before
-/// it counts as lost too (doubling: 4 ms, then 8 ms), and how many such resends there
-/// are before the retransmit timeout (67 ms at perftest's timeout 14, doubling) takes
-/// over again. Why: a lost retransmission (a re-requested READ, the packet a sequence
-/// NAK asked for) or a lost response to it left the requester waiting a whole timeout:
-/// nothing else reports it, least of all with the window full. That was most of READ's
-/// time at 1 % loss. A responder serves requests in order, so silence with a
-/// retransmission outstanding means loss on any path whose round trip is well below
-/// 4 ms (RoCE fabrics: microseconds; the impairment testbed's 1 ms delay: about 2 ms).
-/// On a longer path the resends are spurious but spend no retry; and a responder that
-/// only stalls gets at most two duplicates (see `rto_deadline`).
-const QUIET_NS: u64 = 4_000_000;
+/// While a retransmission is under way, silence from the responder for 4 round trips
+/// (at least 1 ms; doubling at the second time) means it was lost too, or its answer
+/// was: resend, at most this many times before the retransmit timeout (67 ms at
+/// perftest's timeout 14, doubling) takes over again. Why: a lost retransmission (a
+/// re-requested READ, the packet a sequence NAK asked for) or a lost response to it
+/// left the requester waiting a whole timeout: nothing else reports it, least of all
+/// with the window full. That was most of READ's time at 1 % loss. A responder serves
+/// requests in order, so silence with a retransmission outstanding means loss. The
+/// round trip is measured (`Requester::srtt`): a fixed 1 ms made spurious resends on
+/// the testbed's 10 ms-delay link. A responder that only stalls gets at most two
+/// duplicates (see `rto_deadline`).
 const MAX_QUIET_RESENDS: u8 = 2;
 
 impl Qp {
@@ -209,6 +208,12 @@ impl Qp {
         if w.wr.opcode != WrOpcode::RdmaRead || w.done {
             return;
         }
+        if psn == w.first_psn && self.req.last_retransmit_at.is_none_or(|t| w.sent_at > t) {
+            // A READ's first response: a round-trip sample (see `complete_sends`), the
+            // first one a connection gets when it starts with a window of READs.
+            self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
+        }
+        let w = &self.req.sq[idx];
         let d = psn_diff(psn, w.read_next_psn);
         if d < 0 {
             return; // duplicate response
@@ -349,7 +354,7 @@ impl Qp {
                     Some(holes) if !holes.is_empty() => {
                         // Re-request each READ with a hole, from its first missing
                         // response, and nothing else (see `rerequest_reads`). If that
-                        // is lost too, the quiet timer notices (see `QUIET_NS`).
+                        // is lost too, the quiet timer notices (see `MAX_QUIET_RESENDS`).
                         let (_, from) = holes[0];
                         if self.retransmit_from(ctx, from, LossCause::ReadHole) {
                             self.rerequest_reads(ctx, &holes[1..]);
@@ -435,6 +440,11 @@ impl Qp {
             let Some(w) = self.req.sq.pop_front() else {
                 break;
             };
+            if self.req.last_retransmit_at.is_none_or(|t| w.sent_at > t) {
+                // Sent once and acknowledged: a round-trip sample (Karn: none from
+                // anything a retransmission may have answered).
+                self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
+            }
             if !self.req.probe_next.is_empty() {
                 if self.req.send_idx == 0 {
                     // The READ to re-request completed first (the responder was slow,
@@ -537,7 +547,7 @@ impl Qp {
         .min()
     }
 
-    /// When the responder's silence means a retransmission was lost (see `QUIET_NS`):
+    /// When the responder's silence means a retransmission was lost (see `MAX_QUIET_RESENDS`):
     /// only while one is under way, so loss-free traffic arms no timer for it.
     fn quiet_deadline(&self) -> Option<Nanos> {
         let armed = self.req.recovery.in_progress()
@@ -545,6 +555,9 @@ impl Qp {
             && self.req.quiet_resends < MAX_QUIET_RESENDS
             && psn_diff(self.req.max_sent, self.req.una) > 0
             && self.state != QpState::Err;
-        armed.then(|| self.req.quiet_from + (QUIET_NS << self.req.quiet_resends))
+        if !armed {
+            return None;
+        }
+        quiet_wait(self.req.srtt, self.req.quiet_resends).map(|w| self.req.quiet_from + w)
     }
 }

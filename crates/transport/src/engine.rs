@@ -715,6 +715,7 @@ impl Engine {
             signaled,
             len,
             started: false,
+            sent_at: 0,
             first_psn: 0,
             npkts: 0,
             read_next_psn: 0,

@@ -19,7 +19,7 @@ pub(crate) enum LossCause {
     /// arriving or placed already).
     ReadHole,
     /// The responder fell silent while a retransmission was under way (see
-    /// `completer::QUIET_NS`): resend from the oldest unacknowledged PSN, a READ there
+    /// `completer::MAX_QUIET_RESENDS`): resend from the oldest unacknowledged PSN, a READ there
     /// alone.
     Quiet,
 }

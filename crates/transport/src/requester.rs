@@ -259,6 +259,7 @@ impl Qp {
                 _ => (w.len.div_ceil(mtu)).max(1) as u32,
             };
             w.started = true;
+            w.sent_at = ctx.now;
             w.first_psn = self.req.next_psn;
             w.read_next_psn = w.first_psn;
             w.npkts = npkts;
@@ -645,6 +646,7 @@ impl Qp {
         }
         self.req.rto = self.rto_deadline(ctx.now);
         self.req.quiet_from = ctx.now;
+        self.req.last_retransmit_at = Some(ctx.now);
         true
     }
 

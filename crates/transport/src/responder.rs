@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use crate::packet::{op, syndrome, PktHdr};
 use crate::qp::{psn_add, psn_diff, Ctx, InMsg, Qp, RdRes, RespOut};
+use crate::timers::{quiet_wait, rtt_update};
 use crate::verbs::*;
 
 /// What the engine knows about the datagram a request came in.
@@ -27,14 +28,17 @@ pub(crate) const OOO_MAX: usize = 1024;
 pub(crate) const OOO_WINDOW: i32 = 1024;
 /// A gap still open this long after the first packet behind it arrived is a loss.
 pub(crate) const OOO_NAK_DELAY_NS: u64 = 1_000_000;
-/// Times the sequence NAK of one gap is repeated while the gap stays open, and the wait
-/// before the first repeat (doubling: 4 ms, then 8 ms). IBTA C9-88 sends one NAK per
-/// gap and lets the requester's timeout recover a lost one; but the timeout is 67 ms at
-/// perftest's timeout 14, and at 1 % loss a lost NAK, or a lost retransmission of the
-/// packet it asked for, was most of the remaining timeouts of a READ stream. A repeated
-/// NAK is one the requester may have lost: rxe and softhca retransmit from its PSN
-/// again. The wait is well above a RoCE round trip (see `completer::QUIET_NS`).
-pub(crate) const NAK_REPEAT_NS: u64 = 4_000_000;
+/// Times the sequence NAK of one gap is repeated while the gap stays open and the
+/// requester has sent nothing for 4 round trips (at least 1 ms), then twice that
+/// (`timers::quiet_wait`). IBTA C9-88 sends one NAK per gap and lets the requester's
+/// timeout recover a lost one; but the timeout is 67 ms at perftest's timeout 14, and
+/// at 1 % loss a lost NAK, or a lost retransmission of the packet it asked for, was
+/// most of the remaining timeouts of a READ stream. A repeated NAK is one the requester
+/// may have lost: rxe and softhca retransmit from its PSN again. The round trip is this
+/// QP's own requester's, or the time from an earlier NAK to the packet it asked for;
+/// with neither measured yet, the NAK is not repeated. Silence, not a fixed time after
+/// the NAK, decides: on the testbed's slow, queueing links a retransmission arrived
+/// many round trips after its NAK, and repeating it there cost a go-back-N each time.
 pub(crate) const MAX_NAK_REPEATS: u8 = 2;
 /// A gap this many packets old is a loss: NAK it (once), as IBTA C9-88 would at once.
 const OOO_NAK_AFTER: i32 = 128;
@@ -130,6 +134,7 @@ impl Qp {
     }
 
     fn on_rc(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+        self.resp.last_rx_at = ctx.now;
         let d = psn_diff(h.psn, self.resp.epsn);
         if d > 0 {
             ctx.counters.out_of_seq_request += 1;
@@ -176,6 +181,18 @@ impl Qp {
             self.on_duplicate(ctx, h);
             return;
         }
+        if self.resp.nak_sent {
+            // The gap our NAK was for has filled: its repeat is off (a gap behind it
+            // gets its own reorder delay below).
+            self.resp.gap_nak_at = None;
+            if self.resp.nak_at > 0 && self.resp.nak_repeats == 0 {
+                // The packet the NAK asked for: a round-trip sample (none if the NAK
+                // was repeated: which one it answers is unknown).
+                let sample = ctx.now.saturating_sub(self.resp.nak_at);
+                self.resp.nak_rtt = rtt_update(self.resp.nak_rtt, sample);
+            }
+        }
+        self.resp.nak_at = 0;
         self.resp.nak_repeats = 0;
         self.in_order(ctx, h, payload);
         // Execute the kept packets the gap was holding back, in PSN order.
@@ -210,15 +227,25 @@ impl Qp {
             if self.resp.ooo.capacity() > 0 {
                 self.resp.ooo = VecDeque::new();
             }
+        } else if !self.resp.nak_sent && self.resp.gap_nak_at.is_none() {
+            // Another gap behind the one that filled: its reorder delay starts now.
+            self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
         }
     }
 
     /// The PSN-sequence NAK for the gap at `epsn` (IBTA C9-88; repeated at most
     /// `MAX_NAK_REPEATS` times while the gap stays open).
     fn nak_gap(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.resp.nak_sent {
+            self.resp.nak_at = ctx.now;
+        }
         self.resp.nak_sent = true;
-        self.resp.gap_nak_at = (self.resp.nak_repeats < MAX_NAK_REPEATS)
-            .then(|| ctx.now + (NAK_REPEAT_NS << self.resp.nak_repeats));
+        let rtt = self.req.srtt.max(self.resp.nak_rtt);
+        self.resp.gap_nak_at = if self.resp.nak_repeats < MAX_NAK_REPEATS {
+            quiet_wait(rtt, self.resp.nak_repeats).map(|w| ctx.now + w)
+        } else {
+            None
+        };
         ctx.counters.seq_err_naks += 1;
         let e = self.resp.epsn;
         self.queue_ack(e, syndrome::NAK_PSN_SEQ);
@@ -233,7 +260,19 @@ impl Qp {
                     return;
                 }
                 if self.resp.nak_sent {
-                    // Our NAK, or the retransmission it asked for, was lost.
+                    // Our NAK, or the retransmission it asked for, was lost: if the
+                    // requester has fallen silent too. While requests still arrive
+                    // (its window, or a retransmission queued behind it on a slow
+                    // link), wait on: measured round trips vary with queueing, and a
+                    // needless NAK costs a go-back-N.
+                    let rtt = self.req.srtt.max(self.resp.nak_rtt);
+                    let Some(wait) = quiet_wait(rtt, self.resp.nak_repeats) else {
+                        return;
+                    };
+                    if ctx.now < self.resp.last_rx_at + wait {
+                        self.resp.gap_nak_at = Some(self.resp.last_rx_at + wait);
+                        return;
+                    }
                     self.resp.nak_repeats += 1;
                 }
                 self.nak_gap(ctx);
@@ -654,6 +693,7 @@ impl Qp {
         self.resp.nak_sent = true;
         self.resp.gap_nak_at = None;
         self.resp.nak_repeats = MAX_NAK_REPEATS;
+        self.resp.nak_at = 0;
         let code = self.attr.min_rnr_timer & 0x1f;
         self.queue_ack(psn, syndrome::RNR_NAK | code);
         Err(Fail::Drop)

@@ -53,3 +53,25 @@ pub(crate) fn rnr_timer_ns(code: u8) -> Nanos {
     ];
     US[usize::from(code & 31)] * 1000
 }
+
+/// Least wait before a loss is presumed from silence (`completer::quiet_deadline`,
+/// `responder` NAK repeats), and the multiple of the measured round trip used above it.
+pub(crate) const QUIET_MIN_NS: Nanos = 1_000_000;
+const QUIET_RTTS: Nanos = 4;
+
+/// A smoothed round-trip time with a new sample (gain 1/8, as TCP's SRTT, RFC 6298);
+/// 0 means no sample yet.
+pub(crate) fn rtt_update(srtt: Nanos, sample: Nanos) -> Nanos {
+    if srtt == 0 {
+        sample.max(1)
+    } else {
+        srtt - srtt / 8 + sample / 8
+    }
+}
+
+/// How long silence must last, after `repeats` earlier ones, before it means loss on a
+/// path with smoothed round trip `srtt`: None without a measurement (then only the
+/// retransmit timeout applies, as IBTA has it).
+pub(crate) fn quiet_wait(srtt: Nanos, repeats: u8) -> Option<Nanos> {
+    (srtt > 0).then(|| (QUIET_RTTS * srtt).max(QUIET_MIN_NS) << repeats)
+}

@@ -504,7 +504,7 @@ fn holes_in_two_reads_re_request_only_those_two() {
 
 /// The re-request of a READ with a hole is lost too, with the READ window full: nothing
 /// is sent after it, so no NAK and no new gap can report the loss. The responder then
-/// falls silent with the hole still open, and after 4 ms of silence (`QUIET_NS`) the
+/// falls silent with the hole still open, and after 4 round trips of silence (at least 1 ms) the
 /// READ is asked again, instead of waiting out the retransmit timeout (67 ms at timeout
 /// 14, where each such loss cost a timeout: most of READ's time at 1 % loss).
 #[test]

@@ -95,6 +95,8 @@ pub(crate) struct SendWqe {
     pub len: u64,
     /// Has a PSN range been assigned (first transmission started)?
     pub started: bool,
+    /// When that was (a round-trip sample when it completes, see `Requester::srtt`).
+    pub sent_at: Nanos,
     pub first_psn: u32,
     /// PSNs the WQE occupies (READ: response packets).
     pub npkts: u32,
@@ -152,10 +154,15 @@ pub(crate) struct Requester {
     /// last where sending was before. Empty: no re-request under way.
     pub probe_next: VecDeque<(usize, u64)>,
     /// Resends made because the responder fell silent during a retransmission, since
-    /// the last progress (see `completer::QUIET_NS`).
+    /// the last progress (see `completer::MAX_QUIET_RESENDS`).
     pub quiet_resends: u8,
     /// The last response or retransmission: silence is counted from here.
     pub quiet_from: Nanos,
+    /// Smoothed time from a WQE's first packet to its completion, over WQEs sent once
+    /// (0: none yet). Sets how long silence means loss (`timers::quiet_wait`).
+    pub srtt: Nanos,
+    /// The last retransmission started.
+    pub last_retransmit_at: Option<Nanos>,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
@@ -238,6 +245,12 @@ pub(crate) struct Responder {
     pub gap_nak_at: Option<Nanos>,
     /// Sequence NAKs repeated for the gap at `epsn`.
     pub nak_repeats: u8,
+    /// When the gap's first sequence NAK left (0: none, or an RNR NAK).
+    pub nak_at: Nanos,
+    /// Smoothed time from a sequence NAK to the packet it asked for (0: none yet).
+    pub nak_rtt: Nanos,
+    /// When the last request packet arrived.
+    pub last_rx_at: Nanos,
 }
 
 /// A queue pair.
