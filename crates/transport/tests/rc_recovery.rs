@@ -428,36 +428,40 @@ fn lost_tail_of_read_requests_is_recovered() {
     reads_done(&mut net, n, &la, &rb);
 }
 
+/// 16 READs of 16 KiB (16 response packets each at MTU 1024) in flight at 10 Gb/s, so
+/// that responses of later READs arrive while a hole waits.
+fn sixteen_reads(seed: u64, o: &RcOpts) -> (SimNet, Mr, Mr) {
+    let mut net = SimNet::new(seed, 2, Mtu::M1024);
+    net.link_ps_per_byte = 800;
+    let (a, _b) = pair(&mut net, QpType::Rc, o);
+    let (la, rb) = post_reads(&mut net, a, 16, 16_384);
+    (net, la, rb)
+}
+
+/// Loses the READ response packets numbered `lost` (from 1, in sending order) once.
+fn lose_responses(net: &mut SimNet, lost: &'static [usize]) -> Rc<RefCell<usize>> {
+    let seen = std::cell::Cell::new(0usize);
+    drop_first(net, 1, lost.len(), move |p| {
+        if !(0x0d..=0x10).contains(&p[0]) {
+            return false;
+        }
+        seen.set(seen.get() + 1);
+        lost.contains(&seen.get())
+    })
+}
+
 /// A response lost in the middle of one READ of 16 in flight: the reorder timer
 /// re-requests that READ's missing part alone. The READs behind it, whose responses
 /// arrived and were placed meanwhile, are not asked again (going back N made the
 /// responder replay all of them).
 #[test]
 fn hole_in_one_read_re_requests_only_that_read() {
-    let mut net = SimNet::new(43, 2, Mtu::M1024);
-    // 10 Gb/s: responses of later READs arrive while the hole waits.
-    net.link_ps_per_byte = 800;
-    let o = RcOpts {
-        max_rd_atomic: 16,
-        ..RcOpts::default()
-    };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let n = 16;
-    let (la, rb) = post_reads(&mut net, a, n, 16_384);
-    // The 6th READ response packet overall (READ 1's second MIDDLE) is lost once.
-    let dropped = drop_first(&mut net, 1, 1, {
-        let seen = std::cell::Cell::new(0usize);
-        move |p| {
-            if !(0x0d..=0x10).contains(&p[0]) {
-                return false;
-            }
-            seen.set(seen.get() + 1);
-            seen.get() == 6
-        }
-    });
+    let (mut net, la, rb) = sixteen_reads(43, &RcOpts::default());
+    // READ 0's 6th response packet.
+    let dropped = lose_responses(&mut net, &[6]);
     net.run(1_000_000_000);
     assert_eq!(*dropped.borrow(), 1);
-    let (req, resp) = reads_done(&mut net, n, &la, &rb);
+    let (req, resp) = reads_done(&mut net, 16, &la, &rb);
     assert_eq!(req.read_probe, 1, "{req:?}");
     assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
     assert_eq!(
@@ -471,29 +475,12 @@ fn hole_in_one_read_re_requests_only_that_read() {
 /// of the READs between them (going back N replayed every READ from the first hole).
 #[test]
 fn holes_in_two_reads_re_request_only_those_two() {
-    let mut net = SimNet::new(44, 2, Mtu::M1024);
-    net.link_ps_per_byte = 800;
-    let o = RcOpts {
-        max_rd_atomic: 16,
-        ..RcOpts::default()
-    };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let n = 16;
-    let (la, rb) = post_reads(&mut net, a, n, 16_384);
-    // Response packets 6 (in READ 0) and 150 (in READ 9) are lost once.
-    let dropped = drop_first(&mut net, 1, 2, {
-        let seen = std::cell::Cell::new(0usize);
-        move |p| {
-            if !(0x0d..=0x10).contains(&p[0]) {
-                return false;
-            }
-            seen.set(seen.get() + 1);
-            seen.get() == 6 || seen.get() == 150
-        }
-    });
+    let (mut net, la, rb) = sixteen_reads(44, &RcOpts::default());
+    // In READ 0 and in READ 9.
+    let dropped = lose_responses(&mut net, &[6, 150]);
     net.run(1_000_000_000);
     assert_eq!(*dropped.borrow(), 2);
-    let (req, resp) = reads_done(&mut net, n, &la, &rb);
+    let (req, resp) = reads_done(&mut net, 16, &la, &rb);
     assert_eq!(req.read_probe, 2, "{req:?}");
     assert_eq!(req.local_ack_timeout_err, 0, "{req:?}");
     assert_eq!(
@@ -504,21 +491,17 @@ fn holes_in_two_reads_re_request_only_those_two() {
 
 /// The re-request of a READ with a hole is lost too, with the READ window full: nothing
 /// is sent after it, so no NAK and no new gap can report the loss. The responder then
-/// falls silent with the hole still open, and after 4 round trips of silence (at least 1 ms) the
-/// READ is asked again, instead of waiting out the retransmit timeout (67 ms at timeout
-/// 14, where each such loss cost a timeout: most of READ's time at 1 % loss).
+/// falls silent with the hole still open, and after 4 round trips of silence (at least
+/// 1 ms) the READ is asked again, instead of waiting out the retransmit timeout (67 ms
+/// at timeout 14, where each such loss cost a timeout: most of READ's time at 1 % loss).
 #[test]
 fn lost_re_request_is_asked_again_before_the_timeout() {
-    let mut net = SimNet::new(45, 2, Mtu::M1024);
-    net.link_ps_per_byte = 800;
     let o = RcOpts {
         timeout: 14,
-        max_rd_atomic: 16,
         ..RcOpts::default()
     };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let (mut net, la, rb) = sixteen_reads(45, &o);
     let n = 16;
-    let (la, rb) = post_reads(&mut net, a, n, 16_384);
     // Response packet 6 (in READ 0) is lost, then the first re-request (the 17th READ
     // request on the wire).
     let dropped = Rc::new(RefCell::new(0usize));
