@@ -181,9 +181,10 @@ impl RecvBatch {
     /// After a receive that found the socket empty, this one asks for a single
     /// datagram. A poller spinning on an idle socket is waiting for one datagram (a
     /// ping-pong's answer), and with a full vector `recvmmsg` goes back to the queue for a
-    /// second one before it returns: a failed receive on the latency path (about 0.25 µs
-    /// per step, measured with `softhca perf send --lat`). Under load the next call
-    /// asks for the full vector again, so a burst costs one extra call at most.
+    /// second one before it returns: a failed receive on the latency path (about 0.2 µs
+    /// per hop in interleaved runs of `softhca perf send --lat`, near the noise). Under
+    /// load the next call asks for the full vector again, so a burst costs one extra
+    /// call at most.
     pub(crate) fn recv_from(&mut self, fd: RawFd) -> io::Result<usize> {
         self.len = 0;
         let cap = self.metas.len();
