@@ -62,9 +62,9 @@ pub(crate) struct Step {
 pub(crate) struct Progress {
     rx: Vec<RecvBatch>,
     rx_count: Vec<usize>,
-    /// With several sockets: a poller over them, to receive only where there is
-    /// something (see [`Progress::receive`]).
-    readiness: Option<(Poller, Events)>,
+    /// With several sockets: their pollfds, to receive only where there is something
+    /// (see [`Progress::receive`]); empty with one socket.
+    readiness: Vec<libc::pollfd>,
     local_ips: Vec<IpAddr>,
     tx_bufs: Vec<Box<[u8]>>,
     /// Per transmit buffer: where its packets' bytes are (zero-copy send: payloads stay
@@ -98,7 +98,18 @@ impl Progress {
                 .map(|s| RecvBatch::for_socket(s, RECV_BATCH))
                 .collect(),
             rx_count: vec![0; sockets.len()],
-            readiness: (sockets.len() > 1).then(|| readiness(sockets)).flatten(),
+            readiness: if sockets.len() > 1 {
+                sockets
+                    .iter()
+                    .map(|s| libc::pollfd {
+                        fd: s.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             local_ips: sockets.iter().map(|s| s.local_addr().ip()).collect(),
             tx_bufs: (0..TX_BATCH)
                 .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
@@ -211,19 +222,21 @@ impl Progress {
     /// One `recvmmsg` per socket that has datagrams; returns the number received.
     ///
     /// With several sockets (a default device serves every interface address and a
-    /// loopback one), one `epoll_wait` with zero timeout says which: an empty poll, the
+    /// loopback one), one `poll(2)` with zero timeout says which: an empty poll, the
     /// common call of a polling application, is then one system call instead of one
     /// per socket (with three sockets, bulk receive and small-message latency through
-    /// the default configuration paid two empty `recvmmsg` per step).
+    /// the default configuration paid two empty `recvmmsg` per step). Not an epoll
+    /// set: its registration runs a callback for every datagram received, in the
+    /// sender's system call on loopback (see `Datapath::watching_sockets`).
     fn receive(&mut self, shared: &Shared) -> usize {
         let mut ready = u64::MAX;
-        if let Some((poller, events)) = self.readiness.as_mut() {
-            if poller.wait(events, Some(Duration::ZERO)).is_ok() {
-                ready = events
-                    .iter()
-                    .filter(|e| e.token < 64)
-                    .fold(0, |m, e| m | 1 << e.token);
-            }
+        if !self.readiness.is_empty() && crate::sys::ready_now(&mut self.readiness) {
+            ready = self
+                .readiness
+                .iter()
+                .enumerate()
+                .filter(|(i, p)| *i < 64 && p.revents != 0)
+                .fold(0, |m, (i, _)| m | 1 << i);
         }
         let mut total = 0;
         for (i, s) in shared.sockets.iter().enumerate() {
@@ -437,19 +450,6 @@ impl Progress {
             Stats::add(&st.tx_no_socket, unmatched as u64);
         }
     }
-}
-
-/// A level-triggered poller over `sockets` (token: index), or None if the kernel refuses
-/// one (then every socket is polled in turn).
-fn readiness(sockets: &[RoceSocket]) -> Option<(Poller, Events)> {
-    let poller = Poller::new().ok()?;
-    for (i, s) in sockets.iter().enumerate() {
-        if let Err(e) = poller.add(s.as_raw_fd(), i as u64) {
-            tracing::debug!("readiness poller: {e}; polling every socket");
-            return None;
-        }
-    }
-    Some((poller, Events::with_capacity(sockets.len())))
 }
 
 /// RC response opcodes (IBTA 9.2, Table 38): RDMA READ response first..only (0x0D-0x10),

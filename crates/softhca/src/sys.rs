@@ -109,6 +109,18 @@ pub(crate) fn poll_fd(
     Ok(rc > 0 && p.revents != 0)
 }
 
+/// Which of `fds` are ready now (`poll(2)` with a zero timeout: the kernel checks each
+/// file and registers nothing on its wait queue, unlike an epoll set, whose callback
+/// runs for every datagram a socket receives). False if the call failed.
+pub(crate) fn ready_now(fds: &mut [libc::pollfd]) -> bool {
+    for p in fds.iter_mut() {
+        p.revents = 0;
+    }
+    // SAFETY: `fds` is a live, exclusively borrowed slice of pollfd of the stated length.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    rc >= 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
