@@ -213,7 +213,6 @@ impl Qp {
             // first one a connection gets when it starts with a window of READs.
             self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
         }
-        let w = &self.req.sq[idx];
         let d = psn_diff(psn, w.read_next_psn);
         if d < 0 {
             return; // duplicate response

@@ -48,8 +48,8 @@ counters! {
     completer_retry_err,
     /// Local ACK timeouts.
     local_ack_timeout_err,
-    /// Timeouts and READ response holes that re-requested only the READ concerned
-    /// instead of going back N (a responder replays every READ asked again).
+    /// READs re-requested alone (after a timeout, a silence or a hole in their
+    /// responses) instead of going back N (a responder replays every READ asked again).
     read_probe,
     /// Resends after the responder fell silent during a retransmission (the
     /// retransmission or its answer was lost too).
