@@ -13,6 +13,7 @@
 //! | `SOFTHCA_NAME` | device name | `softhca0` |
 //! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
 //! | `SOFTHCA_STATS` | at process exit, print every open device's non-zero counters to stderr (any value) | off |
+//! | `SOFTHCA_WRITE_SPLIT` | `0`: send a multi-packet RC RDMA WRITE as First/Middle/Last, as rxe does; `1`: as one WRITE Only per packet, one GSO batch (see [`Config::split_writes`]) | 1 |
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
 
@@ -114,6 +115,11 @@ pub struct Config {
     /// million (the packet is counted and never handed to the kernel), so recovery can
     /// be exercised on any host without netem. 0 in normal use.
     pub tx_drop_ppm: u32,
+    /// Send each packet of a multi-packet RC RDMA WRITE (no immediate) as a WRITE Only
+    /// for its part, so that a whole WRITE leaves in one GSO batch; `false` sends
+    /// First/Middle/Last as rxe does. The transport's `EngineConfig::split_rc_writes`
+    /// says what the peer sees differently.
+    pub split_writes: bool,
 }
 
 /// The RoCEv2 UDP destination port (IBTA Annex A17.2.3).
@@ -131,6 +137,7 @@ impl Default for Config {
             poll: PollMode::default(),
             name: "softhca0".to_string(),
             tx_drop_ppm: 0,
+            split_writes: true,
         }
     }
 }
@@ -193,6 +200,17 @@ impl Config {
                     ))
                 })?;
             cfg.tx_drop_ppm = (p * 1e6).round() as u32;
+        }
+        if let Some(v) = env("SOFTHCA_WRITE_SPLIT") {
+            cfg.split_writes = match v.as_str() {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "SOFTHCA_WRITE_SPLIT: {v:?} is not 0 or 1"
+                    )))
+                }
+            };
         }
         Ok(cfg)
     }

@@ -541,6 +541,8 @@ impl Context {
             seed: rand::random(),
             max_mtu: mtu,
             max_gso_segments,
+            // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
+            split_rc_writes: cfg.split_writes && max_gso_segments > 1,
             ..EngineConfig::default()
         };
         let attr = device_attr(&ecfg, &gids);

@@ -316,8 +316,12 @@ impl Qp {
                 let first = off == 0;
                 last = off + n >= w.len;
                 let imm = w.wr.opcode == WrOpcode::RdmaWriteWithImm;
+                // EngineConfig::split_rc_writes: every packet an RDMA WRITE Only for its
+                // own part, so that all of them are the same size (one GSO batch).
+                let split = ty == QpType::Rc && !imm && ctx.cfg.split_rc_writes;
                 hdr.opcode = pre
                     | match (first, last) {
+                        _ if split => op::WRITE_ONLY,
                         (true, true) if imm => op::WRITE_ONLY_IMM,
                         (true, true) => op::WRITE_ONLY,
                         (true, false) => op::WRITE_FIRST,
@@ -325,7 +329,9 @@ impl Qp {
                         (false, true) if imm => op::WRITE_LAST_IMM,
                         (false, true) => op::WRITE_LAST,
                     };
-                if first {
+                if split {
+                    hdr.reth = Some((w.wr.remote_addr.wrapping_add(off), w.wr.rkey, n as u32));
+                } else if first {
                     hdr.reth = Some((w.wr.remote_addr, w.wr.rkey, w.len as u32));
                 }
                 if last {

@@ -209,6 +209,95 @@ fn gso_batches_and_multi_megabyte_write() {
     assert!(acks * 8 < data_pkts, "acks {acks} for {data_pkts} packets");
 }
 
+/// A multi-packet RC WRITE leaves as one WRITE Only per packet, each with a RETH for its
+/// own 4 KiB, all in one GSO batch (EngineConfig::split_rc_writes); with the split off it
+/// is First/Middle/Last as rxe sends it, and the longer First (its RETH) breaks the
+/// batch. Both place the same bytes.
+#[test]
+fn split_write_is_one_batch_of_write_only_packets() {
+    for split in [true, false] {
+        let mut net = SimNet::with_config(6, 2, Mtu::M4096, |c| c.split_rc_writes = split);
+        let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+        let size = 16 * 4096;
+        let la = net.reg(0, size, full_access());
+        let rb = net.reg(1, size, full_access());
+        net.fill_random(&la);
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let s2 = seen.clone();
+        net.filter = Some(Box::new(move |from, p| {
+            if from == 0 {
+                s2.borrow_mut().push(p.to_vec());
+            }
+            false
+        }));
+        let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, size));
+        w.remote_addr = rb.addr;
+        w.rkey = rb.rkey;
+        net.nodes[0].engine.post_send(0, a, w).unwrap();
+        net.run(1_000_000_000);
+        let s = net.take_completions(0);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].status, WcStatus::Success);
+        assert!(net.mem(&rb) == net.mem(&la));
+        let pkts = seen.borrow();
+        assert_eq!(pkts.len(), 16);
+        // BTH (12 bytes), then the RETH: VA (8), R_Key (4), DMA length (4).
+        let reth = |p: &[u8]| {
+            (
+                u64::from_be_bytes(p[12..20].try_into().unwrap()),
+                u32::from_be_bytes(p[20..24].try_into().unwrap()),
+                u32::from_be_bytes(p[24..28].try_into().unwrap()),
+            )
+        };
+        let ops: Vec<u8> = pkts.iter().map(|p| p[0]).collect();
+        if split {
+            assert!(ops.iter().all(|&o| o == 0x0a), "WRITE Only each: {ops:x?}");
+            for (i, p) in pkts.iter().enumerate() {
+                assert_eq!(reth(p), (rb.addr + i as u64 * 4096, rb.rkey, 4096));
+                // AckReq on the WR's last packet only (no periodic one in 16).
+                assert_eq!(p[8] & 0x80 != 0, i == 15);
+            }
+            assert_eq!(net.max_batch, 16, "one GSO batch");
+        } else {
+            assert_eq!(ops[0], 0x06, "WRITE First");
+            assert!(ops[1..15].iter().all(|&o| o == 0x07), "Middles: {ops:x?}");
+            assert_eq!(ops[15], 0x08, "WRITE Last");
+            assert_eq!(reth(&pkts[0]), (rb.addr, rb.rkey, size as u32));
+            assert!(net.max_batch < 16, "the First breaks the batch");
+        }
+    }
+}
+
+/// A split WRITE that runs past the end of the remote MR: each WRITE Only is checked on
+/// its own, so the packets in bounds are placed and the first one out of bounds is NAKed
+/// (a WRITE First would carry the whole length and be refused whole). The requester
+/// sees the same error as with First/Middle/Last.
+#[test]
+fn split_write_past_the_mr_end_is_a_remote_access_error() {
+    let mut net = SimNet::new(7, 2, Mtu::M4096);
+    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let la = net.reg(0, 4 * 4096, full_access());
+    let rb = net.reg(1, 2 * 4096, full_access());
+    net.fill_random(&la);
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, 4 * 4096));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].status, WcStatus::RemAccessErr);
+    assert_eq!(
+        net.nodes[1].engine.query_qp(b).unwrap().0.qp_state,
+        QpState::Err
+    );
+    assert!(net.mem(&rb) == &net.mem(&la)[..2 * 4096]);
+    assert_eq!(
+        net.nodes[1].engine.counters().sent_remote_access_err_naks,
+        1
+    );
+}
+
 /// A 1 GiB RDMA WRITE (the largest message verbs users commonly post) in one WR.
 /// Runs in release builds (CI runs the tests in release); ignored in debug, where it is slow.
 #[test]

@@ -83,8 +83,12 @@ fn psn_sequence_nak_then_go_back_n() {
 fn retransmit_timeout_recovers_lost_tail() {
     let mut net = SimNet::new(2, 2, Mtu::M1024);
     let (a, _b, la, rb) = write_setup(&mut net, 3000);
-    // Lose the last packet: no later packet can reveal the gap, only the timer.
-    let dropped = drop_first(&mut net, 0, 1, |p| p[0] == 0x08);
+    // Lose the last packet: no later packet can reveal the gap, only the timer. It is
+    // the WRITE packet with AckReq (BTH byte 8, bit 7): a WRITE Last, or a WRITE Only
+    // when the engine splits writes (EngineConfig::split_rc_writes).
+    let dropped = drop_first(&mut net, 0, 1, |p| {
+        matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
+    });
     post_write(&mut net, a, 1, &la, &rb, 0, 3000);
     net.run(1_000_000_000);
     assert_eq!(*dropped.borrow(), 1);

@@ -134,10 +134,17 @@ pub fn cfg_for(ip: IpAddr, mtu: Mtu) -> EngineConfig {
 
 impl SimNet {
     pub fn new(seed: u64, n: usize, mtu: Mtu) -> SimNet {
+        SimNet::with_config(seed, n, mtu, |_| {})
+    }
+
+    /// [`SimNet::new`] with each node's engine configuration adjusted by `tweak`.
+    pub fn with_config(seed: u64, n: usize, mtu: Mtu, tweak: impl Fn(&mut EngineConfig)) -> SimNet {
         let mut nodes = Vec::new();
         for i in 0..n {
             let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8 + 1));
-            let mut engine = Engine::new(cfg_for(ip, Mtu::M4096));
+            let mut cfg = cfg_for(ip, Mtu::M4096);
+            tweak(&mut cfg);
+            let mut engine = Engine::new(cfg);
             let pd = engine.memory_mut().alloc_pd();
             let cq = engine.create_cq();
             nodes.push(Node {
