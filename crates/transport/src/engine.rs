@@ -977,7 +977,28 @@ impl Engine {
                 }
             }
         }
+        // One Transmit may take packets from several QPs, one after the other: all
+        // that GSO needs is one destination, source and UDP source port, and equal
+        // sizes (the last may be shorter). With 1024 QPs writing to one peer, each QP
+        // has about one WRITE in flight (the device budget): per-QP batches would hand
+        // the kernel one short datagram per WRITE, and a responder one ACK datagram per
+        // QP. A QP's packets stay in order and each QP still goes to the back of the
+        // ready queue once drawn from (round robin as before).
+        let mut off = 0usize;
+        let mut wire_len = 0usize;
+        let mut count = 0usize;
+        let mut first: Option<(TxPlan, usize, u16)> = None;
+        if let Some(list) = pieces.as_deref_mut() {
+            list.clear();
+        }
+        // At most one pass over the QPs ready now (a QP put back by `sync` is not
+        // drawn from twice).
+        let mut visits = self.ready.len();
         while let Some(&qpn) = self.ready.front() {
+            if visits == 0 {
+                break;
+            }
+            visits -= 1;
             let Engine {
                 qps,
                 ready,
@@ -990,23 +1011,21 @@ impl Engine {
                 continue;
             };
             let mut ctx = ctx!(self, now);
-            let mut off = 0usize;
-            let mut wire_len = 0usize;
-            let mut count = 0usize;
-            let mut first: Option<(TxPlan, usize)> = None;
-            if let Some(list) = pieces.as_deref_mut() {
-                list.clear();
-            }
+            let before = count;
+            // Why this QP's run ended: `drained` when it has nothing more to send now;
+            // otherwise the batch is complete (full, a short or mismatched packet, no
+            // room, a local error).
+            let mut drained = false;
             let mut too_small = false;
             while count < max_segs {
-                let Some(plan) = qp.plan(&mut ctx) else { break };
+                let Some(plan) = qp.plan(&mut ctx) else {
+                    drained = true;
+                    break;
+                };
                 let wl = plan.wire_len();
-                if let Some((p0, seg)) = &first {
-                    if plan.dst != p0.dst
-                        || plan.src != p0.src
-                        || plan.sport != p0.sport
-                        || wl > *seg
-                    {
+                let sport = source_port.unwrap_or(plan.sport);
+                if let Some((p0, seg, sport0)) = &first {
+                    if plan.dst != p0.dst || plan.src != p0.src || sport != *sport0 || wl > *seg {
                         break;
                     }
                 }
@@ -1019,7 +1038,6 @@ impl Engine {
                 else {
                     break;
                 };
-                let sport = source_port.unwrap_or(plan.sport);
                 let ic = IcrcInfo {
                     src: plan.src,
                     dst: plan.dst.ip(),
@@ -1055,32 +1073,43 @@ impl Engine {
                     });
                 }
                 if first.is_none() {
-                    first = Some((plan, total));
+                    first = Some((plan, total, sport));
                 }
                 off += in_buf;
                 wire_len += total;
                 count += 1;
-                if first.as_ref().is_some_and(|(_, seg)| total < *seg) {
+                if first.as_ref().is_some_and(|(_, seg, _)| total < *seg) {
                     break;
                 }
             }
             if too_small {
                 return None;
             }
+            if count == before && count > 0 && !drained {
+                // Its next packet does not fit this batch: it opens the next one.
+                break;
+            }
             ready.pop_front();
             qp.in_ready = false;
             sync(qp, &mut ctx, ready, timers);
-            if let Some((p0, seg)) = first {
-                return Some(Transmit {
-                    dst: p0.dst,
-                    src: p0.src,
-                    len: wire_len,
-                    segment_size: seg,
-                    src_port: source_port.unwrap_or(p0.sport),
-                });
+            if first.is_none() {
+                continue;
+            }
+            // Go on to the next QP only while the batch can still grow: this QP has
+            // nothing more, and its last packet was full-sized (a shorter one ends the
+            // run with `drained` false).
+            if !drained || count >= max_segs {
+                break;
             }
         }
-        None
+        let (p0, seg, sport) = first?;
+        Some(Transmit {
+            dst: p0.dst,
+            src: p0.src,
+            len: wire_len,
+            segment_size: seg,
+            src_port: sport,
+        })
     }
 
     /// Whether something is ready to send and all of it is ACKs: no request packet, no

@@ -268,6 +268,71 @@ fn split_write_is_one_batch_of_write_only_packets() {
     }
 }
 
+/// With one UDP source port for the device (softhca's sockets), packets of several QPs
+/// to one peer share a GSO batch: four QPs' one-packet WRITEs leave as one Transmit, and
+/// the four ACKs as one. Each QP's data lands where it should.
+#[test]
+fn qps_to_one_peer_share_a_gso_batch() {
+    let mut net = SimNet::new(8, 2, Mtu::M4096);
+    for n in &mut net.nodes {
+        n.engine.set_source_port(Some(4791));
+    }
+    let qps: Vec<(Qpn, Qpn)> = (0..4)
+        .map(|_| pair(&mut net, QpType::Rc, &RcOpts::default()))
+        .collect();
+    let la = net.reg(0, 4 * 4096, full_access());
+    let rb = net.reg(1, 4 * 4096, full_access());
+    net.fill_random(&la);
+    for (i, (a, _)) in qps.iter().enumerate() {
+        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * 4096, 4096));
+        w.remote_addr = rb.addr + (i * 4096) as u64;
+        w.rkey = rb.rkey;
+        net.nodes[0].engine.post_send(0, *a, w).unwrap();
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
+    assert_eq!(t.len / t.segment_size, 4, "four QPs' WRITEs in one batch");
+    assert_eq!(t.src_port, 4791);
+    assert!(net.nodes[0].engine.poll_transmit(0, &mut buf).is_none());
+    let info = |t: &Transmit, i: u16| DatagramInfo {
+        src: std::net::SocketAddr::new(t.src, t.src_port),
+        dst: t.dst.ip(),
+        segment_index: i,
+    };
+    let segs: Vec<Vec<u8>> = buf[..t.len]
+        .chunks(t.segment_size)
+        .map(<[u8]>::to_vec)
+        .collect();
+    for (i, seg) in segs.iter().enumerate() {
+        net.nodes[1]
+            .engine
+            .handle_datagram(0, &info(&t, i as u16), seg);
+    }
+    assert!(net.mem(&rb) == net.mem(&la));
+    let t = net.nodes[1].engine.poll_transmit(0, &mut buf).unwrap();
+    assert_eq!(t.len / t.segment_size, 4, "four ACKs in one batch");
+    assert!(net.nodes[1].engine.poll_transmit(0, &mut buf).is_none());
+    let acks: Vec<Vec<u8>> = buf[..t.len]
+        .chunks(t.segment_size)
+        .map(<[u8]>::to_vec)
+        .collect();
+    for (i, ack) in acks.iter().enumerate() {
+        assert_eq!(ack[0], 0x11, "ACKNOWLEDGE");
+        net.nodes[0]
+            .engine
+            .handle_datagram(0, &info(&t, i as u16), ack);
+    }
+    let mut done: Vec<(u64, WcStatus)> =
+        std::iter::from_fn(|| net.nodes[0].engine.poll_completion())
+            .map(|(_, c)| (c.wr_id, c.status))
+            .collect();
+    done.sort_unstable_by_key(|&(id, _)| id);
+    assert_eq!(
+        done,
+        (0..4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+}
+
 /// A split WRITE that runs past the end of the remote MR: each WRITE Only is checked on
 /// its own, so the packets in bounds are placed and the first one out of bounds is NAKed
 /// (a WRITE First would carry the whole length and be refused whole). The requester
