@@ -180,20 +180,33 @@ fn write_with_imm_consumes_recv() {
     assert_eq!(&net.mem(&rb)[10..3343], &net.mem(&la)[..3333]);
 }
 
+/// Registers `local` random bytes on node 0 and `remote` zeroed bytes on node 1, posts
+/// one RDMA WRITE (wr_id 1) of all the local bytes on `a` to the start of the remote MR,
+/// runs the network for up to `ns` and returns node 0's completions and the two MRs.
+fn one_write(
+    net: &mut SimNet,
+    a: Qpn,
+    local: usize,
+    remote: usize,
+    ns: u64,
+) -> (Vec<Completion>, Mr, Mr) {
+    let la = net.reg(0, local, full_access());
+    let rb = net.reg(1, remote, full_access());
+    net.fill_random(&la);
+    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, local));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    net.nodes[0].engine.post_send(0, a, w).unwrap();
+    net.run(ns);
+    (net.take_completions(0), la, rb)
+}
+
 #[test]
 fn gso_batches_and_multi_megabyte_write() {
     let mut net = SimNet::new(5, 2, Mtu::M4096);
     let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
     let size = 8 << 20;
-    let la = net.reg(0, size, full_access());
-    let rb = net.reg(1, size, full_access());
-    net.fill_random(&la);
-    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, size));
-    w.remote_addr = rb.addr;
-    w.rkey = rb.rkey;
-    net.nodes[0].engine.post_send(0, a, w).unwrap();
-    net.run(10_000_000_000);
-    let s = net.take_completions(0);
+    let (s, la, rb) = one_write(&mut net, a, size, size, 10_000_000_000);
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].status, WcStatus::Success);
     assert!(net.mem(&rb) == net.mem(&la));
@@ -219,9 +232,6 @@ fn split_write_is_one_batch_of_write_only_packets() {
         let mut net = SimNet::with_config(6, 2, Mtu::M4096, |c| c.split_rc_writes = split);
         let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
         let size = 16 * 4096;
-        let la = net.reg(0, size, full_access());
-        let rb = net.reg(1, size, full_access());
-        net.fill_random(&la);
         let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let s2 = seen.clone();
         net.filter = Some(Box::new(move |from, p| {
@@ -230,12 +240,7 @@ fn split_write_is_one_batch_of_write_only_packets() {
             }
             false
         }));
-        let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, size));
-        w.remote_addr = rb.addr;
-        w.rkey = rb.rkey;
-        net.nodes[0].engine.post_send(0, a, w).unwrap();
-        net.run(1_000_000_000);
-        let s = net.take_completions(0);
+        let (s, la, rb) = one_write(&mut net, a, size, size, 1_000_000_000);
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].status, WcStatus::Success);
         assert!(net.mem(&rb) == net.mem(&la));
@@ -341,15 +346,7 @@ fn qps_to_one_peer_share_a_gso_batch() {
 fn split_write_past_the_mr_end_is_a_remote_access_error() {
     let mut net = SimNet::new(7, 2, Mtu::M4096);
     let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
-    let la = net.reg(0, 4 * 4096, full_access());
-    let rb = net.reg(1, 2 * 4096, full_access());
-    net.fill_random(&la);
-    let mut w = send_wr(1, WrOpcode::RdmaWrite, la.sges(0, 4 * 4096));
-    w.remote_addr = rb.addr;
-    w.rkey = rb.rkey;
-    net.nodes[0].engine.post_send(0, a, w).unwrap();
-    net.run(1_000_000_000);
-    let s = net.take_completions(0);
+    let (s, la, rb) = one_write(&mut net, a, 4 * 4096, 2 * 4096, 1_000_000_000);
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].status, WcStatus::RemAccessErr);
     assert_eq!(
