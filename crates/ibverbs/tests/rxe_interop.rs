@@ -89,8 +89,23 @@ fn boot(harness: &PathBuf, guest: &str, host: &str) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    drop_job_disk(&text);
     println!("{text}");
     text
+}
+
+/// The harness leaves its job directory behind with a 657 MB copy of the VM disk: drop
+/// the disk once the output is in (console and guest logs stay for a post-mortem).
+/// Without this every interop run kept 2 GB in /tmp, and repeated runs filled the disk.
+fn drop_job_disk(text: &str) {
+    for line in text.lines() {
+        if let Some(dir) = line
+            .strip_prefix("---- job dir: ")
+            .and_then(|l| l.strip_suffix(" ----"))
+        {
+            let _ = std::fs::remove_file(std::path::Path::new(dir).join("disk.img"));
+        }
+    }
 }
 
 fn assert_all_passed(text: &str) {
