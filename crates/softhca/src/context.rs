@@ -97,6 +97,9 @@ pub(crate) struct Core {
 unsafe impl Send for Core {}
 
 /// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
+/// A completion as the engine hands it out, with the CQ it goes to.
+pub(crate) type EngineCompletion = (CqId, softhca_transport::Completion);
+
 type RingRun<'a> = (
     CqId,
     &'a Arc<CqRing>,
@@ -110,19 +113,26 @@ impl Core {
     /// after each control/post call. Completions for the same CQ in a row share one ring
     /// lock and one notification.
     pub(crate) fn deliver(&mut self, shared: &Shared) {
-        if self.deliver_once(shared) {
+        self.deliver_after(shared, &mut Vec::new());
+    }
+
+    /// [`Core::deliver`], the completions in `earlier` (taken from the engine before,
+    /// see `Progress::after_send`) first, in their order.
+    pub(crate) fn deliver_after(&mut self, shared: &Shared, earlier: &mut Vec<EngineCompletion>) {
+        if self.deliver_once(shared, earlier) {
             // The flush completions of the QPs just moved to ERR.
             self.deliver(shared);
         }
     }
 
-    /// One pass of [`Core::deliver`]; true when a CQ overrun moved a QP to ERR.
-    fn deliver_once(&mut self, shared: &Shared) -> bool {
+    /// One pass of [`Core::deliver_after`]; true when a CQ overrun moved a QP to ERR.
+    fn deliver_once(&mut self, shared: &Shared, earlier: &mut Vec<EngineCompletion>) -> bool {
         let Core { engine, cqs } = self;
         let mut run: Option<RingRun<'_>> = None;
         // QPs whose completion was lost to a full CQ (rare; usually empty).
         let mut overrun: Vec<u32> = Vec::new();
-        while let Some((cq, c)) = engine.poll_completion() {
+        let mut earlier = earlier.drain(..);
+        while let Some((cq, c)) = earlier.next().or_else(|| engine.poll_completion()) {
             if run.as_ref().map(|r| r.0) != Some(cq) {
                 if let Some((_, ring, guard, pr)) = run.take() {
                     drop(guard);

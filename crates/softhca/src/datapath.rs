@@ -26,7 +26,7 @@ use softhca_io::{self as sio, Events, Poller, RecvBatch, RoceSocket};
 use softhca_transport::{DatagramInfo, Transmit, TxPiece};
 
 use crate::config::PollMode;
-use crate::context::{Core, Shared, Stats};
+use crate::context::{Core, EngineCompletion, Shared, Stats};
 use crate::error::Error;
 use crate::Nanos;
 
@@ -76,6 +76,12 @@ pub(crate) struct Progress {
     /// bytes).
     zero_copy: bool,
     tx: Vec<(usize, Transmit)>,
+    /// Completions made while building `tx` (a UC or UD send completes when its last
+    /// packet is built), delivered once `tx` has been handed to the kernel: their
+    /// payloads may still be in registered memory (zero-copy), and an application that
+    /// sees the completion may write the buffer again. Kept here, out of the engine, so
+    /// that no other thread delivers them early.
+    after_send: Vec<EngineCompletion>,
     /// An application thread's step completed work and left the ACKs it owes in the
     /// engine for that thread's next call (see [`Progress::step`]).
     held: bool,
@@ -118,6 +124,7 @@ impl Progress {
             tx_iov: (0..TX_BATCH).map(|_| Vec::with_capacity(3 * 64)).collect(),
             zero_copy: drop_ppm == 0,
             tx: Vec::with_capacity(TX_BATCH),
+            after_send: Vec::new(),
             held: false,
             drop_ppm,
             drop_rng: 0x9E37_79B9_7F4A_7C15,
@@ -317,8 +324,14 @@ impl Progress {
                 None => break,
             }
         }
-        // Building packets completes work too (UD sends, unsignaled-batch bookkeeping).
-        core.deliver(shared);
+        // Building packets completes work too (UC and UD sends): after the send.
+        if self.tx.is_empty() {
+            core.deliver(shared);
+        } else {
+            while let Some(c) = core.engine.poll_completion() {
+                self.after_send.push(c);
+            }
+        }
         let deadline = core.engine.poll_timeout();
         drop(core);
         let st = &shared.stats;
@@ -448,6 +461,12 @@ impl Progress {
         if unmatched > 0 {
             tracing::debug!("{unmatched} transmits from an address this device does not serve");
             Stats::add(&st.tx_no_socket, unmatched as u64);
+        }
+        if !self.after_send.is_empty() {
+            shared
+                .core
+                .lock()
+                .deliver_after(shared, &mut self.after_send);
         }
     }
 }

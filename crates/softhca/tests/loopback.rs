@@ -502,7 +502,7 @@ fn zero_config_two_devices_on_one_host() {
 /// the drops are counted.
 #[test]
 fn injected_tx_drops_are_recovered_by_rc() {
-    const LEN: usize = 16 << 20;
+    const LEN: usize = 4 << 20;
     let mut cfg = Config::loopback(ip("127.0.1.61"));
     cfg.tx_drop_ppm = 20_000;
     let sa = side(Context::open(&cfg).unwrap(), QpType::Rc, LEN);
@@ -588,4 +588,81 @@ fn traffic_on_the_second_of_several_served_addresses() {
     let mut got = [0u8; 64];
     sa.mr.read(0, &mut got).unwrap();
     assert_eq!(&got[..], &data[100..164]);
+}
+
+/// A UC (or UD) send completes when its packets have been handed to the kernel, never
+/// before. The payload leaves from registered memory (zero-copy), sealed with an ICRC
+/// over those bytes, so a completion delivered ahead of the `sendmmsg` lets the
+/// application rewrite a buffer the kernel has not copied yet: the receiver then drops
+/// the packets for a bad ICRC (the `uc-write` camera stream lost its first frames so).
+/// Here, as that camera does, four source buffers are rewritten with the next frame as
+/// soon as their WRITE completes, while the datapath may still be sending.
+#[test]
+fn uc_send_completion_means_the_payload_has_left() {
+    const FRAME: usize = 300 << 10;
+    const BUFS: usize = 4;
+    const FRAMES: usize = 64;
+    // A busy-polling datapath thread does most of the sending (a post finds it in a
+    // step and leaves the packets to it), as the camera's did: the completion then
+    // reaches this thread while that one sends.
+    let mut cfg = Config::loopback(ip("127.0.1.73"));
+    cfg.poll = PollMode::Busy;
+    let a = side(Context::open(&cfg).unwrap(), QpType::Uc, BUFS * FRAME);
+    let b = side(open("127.0.1.74"), QpType::Uc, FRAMES * FRAME);
+    connect(&a, &b);
+    for f in 0..FRAMES {
+        b.qp.post_recv(recv_wr(f as u64, b.mr.sge(0, 0))).unwrap();
+    }
+    let mut busy = [false; BUFS];
+    let mut wc = [Completion::default(); 8];
+    for f in 0..FRAMES {
+        let k = f % BUFS;
+        while busy[k] {
+            let n = a.cq.poll(&mut wc);
+            for c in &wc[..n] {
+                assert_eq!(c.status, WcStatus::Success);
+                busy[c.wr_id as usize % BUFS] = false;
+            }
+        }
+        a.mr.write(k * FRAME, &pattern(FRAME, f as u8)).unwrap();
+        let mut wr = send_wr(
+            f as u64,
+            WrOpcode::RdmaWriteWithImm,
+            a.mr.sge(k * FRAME, FRAME as u32),
+        );
+        wr.remote_addr = b.mr.addr() + (f * FRAME) as u64;
+        wr.rkey = b.mr.rkey();
+        wr.imm_data = f as u32;
+        a.qp.post_send(wr).unwrap();
+        busy[k] = true;
+    }
+    let bad_icrc = || {
+        b.ctx
+            .counters()
+            .into_iter()
+            .find(|(k, _)| *k == "drop_bad_icrc")
+            .map_or(0, |(_, v)| v)
+    };
+    let mut got = 0;
+    while got < FRAMES {
+        let n = b.cq.wait(&mut wc, Duration::from_secs(5)).unwrap();
+        assert!(
+            n > 0,
+            "{got} of {FRAMES} frames arrived; {} packets dropped for a bad ICRC",
+            bad_icrc()
+        );
+        got += n;
+    }
+    assert_eq!(
+        bad_icrc(),
+        0,
+        "packets changed between their ICRC and their send"
+    );
+    let mem = b.mr.to_vec();
+    for f in 0..FRAMES {
+        assert!(
+            mem[f * FRAME..(f + 1) * FRAME] == pattern(FRAME, f as u8)[..],
+            "frame {f}"
+        );
+    }
 }
