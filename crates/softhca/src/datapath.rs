@@ -427,14 +427,15 @@ impl Progress {
         self.build_iovecs();
         for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
-            let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
-            let response = |b: usize| bufs[b].first().is_some_and(|&op| is_rc_response(op));
-            // Requests first, then responses (see `is_rc_response`), each in its order.
+            let (bufs, iovs, pieces) = (&self.tx_bufs, &self.tx_iov, &self.tx_pieces);
+            let acks = |b: usize, t: &Transmit| only_acks(&bufs[b], &pieces[b], t);
+            // Transmits of ACKs only go last, the others first, each in its order (see
+            // `only_acks`).
             let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
                 .tx
                 .iter()
-                .filter(|(b, t)| t.src == ip && !response(*b))
-                .chain(self.tx.iter().filter(|(b, t)| t.src == ip && response(*b)))
+                .filter(|(b, t)| t.src == ip && !acks(*b, t))
+                .chain(self.tx.iter().filter(|(b, t)| t.src == ip && acks(*b, t)))
                 .map(|&(b, t)| sio::Transmit {
                     dst: t.dst,
                     src_ip: None,
@@ -471,19 +472,32 @@ impl Progress {
     }
 }
 
-/// RC response opcodes (IBTA 9.2, Table 38): RDMA READ response first..only (0x0D-0x10),
-/// ACKNOWLEDGE (0x11), ATOMIC ACKNOWLEDGE (0x12).
+/// Whether every packet of transmit `t` (in `buf`, laid out as `pieces` says when it was
+/// built for a gathered send, else back to back) is an RC ACKNOWLEDGE (0x11, ACK or NAK).
 ///
-/// A batch leaves requests first, responses last. Why: an ACK held for the application's
-/// next post (see [`Progress::step`]) would otherwise lead its batch, and on loopback
-/// `sendmmsg` delivers the datagrams one by one: a peer spinning on its socket then picks
-/// up the ACK alone, processes it, and only on its next `recvmmsg` finds the request it
-/// is waiting for (measured: about a third of the 8 B SEND half round trip). Only the
-/// order between the request and response streams changes (they carry independent PSN
-/// spaces, IBTA 9.7.1), never within one, and a GSO transmit moves as a whole: its first
-/// packet's opcode decides.
-fn is_rc_response(opcode: u8) -> bool {
-    (0x0D..=0x12).contains(&opcode)
+/// Such transmits leave after the others of their batch. Why: an ACK held for the
+/// application's next post (see [`Progress::step`]) would otherwise lead its batch, and
+/// on loopback `sendmmsg` delivers the datagrams one by one: a peer spinning on its
+/// socket then picks up the ACK alone, processes it, and only on its next `recvmmsg`
+/// finds the request it is waiting for (measured: about a third of the 8 B SEND half
+/// round trip). Moving an ACK later is always safe: it is cumulative (a later response
+/// acknowledges everything before it, IBTA 9.7.5.1), and nothing else moves, so no
+/// request stream and no READ or atomic response stream changes order. (Ordering by a
+/// transmit's first opcode, as before, was not: a transmit led by a request can carry
+/// an ACK, of the same QP or, since transmits span QPs, of another, and then went ahead
+/// of READ responses built before that ACK.)
+fn only_acks(buf: &[u8], pieces: &[TxPiece], t: &Transmit) -> bool {
+    const ACKNOWLEDGE: u8 = 0x11;
+    if pieces.is_empty() {
+        let seg = t.segment_size.max(1);
+        (0..t.len.min(buf.len()))
+            .step_by(seg)
+            .all(|o| buf[o] == ACKNOWLEDGE)
+    } else {
+        pieces
+            .iter()
+            .all(|p| buf.get(p.start) == Some(&ACKNOWLEDGE))
+    }
 }
 
 /// A step held packets for the polling application: make sure the datapath thread wakes
@@ -700,4 +714,53 @@ fn wait_writable(
         Some(Duration::from_millis(1)),
     );
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transmit(len: usize, segment_size: usize) -> Transmit {
+        Transmit {
+            dst: "127.0.0.1:4791".parse().unwrap(),
+            src: "127.0.0.2".parse().unwrap(),
+            len,
+            segment_size,
+            src_port: 4791,
+        }
+    }
+
+    fn piece(start: usize) -> TxPiece {
+        TxPiece {
+            start,
+            head: 20,
+            external: None,
+            tail: 0,
+        }
+    }
+
+    /// Every packet is looked at, not only the first: a transmit led by a request (or
+    /// a READ response) that ends with an ACK keeps its place.
+    #[test]
+    fn only_acks_looks_at_every_packet() {
+        // Back to back: three 20-byte segments.
+        let mut buf = vec![0u8; 60];
+        for o in [0, 20, 40] {
+            buf[o] = 0x11;
+        }
+        assert!(only_acks(&buf, &[], &transmit(60, 20)));
+        buf[0] = 0x04; // SEND Only, then two ACKs
+        assert!(!only_acks(&buf, &[], &transmit(60, 20)));
+        buf[0] = 0x11;
+        buf[40] = 0x10; // READ response Only last
+        assert!(!only_acks(&buf, &[], &transmit(60, 20)));
+        // Gathered: the pieces say where each packet starts.
+        let mut buf = vec![0u8; 40];
+        buf[0] = 0x11;
+        buf[20] = 0x11;
+        let pieces = [piece(0), piece(20)];
+        assert!(only_acks(&buf, &pieces, &transmit(40, 20)));
+        buf[20] = 0x0a; // a WRITE Only of another QP
+        assert!(!only_acks(&buf, &pieces, &transmit(40, 20)));
+    }
 }
