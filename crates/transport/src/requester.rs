@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use crate::engine::EngineConfig;
 use crate::packet::{op, PktHdr, DEFAULT_PKEY};
 use crate::path::Path;
 use crate::qp::{psn_add, psn_diff, Ctx, Qp, RespOut};
@@ -80,6 +81,18 @@ impl Qp {
     /// True if `plan` would return something (used to keep the ready queue honest).
     pub fn has_output(&mut self, ctx: &mut Ctx<'_>) -> bool {
         self.plan(ctx).is_some()
+    }
+
+    /// Request PSNs the next WQE to start will take (at least 1): what the device budget
+    /// must have room for to let it go.
+    pub fn next_wqe_psns(&self, cfg: &EngineConfig) -> u32 {
+        self.req.sq.get(self.req.send_idx).map_or(1, |w| {
+            if w.is_rd_atomic() && w.wr.opcode != WrOpcode::RdmaRead {
+                1
+            } else {
+                w.len.div_ceil(self.mtu(cfg)).max(1) as u32
+            }
+        })
     }
 
     /// Request PSNs this QP counts against the device budget: those sent and not yet

@@ -42,7 +42,7 @@ pub(crate) struct Budget {
     pub inflight: u32,
     /// QPs that had work but were held back by the budget: made ready again when it
     /// frees up (their own events may never come, since they have nothing in flight).
-    pub blocked: Vec<u32>,
+    pub blocked: std::collections::VecDeque<u32>,
     /// Set by the requester when it held a WQE back for the budget.
     pub hit: bool,
     /// Bytes of out-of-sequence requests kept by all responders (sum of every QP's
