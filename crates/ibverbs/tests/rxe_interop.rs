@@ -11,8 +11,10 @@
 //! ```
 
 mod common;
+#[path = "../../softhca/tests/rxe_vm/mod.rs"]
+mod rxe_vm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn harness() -> Option<PathBuf> {
@@ -76,36 +78,10 @@ fn programs(gid: u32, peer: &str, tag: &str) -> String {
 }
 
 /// Runs one VM boot; returns the harness's combined output.
-fn boot(harness: &PathBuf, guest: &str, host: &str) -> String {
-    // The guest powers itself off: when the harness's init script exits before its own
-    // power-off completes, the guest kernel panics and the VM only ends at the timeout.
-    let guest = format!("{guest}; sync; echo o > /proc/sysrq-trigger; sleep 60");
-    let out = Command::new(harness)
-        .args(["run", "--timeout", "400", "--guest", &guest, "--host", host])
-        .output()
-        .expect("run rxe-vm");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    drop_job_disk(&text);
+fn boot(harness: &Path, guest: &str, host: &str) -> String {
+    let (_, text) = rxe_vm::run(harness, guest, host);
     println!("{text}");
     text
-}
-
-/// The harness leaves its job directory behind with a 657 MB copy of the VM disk: drop
-/// the disk once the output is in (console and guest logs stay for a post-mortem).
-/// Without this every interop run kept 2 GB in /tmp, and repeated runs filled the disk.
-fn drop_job_disk(text: &str) {
-    for line in text.lines() {
-        if let Some(dir) = line
-            .strip_prefix("---- job dir: ")
-            .and_then(|l| l.strip_suffix(" ----"))
-        {
-            let _ = std::fs::remove_file(std::path::Path::new(dir).join("disk.img"));
-        }
-    }
 }
 
 fn assert_all_passed(text: &str) {

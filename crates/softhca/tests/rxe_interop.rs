@@ -8,8 +8,9 @@
 //! SOFTHCA_RXE_VM=1 cargo test --release -p softhca --test rxe_interop -- --nocapture
 //! ```
 
-use std::path::PathBuf;
-use std::process::Command;
+mod rxe_vm;
+
+use std::path::{Path, PathBuf};
 
 fn harness() -> Option<PathBuf> {
     if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
@@ -35,37 +36,9 @@ fn example() -> PathBuf {
 }
 
 /// Runs the VM with `guest` and `host` commands; returns (exit ok, combined output).
-///
-/// The guest command prints its own exit status and powers the VM off itself: when the
-/// harness's init script exits before its own power-off completes, the guest kernel
-/// panics ("Attempted to kill init") and the VM only ends at the harness's timeout.
-fn run(harness: &PathBuf, guest: &str, host: &str) -> (bool, String) {
-    let guest = format!("{guest}; echo guest-rc=$?; sync; echo o > /proc/sysrq-trigger; sleep 60");
-    let out = Command::new(harness)
-        .args(["run", "--timeout", "400", "--guest", &guest, "--host", host])
-        .output()
-        .expect("run rxe-vm");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    drop_job_disk(&text);
-    (out.status.success(), text)
-}
-
-/// The harness leaves its job directory behind with a 657 MB copy of the VM disk: drop
-/// the disk once the output is in (console and guest logs stay for a post-mortem).
-/// Without this every interop run kept 2 GB in /tmp, and repeated runs filled the disk.
-fn drop_job_disk(text: &str) {
-    for line in text.lines() {
-        if let Some(dir) = line
-            .strip_prefix("---- job dir: ")
-            .and_then(|l| l.strip_suffix(" ----"))
-        {
-            let _ = std::fs::remove_file(std::path::Path::new(dir).join("disk.img"));
-        }
-    }
+/// The guest command prints its own exit status.
+fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
+    rxe_vm::run(harness, &format!("{guest}; echo guest-rc=$?"), host)
 }
 
 /// Both programs print "N iters in S seconds"; the guest's rc line must say 0.
@@ -93,7 +66,7 @@ fn rc_pingpong_with_kernel_rxe_both_ways() {
     kernel_rxe_client_softhca_server(&h, &ex);
 }
 
-fn softhca_client_kernel_rxe_server(h: &PathBuf, ex: &std::path::Path) {
+fn softhca_client_kernel_rxe_server(h: &Path, ex: &Path) {
     let host = format!(
         "sleep 3; for i in 1 2 3 4 5; do {} 10.99.0.2 -n 200 -s 8192 && exit 0; sleep 3; done; exit 1",
         ex.display()
@@ -102,7 +75,7 @@ fn softhca_client_kernel_rxe_server(h: &PathBuf, ex: &std::path::Path) {
     assert_both_finished(ok, &text, 200);
 }
 
-fn kernel_rxe_client_softhca_server(h: &PathBuf, ex: &std::path::Path) {
+fn kernel_rxe_client_softhca_server(h: &Path, ex: &Path) {
     let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 120 ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 && break; done";
     let host = format!("timeout 200 {} -n 200 -s 8192", ex.display());
     let (ok, text) = run(h, guest, &host);

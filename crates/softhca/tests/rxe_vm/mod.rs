@@ -1,0 +1,40 @@
+//! One boot of the kernel-rxe VM harness (`../shared/tools/rxe-vm`), for the interop
+//! tests of `softhca` and of `softhca-ibverbs` (which includes this file by path).
+
+use std::path::Path;
+use std::process::Command;
+
+/// Boots the VM with `guest` and `host` commands; returns whether the harness succeeded
+/// and its combined output.
+///
+/// The guest powers itself off after its command: when the harness's init script exits
+/// before its own power-off completes, the guest kernel panics ("Attempted to kill
+/// init") and the VM only ends at the harness's timeout.
+pub fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
+    let guest = format!("{guest}; sync; echo o > /proc/sysrq-trigger; sleep 60");
+    let out = Command::new(harness)
+        .args(["run", "--timeout", "400", "--guest", &guest, "--host", host])
+        .output()
+        .expect("run rxe-vm");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop_job_disk(&text);
+    (out.status.success(), text)
+}
+
+/// The harness leaves its job directory behind with a 657 MB copy of the VM disk: drop
+/// the disk once the output is in (console and guest logs stay for a post-mortem).
+/// Without this every interop run kept 2 GB in /tmp, and repeated runs filled the disk.
+fn drop_job_disk(text: &str) {
+    for line in text.lines() {
+        if let Some(dir) = line
+            .strip_prefix("---- job dir: ")
+            .and_then(|l| l.strip_suffix(" ----"))
+        {
+            let _ = std::fs::remove_file(Path::new(dir).join("disk.img"));
+        }
+    }
+}
