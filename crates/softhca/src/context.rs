@@ -96,10 +96,10 @@ pub(crate) struct Core {
 // engine between threads is sound. Everything else in `Core` is Send already.
 unsafe impl Send for Core {}
 
-/// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
 /// A completion as the engine hands it out, with the CQ it goes to.
 pub(crate) type EngineCompletion = (CqId, softhca_transport::Completion);
 
+/// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
 type RingRun<'a> = (
     CqId,
     &'a Arc<CqRing>,
