@@ -86,13 +86,10 @@ impl Qp {
     /// Request PSNs the next WQE to start will take (at least 1): what the device budget
     /// must have room for to let it go.
     pub fn next_wqe_psns(&self, cfg: &EngineConfig) -> u32 {
-        self.req.sq.get(self.req.send_idx).map_or(1, |w| {
-            if w.is_rd_atomic() && w.wr.opcode != WrOpcode::RdmaRead {
-                1
-            } else {
-                w.len.div_ceil(self.mtu(cfg)).max(1) as u32
-            }
-        })
+        self.req
+            .sq
+            .get(self.req.send_idx)
+            .map_or(1, |w| w.psns_at(self.mtu(cfg)))
     }
 
     /// Request PSNs this QP counts against the device budget: those sent and not yet
@@ -267,10 +264,7 @@ impl Qp {
                     return None;
                 }
             }
-            let npkts = match w.wr.opcode {
-                WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
-                _ => (w.len.div_ceil(mtu)).max(1) as u32,
-            };
+            let npkts = w.psns_at(mtu);
             w.started = true;
             w.sent_at = ctx.now;
             w.first_psn = self.req.next_psn;

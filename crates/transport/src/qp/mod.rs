@@ -115,6 +115,14 @@ impl SendWqe {
             WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
         )
     }
+    /// PSNs this WQE takes at path MTU `mtu` (bytes): one per packet, or per READ
+    /// response packet; one for an atomic.
+    pub fn psns_at(&self, mtu: u64) -> u32 {
+        match self.wr.opcode {
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+            _ => self.len.div_ceil(mtu).max(1) as u32,
+        }
+    }
     pub fn last_psn(&self) -> u32 {
         psn_add(self.first_psn, self.npkts.max(1) - 1)
     }
