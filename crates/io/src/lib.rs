@@ -9,6 +9,8 @@
 //!   `UDP_SEGMENT`) and batched receive (`recvmmsg`, GRO through `UDP_GRO`) and per-packet
 //!   local address (`IP_PKTINFO` / `IPV6_RECVPKTINFO`). GSO and GRO are probed when the
 //!   socket is bound and silently replaced by plain datagrams when the kernel refuses them.
+//! * [`ConnectedSender`]: a send-only socket connected to one peer (no route lookup per
+//!   send), which knows the IPv4 ID Linux writes on its packets.
 //! * [`RecvBatch`]: preallocated receive buffers; [`segments`] splits a GRO datagram back
 //!   into the datagrams the peer sent.
 //! * [`EventFd`], [`Poller`], [`pin_current_thread`]: what a datapath thread needs to sleep
@@ -23,6 +25,7 @@
 mod affinity;
 pub mod blast;
 mod cmsg;
+mod connected;
 mod error;
 mod event;
 mod recv;
@@ -30,6 +33,7 @@ mod sockaddr;
 mod socket;
 
 pub use affinity::pin_current_thread;
+pub use connected::ConnectedSender;
 pub use error::IoError;
 pub use event::{Event, EventFd, Events, Interest, Poller};
 pub use recv::{segments, RecvBatch, RecvMeta, Segments};

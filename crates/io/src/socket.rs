@@ -156,6 +156,9 @@ pub struct RoceSocket {
     max_gso_segments: usize,
     /// GSO sends that fell back to split datagrams because the kernel refused GSO.
     gso_fallbacks: AtomicU64,
+    /// The peer this socket is connected to ([`crate::ConnectedSender`]): transmits to
+    /// it go without an address, which spares the kernel a route lookup per send.
+    peer: Option<SocketAddr>,
 }
 
 /// True when the environment variable is set to a "disabled" value.
@@ -301,7 +304,28 @@ impl RoceSocket {
             gro,
             max_gso_segments: MAX_GSO_SEGMENTS,
             gso_fallbacks: AtomicU64::new(0),
+            peer: None,
         })
+    }
+
+    /// A send-only socket on `local_ip` (a free port) connected to `peer`, set up like
+    /// [`RoceSocket::bind_with`]. See [`crate::ConnectedSender`] for why and for the
+    /// IPv4 ID it makes Linux write.
+    pub(crate) fn connect_with(
+        local_ip: IpAddr,
+        peer: SocketAddr,
+        options: BindOptions,
+    ) -> Result<Self, IoError> {
+        let mut s = Self::bind_with(SocketAddr::new(local_ip, 0), options)?;
+        s.socket.connect(&peer.into()).map_err(os("connect"))?;
+        s.peer = Some(peer);
+        Ok(s)
+    }
+
+    /// Sends one datagram to `to` (not the connected peer): the ID probe of
+    /// [`crate::ConnectedSender`].
+    pub(crate) fn send_probe(&self, buf: &[u8], to: SocketAddr) -> io::Result<usize> {
+        self.socket.send_to(buf, &to.into())
     }
 
     /// Asks for large buffers: forced (needs CAP_NET_ADMIN), else capped by sysctl.
@@ -339,7 +363,8 @@ impl RoceSocket {
     }
 
     /// Segments one GSO message carries for this `segment_size`: a Transmit with more is
-    /// cut into several GSO messages of this many segments (1 without GSO).
+    /// cut into several GSO messages of this many segments (1 without GSO), unless the
+    /// whole Transmit fits one message (its last segment is short).
     pub fn segments_per_gso_send(&self, segment_size: usize) -> usize {
         if !self.gso.load(Ordering::Relaxed) || segment_size == 0 {
             return 1;
@@ -447,6 +472,7 @@ impl RoceSocket {
         while t < transmits.len() {
             let gso = self.gso.load(Ordering::Relaxed);
             let plan = SendPlan {
+                peer: self.peer,
                 socket_v4: self.local.is_ipv4(),
                 gso,
                 plain_retry,
@@ -561,6 +587,8 @@ impl AsFd for RoceSocket {
 /// How [`SendScratch::fill`] cuts Transmits into messages.
 #[derive(Clone, Copy)]
 struct SendPlan {
+    /// The connected peer: messages to it carry no address.
+    peer: Option<SocketAddr>,
     /// The socket (and so every destination) is IPv4.
     socket_v4: bool,
     /// GSO may be used.
@@ -610,6 +638,7 @@ impl SendScratch {
         plan: &SendPlan,
     ) -> io::Result<usize> {
         let SendPlan {
+            peer,
             socket_v4,
             gso,
             plain_retry,
@@ -643,8 +672,15 @@ impl SendScratch {
                 _ => remaining,
             };
             let (chunk, gso_seg) = if gso && plain_retry != Some(t) && seg < remaining {
-                let segs = max_segs.min(max_payload / seg).max(1);
-                let chunk = remaining.min(segs * seg);
+                // All of it when it fits one GSO message: a short last segment can make
+                // 16 segments of 4112 bytes fit where 16 full ones would not (the
+                // transport seals packet k with IPv4 ID k, so it must not be cut).
+                let chunk = if remaining <= max_payload && remaining.div_ceil(seg) <= max_segs {
+                    remaining
+                } else {
+                    let segs = max_segs.min(max_payload / seg).max(1);
+                    remaining.min(segs * seg)
+                };
                 (chunk, (chunk > seg).then_some(seg))
             } else {
                 (remaining.min(seg), None)
@@ -704,8 +740,10 @@ impl SendScratch {
             };
             // SAFETY: msghdr is plain data; all-zero is a valid (empty) value we then fill.
             let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-            hdr.msg_name = self.addrs[n].as_mut_ptr() as *mut libc::c_void;
-            hdr.msg_namelen = addr_len;
+            if peer != Some(tr.dst) {
+                hdr.msg_name = self.addrs[n].as_mut_ptr() as *mut libc::c_void;
+                hdr.msg_namelen = addr_len;
+            }
             hdr.msg_iov = iov_ptr;
             hdr.msg_iovlen = iov_len as _;
             if clen > 0 {

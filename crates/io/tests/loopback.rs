@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use softhca_io::{
-    segments, BindOptions, Events, IoError, Poller, RecvBatch, RecvMeta, RoceSocket, Transmit,
+    segments, BindOptions, ConnectedSender, Events, IoError, Poller, RecvBatch, RecvMeta,
+    RoceSocket, Transmit,
 };
 
 const BOTH: BindOptions = BindOptions {
@@ -474,4 +475,86 @@ fn gathered_pieces_arrive_as_joined_segments() {
         let expect: Vec<&[u8]> = joined.chunks(1020).collect();
         assert!(bufs == expect, "offloads {opts:?}: bytes differ");
     }
+}
+
+/// A connected sender's datagrams arrive from its own port, without an address per send,
+/// and the IPv4 ID it predicts is the one Linux writes: after a plain datagram and a GSO
+/// send of four segments (which takes one ID, as Linux numbers datagrams when it builds
+/// them), learning the counter again (two looped probes) finds exactly the predicted
+/// value plus the two probes.
+#[test]
+fn connected_sender_counts_the_ids_linux_writes() {
+    let b = RoceSocket::bind_with(v4(23), BOTH).unwrap();
+    let mut s = ConnectedSender::open(v4(24).ip(), b.local_addr(), BOTH).unwrap();
+    assert_eq!(s.socket().local_addr().ip(), v4(24).ip());
+    assert_ne!(s.source_port(), 0);
+    let plain = pattern(100, 100);
+    let gso = pattern(3 * 200 + 50, 200);
+    let t = [
+        Transmit {
+            dst: b.local_addr(),
+            src_ip: None,
+            contents: &plain,
+            pieces: &[],
+            segment_size: None,
+        },
+        Transmit {
+            dst: b.local_addr(),
+            src_ip: None,
+            contents: &gso,
+            pieces: &[],
+            segment_size: Some(200),
+        },
+    ];
+    let before = s.next_ipv4_id();
+    send_all(s.socket(), &t);
+    s.consumed(2);
+    let got = recv_segments(&b, 5);
+    assert!(got
+        .iter()
+        .all(|(m, _)| m.src == s.socket().local_addr() && m.dst_ip == Some(v4(23).ip())));
+    let bytes: Vec<u8> = got.iter().flat_map(|(_, d)| d.clone()).collect();
+    assert_eq!(bytes, [&plain[..], &gso[..]].concat());
+    let predicted = s.next_ipv4_id();
+    assert_eq!(predicted, before.wrapping_add(2));
+    s.relearn().unwrap();
+    assert_eq!(s.next_ipv4_id(), predicted.wrapping_add(2));
+    // IPv6 has no ID: nothing to learn, and sends still arrive.
+    let b6 = RoceSocket::bind_with(v6(), BOTH).unwrap();
+    let s6 = ConnectedSender::open(v6().ip(), b6.local_addr(), BOTH).unwrap();
+    assert_eq!(s6.next_ipv4_id(), 0);
+    send_all(
+        s6.socket(),
+        &[Transmit {
+            dst: b6.local_addr(),
+            ..t[0]
+        }],
+    );
+    assert_eq!(recv_segments(&b6, 1)[0].1, t[0].contents);
+}
+
+/// 15 full segments and a short one fit one GSO message (62068 of 65507 bytes) where 16
+/// full ones would not: they leave as one, so the segments carry IPv4 IDs 0..15 in
+/// order, which is how the transport sealed them (it was cut after 15, and the 16th
+/// left alone with ID 0 and a wrong ICRC: every READ of a size just under a multiple of
+/// 64 KiB lost its last packet once).
+#[test]
+fn short_last_segment_keeps_a_transmit_in_one_gso_message() {
+    let a = RoceSocket::bind_with(v4(25), BOTH).unwrap();
+    let b = RoceSocket::bind_with(v4(26), BOTH).unwrap();
+    let data = pattern(15 * 4112 + 388, 4112);
+    send_all(
+        &a,
+        &[Transmit {
+            dst: b.local_addr(),
+            src_ip: None,
+            contents: &data,
+            pieces: &[],
+            segment_size: Some(4112),
+        }],
+    );
+    let got = recv_segments(&b, 16);
+    assert_eq!(got.len(), 1, "one GRO datagram");
+    assert_eq!((got[0].0.len, got[0].0.stride), (data.len(), 4112));
+    assert_eq!(got[0].1, data);
 }

@@ -41,6 +41,12 @@ pub(crate) struct Stats {
     /// Packets dropped by fault injection ([`crate::Config::tx_drop_ppm`]).
     pub tx_injected_drops: AtomicU64,
     pub tx_would_block: AtomicU64,
+    /// Transmits sent through a socket connected to their peer (see `senders`).
+    pub tx_connected: AtomicU64,
+    /// Connected sockets set up (each learns its IPv4 ID counter), and failed ones
+    /// (not set up, or a send failed: the peer uses the device socket for a while).
+    pub tx_connected_opened: AtomicU64,
+    pub tx_connected_failed: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
     pub loop_iterations: AtomicU64,
@@ -72,6 +78,9 @@ impl Stats {
             ("io_tx_no_socket", r(&self.tx_no_socket)),
             ("io_tx_injected_drops", r(&self.tx_injected_drops)),
             ("io_tx_would_block", r(&self.tx_would_block)),
+            ("io_tx_connected", r(&self.tx_connected)),
+            ("io_tx_connected_opened", r(&self.tx_connected_opened)),
+            ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_loop_iterations", r(&self.loop_iterations)),
             ("dp_sleeps", r(&self.sleeps)),
@@ -570,7 +579,11 @@ impl Context {
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
-        let progress = Mutex::new(Progress::new(&sockets, cfg.tx_drop_ppm));
+        let progress = Mutex::new(Progress::new(
+            &sockets,
+            cfg.tx_drop_ppm,
+            cfg.connected_senders,
+        ));
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,

@@ -28,6 +28,7 @@ use softhca_transport::{DatagramInfo, Transmit, TxPiece};
 use crate::config::PollMode;
 use crate::context::{Core, EngineCompletion, Shared, Stats};
 use crate::error::Error;
+use crate::senders::Senders;
 use crate::Nanos;
 
 /// Datagrams per `recvmmsg` per socket.
@@ -85,6 +86,8 @@ pub(crate) struct Progress {
     /// An application thread's step completed work and left the ACKs it owes in the
     /// engine for that thread's next call (see [`Progress::step`]).
     held: bool,
+    /// Sockets connected to peers, for small transmits (see `senders`).
+    senders: Senders,
     /// Fault injection: drop probability per packet (ppm) and its xorshift state.
     drop_ppm: u32,
     drop_rng: u64,
@@ -97,7 +100,10 @@ pub(crate) struct Progress {
 unsafe impl Send for Progress {}
 
 impl Progress {
-    pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32) -> Progress {
+    pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32, connected: bool) -> Progress {
+        // Fault injection cuts transmits apart after they are sealed: it keeps the
+        // device sockets, whose seal does not depend on what was sent before.
+        let senders = Senders::new(connected && drop_ppm == 0);
         Progress {
             rx: sockets
                 .iter()
@@ -126,6 +132,7 @@ impl Progress {
             tx: Vec::with_capacity(TX_BATCH),
             after_send: Vec::new(),
             held: false,
+            senders,
             drop_ppm,
             drop_rng: 0x9E37_79B9_7F4A_7C15,
         }
@@ -419,7 +426,9 @@ impl Progress {
         }
     }
 
-    /// Sends the filled transmit buffers, one `sendmmsg` batch per socket.
+    /// Sends the filled transmit buffers: per socket, the transmits in send order, each
+    /// run of them that goes the same way (device socket, or one peer's connected
+    /// socket) in one `sendmmsg` batch.
     fn send(&mut self, shared: &Shared) {
         let st = &shared.stats;
         Stats::add(&st.tx_batches, 1);
@@ -427,31 +436,69 @@ impl Progress {
         self.build_iovecs();
         for (si, sock) in shared.sockets.iter().enumerate() {
             let ip = self.local_ips[si];
-            let (bufs, iovs, pieces) = (&self.tx_bufs, &self.tx_iov, &self.tx_pieces);
-            let acks = |b: usize, t: &Transmit| only_acks(&bufs[b], &pieces[b], t);
             // Transmits of ACKs only go last, the others first, each in its order (see
             // `only_acks`).
-            let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = self
-                .tx
+            let order: SmallVec<[usize; TX_BATCH]> = {
+                let (bufs, pieces, tx) = (&self.tx_bufs, &self.tx_pieces, &self.tx);
+                let acks = |k: usize| only_acks(&bufs[tx[k].0], &pieces[tx[k].0], &tx[k].1);
+                let mine = |k: &usize| tx[*k].1.src == ip;
+                (0..tx.len())
+                    .filter(mine)
+                    .filter(|&k| !acks(k))
+                    .chain((0..tx.len()).filter(mine).filter(|&k| acks(k)))
+                    .collect()
+            };
+            // The way of each, in send order: small transmits are sealed again here for
+            // their peer's connected socket.
+            let via: SmallVec<[Option<usize>; TX_BATCH]> = order
                 .iter()
-                .filter(|(b, t)| t.src == ip && !acks(*b, t))
-                .chain(self.tx.iter().filter(|(b, t)| t.src == ip && acks(*b, t)))
-                .map(|&(b, t)| sio::Transmit {
-                    dst: t.dst,
-                    src_ip: None,
-                    // For a gathered transmit `pieces` has the bytes (`contents` is the
-                    // buffer, which starts with its first packet's header all the same).
-                    contents: &bufs[b][..t.len.min(TX_BUF)],
-                    pieces: &iovs[b],
-                    segment_size: (t.segment_size > 0 && t.segment_size < t.len)
-                        .then_some(t.segment_size),
+                .map(|&k| {
+                    let (b, t) = self.tx[k];
+                    self.senders
+                        .route(&t, &self.tx_pieces[b], &mut self.tx_bufs[b], st)
+                })
+                .collect();
+            let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+            let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = order
+                .iter()
+                .map(|&k| {
+                    let (b, t) = self.tx[k];
+                    sio::Transmit {
+                        dst: t.dst,
+                        src_ip: None,
+                        // For a gathered transmit `pieces` has the bytes (`contents` is
+                        // the buffer, which starts with its first packet's header all the
+                        // same).
+                        contents: &bufs[b][..t.len.min(TX_BUF)],
+                        pieces: &iovs[b],
+                        segment_size: (t.segment_size > 0 && t.segment_size < t.len)
+                            .then_some(t.segment_size),
+                    }
                 })
                 .collect();
             if self.drop_ppm > 0 {
+                // (No connected sockets then: `via` is all None.)
                 list = Self::drop_some(&mut self.drop_rng, self.drop_ppm, list, shared);
             }
-            if !list.is_empty() {
-                send_all(shared, sock, &list);
+            let mut i = 0;
+            while i < list.len() {
+                let way = via.get(i).copied().flatten();
+                let run = list[i..]
+                    .iter()
+                    .enumerate()
+                    .take_while(|(j, _)| via.get(i + j).copied().flatten() == way)
+                    .count();
+                let part = &list[i..i + run];
+                match way.and_then(|w| self.senders.socket(w).map(|s| (w, s))) {
+                    Some((w, s)) => {
+                        let ok = send_all(shared, s, part);
+                        self.senders.sent(w, ok, part.len(), st);
+                    }
+                    None => {
+                        send_all(shared, sock, part);
+                    }
+                }
+                i += run;
             }
         }
         let unmatched = self
@@ -671,27 +718,34 @@ impl Datapath {
 
 /// Sends every transmit of `list` on `sock`, waiting for buffer space when the socket is
 /// full, dropping one that the kernel refuses (for RoCE that is a lost packet).
-fn send_all(shared: &Shared, sock: &sio::RoceSocket, list: &[sio::Transmit<'_>]) {
+/// Hands `list` to the kernel, waiting while the socket buffer is full; returns whether
+/// every transmit went (false: some were dropped after an error or a long stall).
+fn send_all(shared: &Shared, sock: &sio::RoceSocket, list: &[sio::Transmit<'_>]) -> bool {
+    let mut all = true;
     let mut off = 0;
     let mut stalled: Option<Instant> = None;
     while off < list.len() {
-        match sock.send(&list[off..]) {
-            Ok(0) => off += wait_writable(shared, sock, &mut stalled, list.len() - off),
+        let skipped = match sock.send(&list[off..]) {
+            Ok(0) => wait_writable(shared, sock, &mut stalled, list.len() - off),
             Ok(n) => {
                 off += n;
                 stalled = None;
+                0
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                off += wait_writable(shared, sock, &mut stalled, list.len() - off);
+                wait_writable(shared, sock, &mut stalled, list.len() - off)
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
             Err(e) => {
                 tracing::debug!("send to {} failed: {e}; dropped", list[off].dst);
                 Stats::add(&shared.stats.tx_errors, 1);
-                off += 1;
+                1
             }
-        }
+        };
+        off += skipped;
+        all &= skipped == 0;
     }
+    all
 }
 
 /// Waits for the socket to drain; returns how many transmits to skip (all of them once

@@ -35,6 +35,7 @@ mod error;
 mod event;
 mod mr;
 mod qp;
+mod senders;
 mod sys;
 
 pub use smallvec::{smallvec, SmallVec};

@@ -666,3 +666,101 @@ fn uc_send_completion_means_the_payload_has_left() {
         );
     }
 }
+
+fn counter(ctx: &Context, name: &str) -> u64 {
+    ctx.counters()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
+}
+
+/// Small SENDs each way and their ACKs (through sockets connected to the peer, sealed for
+/// their port and the IPv4 IDs Linux writes on them) interleaved with bulk WRITEs and
+/// READs (through the device sockets, IDs per send): every byte arrives, no packet fails
+/// its ICRC, and each side predicts the other's IDs from the first counted one on.
+#[test]
+fn small_transmits_leave_through_connected_sockets() {
+    let (a, b) = rc_pair("127.0.1.75", "127.0.1.76", 1 << 20);
+    let bulk = pattern(300_000, 9);
+    a.mr.write(0, &bulk).unwrap();
+    for round in 0..40u64 {
+        // Ping-pong of 8-byte SENDs.
+        b.qp.post_recv(recv_wr(round, b.mr.sge(900_000, 64)))
+            .unwrap();
+        a.qp.post_recv(recv_wr(round, a.mr.sge(900_000, 64)))
+            .unwrap();
+        let inline = |wr_id: u64, v: u64| SendWr {
+            wr_id,
+            opcode: WrOpcode::Send,
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            payload: Payload::Inline(smallvec::SmallVec::from_slice(&v.to_le_bytes())),
+            ..SendWr::default()
+        };
+        a.qp.post_send(inline(round, round)).unwrap();
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+        b.qp.post_send(inline(round, round * 3)).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+        let sent = [one(&a.cq), one(&b.cq)];
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        let mut v = [0u8; 8];
+        b.mr.read(900_000, &mut v).unwrap();
+        assert_eq!(u64::from_le_bytes(v), round);
+        a.mr.read(900_000, &mut v).unwrap();
+        assert_eq!(u64::from_le_bytes(v), round * 3);
+        // Every fourth round, a bulk WRITE and a READ of part of it back.
+        if round % 4 == 0 {
+            let mut wr = send_wr(1000 + round, WrOpcode::RdmaWrite, a.mr.sge(0, 300_000));
+            wr.remote_addr = b.mr.addr();
+            wr.rkey = b.mr.rkey();
+            a.qp.post_send(wr).unwrap();
+            assert_eq!(one(&a.cq).status, WcStatus::Success);
+            let mut rd = send_wr(2000 + round, WrOpcode::RdmaRead, a.mr.sge(400_000, 70_000));
+            rd.remote_addr = b.mr.addr() + 1000;
+            rd.rkey = b.mr.rkey();
+            a.qp.post_send(rd).unwrap();
+            assert_eq!(one(&a.cq).status, WcStatus::Success);
+            let mut got = vec![0u8; 70_000];
+            a.mr.read(400_000, &mut got).unwrap();
+            assert_eq!(got, bulk[1000..71_000]);
+        }
+    }
+    let mut got = vec![0u8; bulk.len()];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, bulk);
+    for (side, ctx) in [("a", &a.ctx), ("b", &b.ctx)] {
+        let all = ctx.counters();
+        let c = |n: &str| counter(ctx, n);
+        assert!(c("io_tx_connected") >= 40, "{side}: {all:?}");
+        assert_eq!(c("io_tx_connected_opened"), 1, "{side}: {all:?}");
+        assert_eq!(c("io_tx_connected_failed"), 0, "{side}: {all:?}");
+        assert_eq!(c("drop_bad_icrc"), 0, "{side}: {all:?}");
+        // First contact, and the first counted ID if the device socket spoke first.
+        assert!(c("icrc_ipv4_id_resync") <= 2, "{side}: {all:?}");
+        assert!(c("icrc_ipv4_id_mispredicted") <= 4, "{side}: {all:?}");
+    }
+}
+
+/// `Config::connected_senders` off (`SOFTHCA_CONNECTED=0`): everything leaves through
+/// the device socket, as before.
+#[test]
+fn connected_sockets_can_be_turned_off() {
+    let mk = |addr: &str| {
+        let mut cfg = Config::loopback(ip(addr));
+        cfg.connected_senders = false;
+        side(Context::open(&cfg).unwrap(), QpType::Rc, 4096)
+    };
+    let (a, b) = (mk("127.0.1.77"), mk("127.0.1.78"));
+    connect(&a, &b);
+    for i in 0..5 {
+        b.qp.post_recv(recv_wr(i, b.mr.sge(0, 64))).unwrap();
+        a.qp.post_send(send_wr(i, WrOpcode::Send, a.mr.sge(0, 8)))
+            .unwrap();
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+    }
+    for ctx in [&a.ctx, &b.ctx] {
+        assert_eq!(counter(ctx, "io_tx_connected"), 0);
+        assert_eq!(counter(ctx, "io_tx_connected_opened"), 0);
+        assert!(counter(ctx, "io_tx_transmits") >= 5);
+    }
+}

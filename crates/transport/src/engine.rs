@@ -99,6 +99,38 @@ pub struct Transmit {
     pub src_port: u16,
 }
 
+impl Transmit {
+    /// Seals packet `index` of this Transmit again, laid out back to back in `buf` (no
+    /// external payload), for the UDP source port and IPv4 ID it will really leave with:
+    /// the datapath's connected per-peer sockets (`softhca_io::ConnectedSender`) send
+    /// from their own port, and Linux numbers their packets from a per-socket counter.
+    /// Returns false when the packet is not in `buf`.
+    pub fn reseal(&self, buf: &mut [u8], index: usize, sport: u16, ipv4_id: u16) -> bool {
+        let seg = self.segment_size.max(1);
+        let start = index.saturating_mul(seg);
+        let end = (start + seg).min(self.len);
+        let Some(pkt) = buf.get_mut(start..end) else {
+            return false;
+        };
+        let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
+            return false;
+        };
+        let info = IcrcInfo {
+            src: self.src,
+            dst: self.dst.ip(),
+            sport,
+            dport: self.dst.port(),
+            ipv4_id,
+        };
+        packet::seal(&info, pkt, body).is_some()
+    }
+
+    /// Packets in this Transmit.
+    pub fn packets(&self) -> usize {
+        self.len.div_ceil(self.segment_size.max(1))
+    }
+}
+
 /// One packet of a Transmit from [`Engine::poll_transmit_gather`]: its wire bytes are
 /// `buf[start..start + head]`, then the `external` payload if any, then
 /// `buf[start + head..start + head + tail]` (pad and ICRC). Without `external` the
@@ -141,7 +173,8 @@ pub struct Engine {
     timers: Timers,
     source_port: Option<u16>,
     /// Per IPv4 peer: the IPv4 ID its last packet carried (for the ICRC).
-    ip_ids: HashMap<IpAddr, PeerIpId>,
+    /// Per peer flow (IP and UDP source port, see `verify_icrc`).
+    ip_ids: HashMap<SocketAddr, PeerIpId>,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     budget: Budget,
 }
@@ -151,9 +184,13 @@ struct PeerIpId {
     last: u16,
     misses: u32,
     /// The last ID that matched was its packet's GSO segment index: the peer numbers its
-    /// packets per GSO send, as softhca does (0 for a plain datagram), not per packet
-    /// as rxe does.
+    /// packets per GSO send, as softhca's device socket does (0 for a plain datagram),
+    /// not per packet as rxe and connected sockets do.
     per_send: bool,
+    /// The ID of segment 0 of the datagram being read: segment `k` has this plus `k`
+    /// (GSO numbers segments on from the first one's ID, which is 0 for an unconnected
+    /// socket and the counter for a connected one).
+    base: u16,
 }
 
 /// How far ahead of the predicted IPv4 ID a solved ID is believed without more evidence.
@@ -848,27 +885,35 @@ impl Engine {
         sync(qp, &mut ctx, ready, timers);
     }
 
-    /// The ICRC covers the IPv4 ID, which a UDP socket does not show. Our own peers send
-    /// ID 0 (unconnected DF sockets) or 0, 1, 2.. per GSO segment; Linux rxe numbers
-    /// packets per destination (`__ip_select_ident`), so per peer we remember the last ID
-    /// that matched and try the IDs around it, and solve for the ID (first contact, or
-    /// after a jump) when that fails.
+    /// The ICRC covers the IPv4 ID, which a UDP socket does not show. A softhca peer
+    /// sends bulk from its device socket (unconnected, DF: ID 0, or 0, 1, 2.. per GSO
+    /// segment, which arrive as separate datagrams where the path cuts GSO sends) and
+    /// small transmits from a socket connected to us, which counts per packet from a
+    /// random start; Linux rxe numbers packets per destination (`__ip_select_ident`) and
+    /// sends from 0xC000 + a QPN hash. So per flow (peer IP and UDP source port) we
+    /// remember the last ID that matched and try the IDs around it, and solve for the ID
+    /// (first contact, or after a jump) when that fails. Per IP alone, every switch
+    /// between a peer's two sockets would look like a jump of thousands, and a restarted
+    /// peer's new connected socket (a new port, a new random start) like a corrupted
+    /// packet until `ID_RESYNC_MISSES` of them had been dropped.
     fn verify_icrc(&mut self, icrc: &IcrcInfo, info: &DatagramInfo, p: &[u8]) -> bool {
-        let peer = info.src.ip();
+        let key = info.src;
         let seg = info.segment_index;
-        let Some(state) = (if peer.is_ipv4() {
-            Some(self.ip_ids.get(&peer).copied())
+        let Some(state) = (if key.is_ipv4() {
+            Some(self.ip_ids.get(&key).copied())
         } else {
             None
         }) else {
             return packet::verify(icrc, p, std::iter::empty()).is_some();
         };
         let near = state.map(|s: PeerIpId| s.last);
-        // The most likely ID is checked first, in one pass: the GRO segment index for a
-        // GSO batch of ours, else the peer's next ID (rxe counts up; ours restart at 0
-        // with every send: after a batch that ended at ID 14, the next starts at 0, and
-        // predicting 15 cost a failed check and a CRC combine per batch).
+        // The most likely ID is checked first, in one pass (a miss costs a failed check
+        // and a CRC combine): within a GSO datagram, its first segment's ID plus the
+        // position; else the peer's next ID when it counts per packet (rxe, a connected
+        // socket, or a device socket's GSO send cut into datagrams on the way), and 0 when
+        // it numbers per send (after a batch that ended at ID 14 the next starts at 0).
         let predicted = match state {
+            Some(s) if seg > 0 => s.base.wrapping_add(seg),
             _ if seg > 0 => seg,
             Some(s) if s.last != 0 && !s.per_send => s.last.wrapping_add(1),
             _ => 0,
@@ -890,12 +935,17 @@ impl Engine {
                 self.counters.icrc_ipv4_id_mispredicted += 1;
             }
             if state.is_some() || self.ip_ids.len() < MAX_ID_PEERS {
+                let base = match state {
+                    Some(s) if seg > 0 => s.base,
+                    _ => id,
+                };
                 self.ip_ids.insert(
-                    peer,
+                    key,
                     PeerIpId {
                         last: id,
                         misses: 0,
                         per_send: id == seg,
+                        base,
                     },
                 );
             }
@@ -905,6 +955,7 @@ impl Engine {
             last: 0,
             misses: 0,
             per_send: false,
+            base: 0,
         });
         st.misses = st.misses.saturating_add(1);
         // Solving the affine CRC system finds the one ID that fits, at the strength of a
@@ -923,10 +974,13 @@ impl Engine {
             st.last = id;
             st.misses = 0;
             st.per_send = id == seg;
+            if seg == 0 {
+                st.base = id;
+            }
             self.counters.icrc_ipv4_id_resync += 1;
         }
-        if self.ip_ids.len() < MAX_ID_PEERS || self.ip_ids.contains_key(&peer) {
-            self.ip_ids.insert(peer, st);
+        if self.ip_ids.len() < MAX_ID_PEERS || self.ip_ids.contains_key(&key) {
+            self.ip_ids.insert(key, st);
         }
         found.is_some()
     }
