@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use softhca_io::blast::{blast_recv, blast_send, RecvStop};
-use softhca_io::{self as sio, BindOptions, RecvBatch, RoceSocket, Transmit};
+use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -385,26 +385,42 @@ const ROCE_OVERHEAD: usize = 16;
 const ROCE_ACK: usize = 20;
 
 /// What one softhca ping-pong step hands the kernel, without the protocol: a message
-/// the size of a SEND packet and, as the last segment of the same GSO send, one the size
-/// of the ACK it owes (softhca sends an answer and the ACK of the request it answers
-/// together, `Qp::plan`).
+/// the size of a SEND packet and behind it one the size of the ACK it owes (softhca
+/// sends an answer and the ACK of the request it answers together, `Qp::plan`), as two
+/// datagrams in one `sendmmsg` from a socket connected to the peer (softhca's
+/// `senders`), received by the peer's own socket with GRO and cmsgs by `recvmmsg`.
 fn roce_step(size: usize) -> Vec<u8> {
     vec![0x5a; size + ROCE_OVERHEAD + ROCE_ACK]
 }
 
-fn roce_send(s: &RoceSocket, to: SocketAddr, step: &[u8], size: usize) -> std::io::Result<()> {
-    s.send(&[Transmit {
-        dst: to,
-        src_ip: None,
-        contents: step,
-        pieces: &[],
-        segment_size: Some(size + ROCE_OVERHEAD),
-    }])
-    .map(|_| ())
+/// The first datagram of a client: it comes from the client's receiving socket, so
+/// the server learns where to answer (softhca answers to port 4791, not to the port a
+/// request came from).
+const HELLO: usize = 2;
+
+fn roce_send(s: &ConnectedSender, to: SocketAddr, step: &[u8], size: usize) -> std::io::Result<()> {
+    s.socket()
+        .send(&[Transmit {
+            dst: to,
+            src_ip: None,
+            contents: step,
+            pieces: &[],
+            segment_size: Some(size + ROCE_OVERHEAD),
+        }])
+        .map(|_| ())
+}
+
+/// A connected sender like softhca's (no GSO: each packet its own datagram).
+fn roce_sender(from: &RoceSocket, to: SocketAddr) -> Result<ConnectedSender, CliError> {
+    let options = BindOptions {
+        allow_gso: false,
+        ..offloads()
+    };
+    ConnectedSender::open(from.local_addr().ip(), to, options).map_err(io_err)
 }
 
 /// Receives until a datagram whose first segment is `len` bytes (or an end marker of 1
-/// byte) arrives; returns its source and that length. None after `patience`. Spins for
+/// byte, or a [`HELLO`]) arrives; returns its source and that length. None after `patience`. Spins for
 /// [`SPIN`] on an empty socket, then sleeps in `poll(2)`, like the other baselines and
 /// softhca's adaptive polling (two processes spinning forever on a busy 2-core machine
 /// get a round trip per scheduler tick).
@@ -422,7 +438,7 @@ fn roce_wait(
                 for k in 0..n {
                     let (meta, buf) = batch.get(k);
                     if let Some(first) = sio::segments(&meta, buf).next() {
-                        if first.len() == len || first.len() == 1 {
+                        if first.len() == len || first.len() == 1 || first.len() == HELLO {
                             return Ok(Some((meta.src, first.len())));
                         }
                     }
@@ -463,14 +479,19 @@ fn roce_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Val
     let step = roce_step(size);
     let mut iters = 0u64;
     let len = size + ROCE_OVERHEAD;
+    let mut client = None;
     while let Some((from, got)) =
         roce_wait(&s, &mut batch, len, Duration::from_secs(5)).map_err(net("udp client"))?
     {
-        if got == 1 {
-            break;
+        match got {
+            1 => break,
+            HELLO => client = Some((from, roce_sender(&s, from)?)),
+            _ => {
+                let Some((to, c)) = &client else { continue };
+                roce_send(c, *to, &step, size).map_err(net("udp client"))?;
+                iters += 1;
+            }
         }
-        roce_send(&s, from, &step, size).map_err(net("udp client"))?;
-        iters += 1;
     }
     Ok(json!({ "iters": iters }))
 }
@@ -484,13 +505,22 @@ fn roce_pingpong_client(
     let mut batch = RecvBatch::for_socket(&s, 32);
     let step = roce_step(size);
     let len = size + ROCE_OVERHEAD;
+    s.send(&[Transmit {
+        dst: to,
+        src_ip: None,
+        contents: &[0; HELLO],
+        pieces: &[],
+        segment_size: None,
+    }])
+    .map_err(net("udp server"))?;
+    let c = roce_sender(&s, to)?;
     let mut samples = Vec::with_capacity(1 << 16);
     let start = Instant::now();
     let end = start + duration;
     let (mut n, mut lost) = (0u64, 0u64);
     while Instant::now() < end {
         let t = Instant::now();
-        roce_send(&s, to, &step, size).map_err(net("udp server"))?;
+        roce_send(&c, to, &step, size).map_err(net("udp server"))?;
         match roce_wait(&s, &mut batch, len, Duration::from_millis(200))
             .map_err(net("udp server"))?
         {
