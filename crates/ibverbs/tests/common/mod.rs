@@ -46,9 +46,12 @@ pub fn have(bin: &str) -> bool {
         .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
         .unwrap_or(false);
     if !found {
-        eprintln!(
-            "SKIP: {bin} not installed (apt-get install ibverbs-utils perftest); test not run"
-        );
+        let package = match bin {
+            "tshark" => "tshark",
+            b if b.starts_with("ib_") && !b.starts_with("ibv_") => "perftest",
+            _ => "ibverbs-utils",
+        };
+        eprintln!("SKIP: {bin} not installed (apt-get install {package}); test not run");
     }
     found
 }
