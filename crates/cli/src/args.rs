@@ -63,9 +63,9 @@ pub enum PeerKind {
     TcpPingpong,
     /// UDP datagram/echo round trips.
     UdpPingpong,
-    /// UDP round trips through softhca's socket setup: each message leaves with an
-    /// ACK-sized datagram behind it, in one `sendmmsg` from a socket connected to the
-    /// peer, received with GRO and cmsgs by `recvmmsg`.
+    /// UDP round trips through softhca's socket setup: each message leaves as a GSO
+    /// pair [message, ACK-sized segment] from a socket connected to the peer, received
+    /// with GRO and cmsgs by `recvmmsg`.
     UdpPingpongRoce,
     /// Raw UDP with GSO and GRO (crates/io blast).
     UdpBlast,

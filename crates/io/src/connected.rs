@@ -17,10 +17,12 @@
 //! loops a copy of each sent packet, headers included, back to the socket's error queue.
 //! Two probe datagrams go from the connected socket to a throw-away local socket (a
 //! connected UDP socket may still send elsewhere, and the counter numbers those too);
-//! their copies give two IDs, which must be consecutive. From then on every packet this
-//! socket sends takes the next ID, and [`ConnectedSender::consumed`] keeps count. A send
-//! that fails leaves the count unsure: the caller forgets the sender (or calls
-//! [`ConnectedSender::relearn`]).
+//! their copies give two IDs, which must be consecutive. From then on every datagram this
+//! socket sends takes the next ID: [`ConnectedSender::next_ipv4_id`] counts the messages
+//! the kernel accepted ([`RoceSocket::messages_sent`]), so a GSO send refused and sent
+//! again as plain datagrams is counted as what it became. A send that fails leaves the
+//! count unsure (the kernel may have numbered the datagram before refusing it): the
+//! caller forgets the sender (or calls [`ConnectedSender::relearn`]).
 //!
 //! The socket's own port is the packets' UDP source port, which RoCEv2 leaves free (rxe
 //! uses 0xC000 + a hash of the QPN, A17.2.3 asks only for entropy): responses still go
@@ -43,7 +45,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(2);
 #[derive(Debug)]
 pub struct ConnectedSender {
     socket: RoceSocket,
-    next_id: u16,
+    /// The ID of the next datagram when `messages_sent` was `at`.
+    id: u16,
+    at: u64,
 }
 
 impl ConnectedSender {
@@ -57,7 +61,11 @@ impl ConnectedSender {
         options: BindOptions,
     ) -> Result<ConnectedSender, IoError> {
         let socket = RoceSocket::connect_with(local_ip, peer, options)?;
-        let mut s = ConnectedSender { socket, next_id: 0 };
+        let mut s = ConnectedSender {
+            socket,
+            id: 0,
+            at: 0,
+        };
         s.relearn()?;
         Ok(s)
     }
@@ -73,22 +81,23 @@ impl ConnectedSender {
         self.socket.local_addr().port()
     }
 
-    /// The IPv4 ID Linux will write on the next packet (0 for IPv6, which has none).
+    /// The IPv4 ID Linux will write on the next datagram (0 for IPv6, which has none).
+    /// The segments of a GSO datagram carry it plus their position, should the kernel
+    /// cut it on the way; the datagram after it takes the next value all the same.
     pub fn next_ipv4_id(&self) -> u16 {
-        self.next_id
-    }
-
-    /// `datagrams` more datagrams were handed to the kernel (a GSO datagram counts once,
-    /// see the module documentation).
-    pub fn consumed(&mut self, datagrams: usize) {
+        if self.socket.local_addr().is_ipv6() {
+            return 0;
+        }
         // IDs wrap at 16 bits: only the count modulo 2^16 matters.
-        self.next_id = self.next_id.wrapping_add((datagrams & 0xffff) as u16);
+        let sent = self.socket.messages_sent().wrapping_sub(self.at);
+        self.id.wrapping_add((sent & 0xffff) as u16)
     }
 
     /// Learns the next IPv4 ID again (after a failed send).
     pub fn relearn(&mut self) -> Result<(), IoError> {
         if self.socket.local_addr().is_ipv4() {
-            self.next_id = self.learn()?;
+            self.id = self.learn()?;
+            self.at = self.socket.messages_sent();
         }
         Ok(())
     }

@@ -159,6 +159,8 @@ pub struct RoceSocket {
     /// The peer this socket is connected to ([`crate::ConnectedSender`]): transmits to
     /// it go without an address, which spares the kernel a route lookup per send.
     peer: Option<SocketAddr>,
+    /// Datagrams (messages: a GSO send is one) the kernel accepted from [`Self::send`].
+    messages: AtomicU64,
 }
 
 /// True when the environment variable is set to a "disabled" value.
@@ -305,6 +307,7 @@ impl RoceSocket {
             max_gso_segments: MAX_GSO_SEGMENTS,
             gso_fallbacks: AtomicU64::new(0),
             peer: None,
+            messages: AtomicU64::new(0),
         })
     }
 
@@ -388,6 +391,12 @@ impl RoceSocket {
         }
         // < 64, so the cast is exact.
         (index % self.segments_per_gso_send(segment_size)) as u16
+    }
+
+    /// Datagrams the kernel accepted from [`RoceSocket::send`] so far (a GSO send counts
+    /// once, a Transmit cut into several messages once per message).
+    pub fn messages_sent(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
     }
 
     /// How many GSO sends had to be split because the kernel refused them (a counter).
@@ -506,6 +515,7 @@ impl RoceSocket {
                     }
                 }
                 let sent = (rc as usize).min(built);
+                self.messages.fetch_add(sent as u64, Ordering::Relaxed);
                 // SAFETY: `fill` wrote `owner[..built]`, and `sent <= built`.
                 let (tt, end) = unsafe { scratch.owner[sent - 1].assume_init() };
                 if end >= transmits[tt].byte_len() {

@@ -508,7 +508,6 @@ fn connected_sender_counts_the_ids_linux_writes() {
     ];
     let before = s.next_ipv4_id();
     send_all(s.socket(), &t);
-    s.consumed(2);
     let got = recv_segments(&b, 5);
     assert!(got
         .iter()
@@ -519,6 +518,15 @@ fn connected_sender_counts_the_ids_linux_writes() {
     assert_eq!(predicted, before.wrapping_add(2));
     s.relearn().unwrap();
     assert_eq!(s.next_ipv4_id(), predicted.wrapping_add(2));
+    // Without GSO the same Transmits are five datagrams, five IDs.
+    let mut plain = ConnectedSender::open(v4(24).ip(), b.local_addr(), NO_OFFLOAD).unwrap();
+    let before = plain.next_ipv4_id();
+    send_all(plain.socket(), &t);
+    assert_eq!(recv_segments(&b, 5).len(), 5);
+    let predicted = plain.next_ipv4_id();
+    assert_eq!(predicted, before.wrapping_add(5));
+    plain.relearn().unwrap();
+    assert_eq!(plain.next_ipv4_id(), predicted.wrapping_add(2));
     // IPv6 has no ID: nothing to learn, and sends still arrive.
     let b6 = RoceSocket::bind_with(v6(), BOTH).unwrap();
     let s6 = ConnectedSender::open(v6().ip(), b6.local_addr(), BOTH).unwrap();

@@ -103,7 +103,8 @@ impl Progress {
     pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32, connected: bool) -> Progress {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
-        let senders = Senders::new(connected && drop_ppm == 0);
+        let gso = sockets.iter().all(|s| s.capabilities().gso);
+        let senders = Senders::new(connected && drop_ppm == 0, gso);
         Progress {
             rx: sockets
                 .iter()
@@ -183,10 +184,9 @@ impl Progress {
     /// completes work and has nothing but ACKs to send (typically the ACK of the request
     /// just completed), they stay in the engine, unbuilt, for that thread's next call:
     /// an application that answers a completion (ping-pong, RPC) posts at once, and the
-    /// ACK leaves with its answer, in the same `sendmmsg` and behind it (see `Qp::plan`):
-    /// one system call instead of two, and the answer first. (From the device socket
-    /// the two are one GSO datagram; from a connected socket, see `senders`, two plain
-    /// ones.) Held ACKs go out at the next post or poll of any thread,
+    /// ACK leaves with its answer, as the last segment of the same GSO send (see
+    /// `Qp::plan`): one datagram for the kernel to carry instead of two, and one
+    /// `recvmmsg` at the peer. Held ACKs go out at the next post or poll of any thread,
     /// when the application blocks (`app_will_block` wakes the datapath thread), or
     /// when its polling window ends, and are never held twice: a held ACK is late by one
     /// poll cycle at most.

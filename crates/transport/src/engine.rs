@@ -912,9 +912,12 @@ impl Engine {
         // position; else the peer's next ID when it counts per packet (rxe, a connected
         // socket, or a device socket's GSO send cut into datagrams on the way), and 0 when
         // it numbers per send (after a batch that ended at ID 14 the next starts at 0).
+        // A counting peer's GSO datagram took one ID for all its segments (Linux numbers
+        // a connected socket's datagrams): the next datagram follows its first segment.
         let predicted = match state {
             Some(s) if seg > 0 => s.base.wrapping_add(seg),
             _ if seg > 0 => seg,
+            Some(s) if s.last != 0 && !s.per_send && s.last != s.base => s.base.wrapping_add(1),
             Some(s) if s.last != 0 && !s.per_send => s.last.wrapping_add(1),
             _ => 0,
         };
@@ -926,7 +929,9 @@ impl Engine {
         // later can leave first: IDs arrive slightly out of order (seen against kernel
         // 6.1: ACK 0x7d23, then the next SEND First 0x7d22). Look a little behind too.
         let cands = std::iter::once(seg).chain(near.into_iter().flat_map(|l| {
-            (1..=32u16)
+            // From `l` itself: a counting peer's GSO datagram cut on the way gives the
+            // next datagram the ID of its own second segment.
+            (0..=32u16)
                 .map(move |d| l.wrapping_add(d))
                 .chain((1..=ID_BEHIND).map(move |d| l.wrapping_sub(d)))
         }));

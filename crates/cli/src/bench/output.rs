@@ -8,8 +8,8 @@ use serde::Serialize;
 
 /// One measurement's result. `kind` is one of `softhca_bw`, `softhca_lat`,
 /// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_pingpong_roce`
-/// (the same through softhca's socket setup: a message and an ACK per `sendmmsg` from a
-/// connected socket, GRO, cmsgs), `udp_blast`.
+/// (the same through softhca's socket setup: GSO pairs [message, ACK] from a connected
+/// socket, GRO, cmsgs), `udp_blast`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// What was measured.

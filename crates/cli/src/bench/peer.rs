@@ -385,10 +385,10 @@ const ROCE_OVERHEAD: usize = 16;
 const ROCE_ACK: usize = 20;
 
 /// What one softhca ping-pong step hands the kernel, without the protocol: a message
-/// the size of a SEND packet and behind it one the size of the ACK it owes (softhca
-/// sends an answer and the ACK of the request it answers together, `Qp::plan`), as two
-/// datagrams in one `sendmmsg` from a socket connected to the peer (softhca's
-/// `senders`), received by the peer's own socket with GRO and cmsgs by `recvmmsg`.
+/// the size of a SEND packet and, as the last segment of the same GSO send, one the size
+/// of the ACK it owes (softhca sends an answer and the ACK of the request it answers
+/// together, `Qp::plan`), from a socket connected to the peer (softhca's `senders`),
+/// received by the peer's own socket with GRO and cmsgs by `recvmmsg`.
 fn roce_step(size: usize) -> Vec<u8> {
     vec![0x5a; size + ROCE_OVERHEAD + ROCE_ACK]
 }
@@ -410,13 +410,9 @@ fn roce_send(s: &ConnectedSender, to: SocketAddr, step: &[u8], size: usize) -> s
         .map(|_| ())
 }
 
-/// A connected sender like softhca's (no GSO: each packet its own datagram).
+/// A connected sender like softhca's.
 fn roce_sender(from: &RoceSocket, to: SocketAddr) -> Result<ConnectedSender, CliError> {
-    let options = BindOptions {
-        allow_gso: false,
-        ..offloads()
-    };
-    ConnectedSender::open(from.local_addr().ip(), to, options).map_err(io_err)
+    ConnectedSender::open(from.local_addr().ip(), to, offloads()).map_err(io_err)
 }
 
 /// Receives until a datagram whose first segment is `len` bytes (or an end marker of 1
