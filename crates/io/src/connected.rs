@@ -40,6 +40,9 @@ use crate::IoError;
 /// loopback device is down, as in a fresh network namespace: the probe then vanishes
 /// without an error).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(2);
+/// IPv4 header without options, and UDP header.
+const IPV4_HDR: usize = 20;
+const UDP_HDR: usize = 8;
 
 /// A [`RoceSocket`] connected to one peer, with the IPv4 ID of its next packet.
 #[derive(Debug)]
@@ -102,12 +105,10 @@ impl ConnectedSender {
         Ok(())
     }
 
-    /// Sends two probes to a local socket and reads the IDs off their looped copies.
+    /// Sends two probes to a local socket and reads the IDs off their looped copies
+    /// (IPv4 sockets only).
     fn learn(&self) -> Result<u16, IoError> {
         let local = self.socket.local_addr();
-        if !local.is_ipv4() {
-            return Ok(0);
-        }
         let fd = self.socket.as_raw_fd();
         let os = |what: &'static str| move |source| IoError::Os { what, source };
         let rx = UdpSocket::bind(SocketAddr::new(local.ip(), 0)).map_err(os("probe bind"))?;
@@ -157,7 +158,7 @@ fn set_timestamping(fd: RawFd, flags: libc::c_int) -> std::io::Result<()> {
 
 /// Waits for the looped copy of `payload` on `fd`'s error queue and returns the ID of
 /// its IPv4 header. The copy starts at the link-layer header (Ethernet on loopback),
-/// so the IP header is found from the end: payload, 8 bytes of UDP, 20 of IPv4.
+/// so the IP header is found from the end: payload, UDP header, IPv4 header.
 fn looped_ipv4_id(fd: RawFd, payload: &[u8]) -> Result<u16, IoError> {
     let mut pfd = libc::pollfd {
         fd,
@@ -190,7 +191,7 @@ fn looped_ipv4_id(fd: RawFd, payload: &[u8]) -> Result<u16, IoError> {
     let copy = &buf[..n.min(buf.len())];
     let ip = copy
         .len()
-        .checked_sub(payload.len() + 8 + 20)
+        .checked_sub(payload.len() + UDP_HDR + IPV4_HDR)
         .ok_or_else(|| unexpected("looped probe too short"))?;
     let hdr = &copy[ip..];
     // Version 4, no options, UDP, and our payload at the end.
