@@ -381,7 +381,8 @@ impl RoceSocket {
     }
 
     /// The IPv4 ID Linux writes on segment `index` (0-based) of a Transmit cut in
-    /// `segment_size` segments, with the current capabilities: 0 for a plain datagram
+    /// `segment_size` segments, all full (a Transmit that fits one GSO message thanks to
+    /// a short last segment is not cut, and segment `k` has ID `k`), with the current capabilities: 0 for a plain datagram
     /// (DF set, socket unconnected: `ip_select_ident_segs`), and the segment's position in
     /// its GSO message otherwise (`inet_gso_segment` numbers segments from the first
     /// one's ID, which is 0). IPv6 has no ID; 0 is returned.

@@ -185,7 +185,7 @@ struct PeerIpId {
     misses: u32,
     /// The last ID that matched was its packet's GSO segment index: the peer numbers its
     /// packets per GSO send, as softhca's device socket does (0 for a plain datagram),
-    /// not per packet as rxe and connected sockets do.
+    /// not per packet (rxe) or per datagram (connected sockets).
     per_send: bool,
     /// The ID of segment 0 of the datagram being read: segment `k` has this plus `k`
     /// (GSO numbers segments on from the first one's ID, which is 0 for an unconnected
@@ -888,8 +888,8 @@ impl Engine {
     /// The ICRC covers the IPv4 ID, which a UDP socket does not show. A softhca peer
     /// sends bulk from its device socket (unconnected, DF: ID 0, or 0, 1, 2.. per GSO
     /// segment, which arrive as separate datagrams where the path cuts GSO sends) and
-    /// small transmits from a socket connected to us, which counts per packet from a
-    /// random start; Linux rxe numbers packets per destination (`__ip_select_ident`) and
+    /// small transmits from a socket connected to us, which counts per datagram from a
+    /// random start (a GSO datagram's segments carry its ID plus their position); Linux rxe numbers packets per destination (`__ip_select_ident`) and
     /// sends from 0xC000 + a QPN hash. So per flow (peer IP and UDP source port) we
     /// remember the last ID that matched and try the IDs around it, and solve for the ID
     /// (first contact, or after a jump) when that fails. Per IP alone, every switch
@@ -940,17 +940,13 @@ impl Engine {
                 self.counters.icrc_ipv4_id_mispredicted += 1;
             }
             if state.is_some() || self.ip_ids.len() < MAX_ID_PEERS {
-                let base = match state {
-                    Some(s) if seg > 0 => s.base,
-                    _ => id,
-                };
                 self.ip_ids.insert(
                     key,
                     PeerIpId {
                         last: id,
                         misses: 0,
                         per_send: id == seg,
-                        base,
+                        base: id.wrapping_sub(seg),
                     },
                 );
             }
@@ -979,9 +975,7 @@ impl Engine {
             st.last = id;
             st.misses = 0;
             st.per_send = id == seg;
-            if seg == 0 {
-                st.base = id;
-            }
+            st.base = id.wrapping_sub(seg);
             self.counters.icrc_ipv4_id_resync += 1;
         }
         if self.ip_ids.len() < MAX_ID_PEERS || self.ip_ids.contains_key(&key) {
