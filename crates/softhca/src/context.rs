@@ -49,6 +49,11 @@ pub(crate) struct Stats {
     pub tx_connected_failed: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
+    /// Application polling windows that ended with packets waiting in the sockets, and
+    /// periods in which the datapath thread served an application that waits without
+    /// polling (see `crate::strand`).
+    pub app_strandings: AtomicU64,
+    pub app_served: AtomicU64,
     pub loop_iterations: AtomicU64,
     pub sleeps: AtomicU64,
     pub doorbells: AtomicU64,
@@ -82,6 +87,8 @@ impl Stats {
             ("io_tx_connected_opened", r(&self.tx_connected_opened)),
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("dp_tx_held", r(&self.tx_held)),
+            ("dp_app_strandings", r(&self.app_strandings)),
+            ("dp_app_served", r(&self.app_served)),
             ("dp_loop_iterations", r(&self.loop_iterations)),
             ("dp_sleeps", r(&self.sleeps)),
             ("dp_doorbells", r(&self.doorbells)),
@@ -228,6 +235,9 @@ pub(crate) struct Shared {
     /// Until when (engine clock) the datapath thread leaves the sockets to the
     /// application threads; 0 when an application is about to block.
     pub app_active_until: AtomicU64,
+    /// Until when (engine clock) application polls open no window: the datapath thread
+    /// serves the sockets (see [`Shared::app_window`]); written by the datapath thread.
+    pub serve_until: AtomicU64,
     /// The engine's next timer (engine clock; `Nanos::MAX`: none), as of the last step.
     pub deadline: AtomicU64,
     /// When the sleeping datapath thread wakes by itself (`Nanos::MAX`: only for I/O).
@@ -238,6 +248,17 @@ impl Shared {
     /// Nanoseconds since the device was opened: the engine's clock.
     pub(crate) fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// How long an application thread's poll at `now` leaves the sockets to application
+    /// threads: [`APP_WINDOW_NS`], or 0 while the application is known to wait for
+    /// traffic without polling (see `crate::strand`).
+    pub(crate) fn app_window(&self, now: Nanos) -> Nanos {
+        if now < self.serve_until.load(Ordering::Relaxed) {
+            0
+        } else {
+            APP_WINDOW_NS
+        }
     }
 
     /// Whether an application thread progressed the datapath within the last window.
@@ -306,8 +327,9 @@ impl Shared {
     /// datapath thread holds it right now, that thread hands the sockets back after its
     /// step).
     pub(crate) fn app_polling(&self) {
+        let now = self.now();
         self.app_active_until
-            .store(self.now() + APP_WINDOW_NS, Ordering::Relaxed);
+            .store(now + self.app_window(now), Ordering::Relaxed);
     }
 
     /// Called by an application thread that polls and finds its CQ empty: runs datapath
@@ -388,19 +410,19 @@ extern "C" fn flush_all_at_exit() {
             p.flush_held(&shared);
         }
         if std::env::var_os("SOFTHCA_STATS").is_some() {
-            print_counters(&shared);
+            print_counters(&shared, "at exit");
         }
     }
 }
 
-/// `SOFTHCA_STATS`: the counters of a device at exit, for a program we cannot change
-/// (perftest exits on a failed completion without closing its device). Non-zero
-/// ones only, on one stderr line.
-fn print_counters(shared: &Shared) {
+/// `SOFTHCA_STATS`: the counters of a device when it closes, or at exit for one still
+/// open, for a program we cannot change (perftest exits on a failed completion without
+/// closing its device). Non-zero ones only, on one stderr line.
+fn print_counters(shared: &Shared, when: &str) {
     let Some(core) = shared.core.try_lock_for(Duration::from_millis(10)) else {
         return;
     };
-    let mut line = String::from("softhca: counters at exit:");
+    let mut line = format!("softhca: counters {when}:");
     let engine = core.engine.counters();
     let all = engine.iter().chain(shared.stats.iter());
     for (name, v) in all.filter(|&(_, v)| v != 0) {
@@ -600,6 +622,7 @@ impl Context {
             poll: cfg.poll,
             progress,
             app_active_until: AtomicU64::new(0),
+            serve_until: AtomicU64::new(0),
             deadline: AtomicU64::new(Nanos::MAX),
             thread_wake: AtomicU64::new(Nanos::MAX),
         });
@@ -880,6 +903,9 @@ impl Drop for Context {
             if t.join().is_err() {
                 tracing::error!(name = %self.name, "datapath thread panicked");
             }
+        }
+        if std::env::var_os("SOFTHCA_STATS").is_some() {
+            print_counters(&self.shared, "at close");
         }
     }
 }

@@ -36,6 +36,7 @@ mod event;
 mod mr;
 mod qp;
 mod senders;
+mod strand;
 mod sys;
 
 pub use smallvec::{smallvec, SmallVec};
