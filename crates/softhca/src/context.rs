@@ -49,6 +49,8 @@ pub(crate) struct Stats {
     pub tx_connected_failed: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
+    /// Posts whose last transmit was kept back to be filled by the next one.
+    pub tx_deferred: AtomicU64,
     /// Application polling windows that ended with packets waiting in the sockets, and
     /// periods in which the datapath thread served an application that waits without
     /// polling (see `crate::strand`).
@@ -87,6 +89,7 @@ impl Stats {
             ("io_tx_connected_opened", r(&self.tx_connected_opened)),
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("dp_tx_held", r(&self.tx_held)),
+            ("dp_tx_deferred", r(&self.tx_deferred)),
             ("dp_app_strandings", r(&self.app_strandings)),
             ("dp_app_served", r(&self.app_served)),
             ("dp_loop_iterations", r(&self.loop_iterations)),
@@ -272,7 +275,7 @@ impl Shared {
     /// is woken only when nobody polls and it may sleep.
     pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> R {
         if let Some(mut p) = self.progress.try_lock() {
-            let (r, more) = p.transmit_with(self, post);
+            let (r, more) = p.transmit_with(self, self.app_polls(), post);
             self.after_transmit(p, more);
             return r;
         }

@@ -11,7 +11,7 @@ use crate::packet::{self, op, IcrcInfo};
 use crate::path::Path;
 use crate::qp::state::modify_is_ok;
 use crate::qp::{psn_diff, Budget, Ctx, Qp, SendWqe, Srq, DEVICE_MAX_INFLIGHT_PSNS};
-use crate::requester::{External, TxPlan};
+use crate::requester::External;
 use crate::responder::RxMeta;
 use crate::timers::Timers;
 use crate::verbs::*;
@@ -987,7 +987,7 @@ impl Engine {
     /// Fill `buf` with packets for one destination (a GSO batch: equal-sized packets,
     /// the last may be shorter), ICRC-sealed. None when nothing is ready.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit_into(now, buf, None)
+        self.transmit_into(now, buf, None, None)
     }
 
     /// [`Engine::poll_transmit`] without copying request payloads: a packet whose payload
@@ -1005,7 +1005,31 @@ impl Engine {
         buf: &mut [u8],
         pieces: &mut Vec<TxPiece>,
     ) -> Option<Transmit> {
-        self.transmit_into(now, buf, Some(pieces))
+        self.transmit_into(now, buf, Some(pieces), None)
+    }
+
+    /// [`Engine::poll_transmit_gather`] that goes on filling `prev`, a Transmit it
+    /// returned earlier (still in `buf` and `pieces`, not yet sent), with packets of the
+    /// same size to the same destination. None when nothing was added (`prev` stands as
+    /// it was), or when `prev` cannot grow: its last packet is shorter than the others.
+    ///
+    /// Why: a 64 KiB message at path MTU 4096 is 16 packets, one more than a GSO send
+    /// holds (64 KiB of UDP payload), so an application that posts one WR per call
+    /// (perftest) had each message leave as a 15-packet datagram and a 1-packet one;
+    /// the datapath keeps that last one back until the next post and fills it up.
+    pub fn poll_transmit_append(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        pieces: &mut Vec<TxPiece>,
+        prev: &Transmit,
+    ) -> Option<Transmit> {
+        let seg = prev.segment_size.max(1);
+        if !prev.len.is_multiple_of(seg) || prev.packets() != pieces.len() {
+            return None;
+        }
+        let t = self.transmit_into(now, buf, Some(pieces), Some(prev))?;
+        (t.len > prev.len).then_some(t)
     }
 
     fn transmit_into(
@@ -1013,6 +1037,7 @@ impl Engine {
         now: Nanos,
         buf: &mut [u8],
         mut pieces: Option<&mut Vec<TxPiece>>,
+        prev: Option<&Transmit>,
     ) -> Option<Transmit> {
         let max_segs = self.cfg.max_gso_segments.max(1);
         // Room in the device budget again (below 3/4, so that a freed PSN does not wake
@@ -1049,9 +1074,18 @@ impl Engine {
         let mut off = 0usize;
         let mut wire_len = 0usize;
         let mut count = 0usize;
-        let mut first: Option<(TxPlan, usize, u16)> = None;
-        if let Some(list) = pieces.as_deref_mut() {
-            list.clear();
+        // Destination, source, segment size and UDP source port of the batch.
+        let mut first: Option<(SocketAddr, IpAddr, usize, u16)> = None;
+        match (prev, pieces.as_deref_mut()) {
+            (Some(p), Some(list)) => {
+                // Go on after `prev`'s packets (see `poll_transmit_append`).
+                off = list.last().map_or(0, |l| l.start + l.head + l.tail);
+                wire_len = p.len;
+                count = list.len();
+                first = Some((p.dst, p.src, p.segment_size, p.src_port));
+            }
+            (_, Some(list)) => list.clear(),
+            _ => {}
         }
         // At most one pass over the QPs ready now (a QP put back by `sync` is not
         // drawn from twice).
@@ -1086,8 +1120,8 @@ impl Engine {
                 };
                 let wl = plan.wire_len();
                 let sport = source_port.unwrap_or(plan.sport);
-                if let Some((p0, seg, sport0)) = &first {
-                    if plan.dst != p0.dst || plan.src != p0.src || sport != *sport0 || wl > *seg {
+                if let Some((dst0, src0, seg, sport0)) = &first {
+                    if plan.dst != *dst0 || plan.src != *src0 || sport != *sport0 || wl > *seg {
                         break;
                     }
                 }
@@ -1135,12 +1169,12 @@ impl Engine {
                     });
                 }
                 if first.is_none() {
-                    first = Some((plan, total, sport));
+                    first = Some((plan.dst, plan.src, total, sport));
                 }
                 off += in_buf;
                 wire_len += total;
                 count += 1;
-                if first.as_ref().is_some_and(|(_, seg, _)| total < *seg) {
+                if first.as_ref().is_some_and(|(_, _, seg, _)| total < *seg) {
                     break;
                 }
             }
@@ -1164,10 +1198,10 @@ impl Engine {
                 break;
             }
         }
-        let (p0, seg, sport) = first?;
+        let (dst, src, seg, sport) = first?;
         Some(Transmit {
-            dst: p0.dst,
-            src: p0.src,
+            dst,
+            src,
             len: wire_len,
             segment_size: seg,
             src_port: sport,

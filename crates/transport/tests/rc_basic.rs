@@ -497,3 +497,80 @@ fn answer_and_ack_leave_in_one_gso_batch() {
     got.sort_unstable_by_key(|g| g.0);
     assert_eq!(got, [(1, WcStatus::Success), (3, WcStatus::Success)]);
 }
+
+/// A transmit that ended short of a full GSO send (the 16th packet of a 64 KiB WRITE at
+/// MTU 4096) is filled up by the next WRITE's packets (`poll_transmit_append`), which
+/// continue its packet numbering; both WRITEs arrive whole and in order.
+#[test]
+fn a_short_transmit_is_filled_by_the_next_post() {
+    const GSO_MAX: usize = 65_507;
+    const LEN: usize = 65_536;
+    let mut net = SimNet::new(31, 2, Mtu::M4096);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let src = net.reg(0, 2 * LEN, full_access());
+    let dst = net.reg(1, 2 * LEN, full_access());
+    net.fill_random(&src);
+    let post = |net: &mut SimNet, id: u64, off: usize| {
+        let mut wr = send_wr(id, WrOpcode::RdmaWrite, src.sges(off, LEN));
+        wr.remote_addr = dst.addr + off as u64;
+        wr.rkey = dst.rkey;
+        net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    };
+    let mut bufs = vec![vec![0u8; GSO_MAX]; 3];
+    let mut pieces: Vec<Vec<TxPiece>> = vec![Vec::new(); 3];
+    let now = net.now;
+
+    post(&mut net, 1, 0);
+    let e = &mut net.nodes[0].engine;
+    let t0 = e
+        .poll_transmit_gather(now, &mut bufs[0], &mut pieces[0])
+        .unwrap();
+    let t1 = e
+        .poll_transmit_gather(now, &mut bufs[1], &mut pieces[1])
+        .unwrap();
+    assert_eq!(
+        (t0.packets(), t1.packets()),
+        (15, 1),
+        "64 KiB is one packet more than a GSO send"
+    );
+    assert!(e
+        .poll_transmit_gather(now, &mut bufs[2], &mut pieces[2])
+        .is_none());
+    assert!(
+        e.poll_transmit_append(now, &mut bufs[1], &mut pieces[1], &t1)
+            .is_none(),
+        "nothing ready: nothing added"
+    );
+
+    post(&mut net, 2, LEN);
+    let e = &mut net.nodes[0].engine;
+    let t1 = e
+        .poll_transmit_append(now, &mut bufs[1], &mut pieces[1], &t1)
+        .unwrap();
+    assert_eq!(t1.packets(), 15);
+    assert_eq!(pieces[1].len(), 15);
+    let t2 = e
+        .poll_transmit_gather(now, &mut bufs[2], &mut pieces[2])
+        .unwrap();
+    assert_eq!(t2.packets(), 2);
+
+    for (i, t) in [t0, t1, t2].iter().enumerate() {
+        let bytes = join_pieces(&bufs[i], &pieces[i]);
+        net.send_transmit(0, t, &bytes);
+    }
+    net.run(1_000_000_000);
+    let c = net.take_completions(0);
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(net.mem(&dst), net.mem(&src), "both WRITEs placed whole");
+    assert_eq!(
+        net.nodes[1]
+            .engine
+            .counters()
+            .iter()
+            .find(|(n, _)| *n == "drop_bad_icrc")
+            .map(|(_, v)| v),
+        Some(0),
+        "the appended packets carry the ICRC of their position"
+    );
+}

@@ -280,6 +280,15 @@ impl SimNet {
         self.collect();
     }
 
+    /// Puts the packets of a transmit the test built itself on the wire, `bytes` being its
+    /// wire bytes (each packet's IPv4 ID is its position, as in a GSO send).
+    pub fn send_transmit(&mut self, from: usize, t: &Transmit, bytes: &[u8]) {
+        assert_eq!(bytes.len(), t.len);
+        for (k, pkt) in bytes.chunks(t.segment_size).enumerate() {
+            self.send_one(from, t, k as u16, pkt);
+        }
+    }
+
     fn send_one(&mut self, from: usize, t: &Transmit, index: u16, pkt: &[u8]) {
         let Some(to) = self.node_of(t.dst.ip()) else {
             return;
