@@ -26,7 +26,8 @@ use crate::error::CliError;
 use child::{last_json, Pipe, Proc};
 use output::Row;
 
-/// Seconds per measurement by default: 31 points × (2 s + ~0.5 s set-up) ≈ 80 s.
+/// Seconds per measurement by default: 33 points (35 with the drop-in perftest rows) ×
+/// (2 s + ~0.3 s set-up) ≈ 75 s.
 const DEFAULT_DURATION: f64 = 2.0;
 /// Seconds per measurement with `--quick`.
 const QUICK_DURATION: f64 = 0.3;
@@ -63,6 +64,12 @@ enum Point {
     UdpPingpongRoce { size: u64 },
     /// Raw UDP GSO+GRO throughput.
     UdpBlast,
+    /// An unmodified perftest bandwidth test (`prog`) through the drop-in libibverbs.
+    Perftest {
+        prog: &'static str,
+        op: &'static str,
+        size: u64,
+    },
 }
 
 impl Point {
@@ -79,6 +86,7 @@ impl Point {
                 format!("udp ping-pong, softhca's sockets {}", sz(size))
             }
             Point::UdpBlast => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
+            Point::Perftest { prog, size, .. } => format!("{prog} {} (drop-in)", sz(size)),
         }
     }
 }
@@ -169,13 +177,29 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Usage(format!("cannot find the softhca executable: {e}")))?;
     let (server_ip, client_ip) = free_device_pair()?;
-    let points = plan(a.quick);
+    let mut points = plan(a.quick);
+    let mut notes = Vec::new();
+    let dropin = if a.quick {
+        None
+    } else {
+        dropin_dir(&exe, &mut notes)
+    };
+    if dropin.is_some() {
+        for (prog, op) in PERFTEST_BW {
+            points.push(Point::Perftest {
+                prog,
+                op,
+                size: 65536,
+            });
+        }
+    }
     let started = Instant::now();
     let progress = ProgressLine::start(points.len());
     let mut rows: Vec<Row> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let ctx = Runner {
         exe: &exe,
+        dropin: dropin.as_deref(),
         duration,
         server_ip,
         client_ip,
@@ -188,7 +212,6 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         }
     }
     progress.stop();
-    let mut notes = Vec::new();
     // Memory of idle connections, measured in this process on the server's address
     // (free again: its measurements are over).
     let idle_qp_bytes = match qp_memory::measure(server_ip) {
@@ -217,6 +240,19 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             many / one,
             (u64::from(qp_memory::IDLE_QPS) * 2 * 65536) >> 20
         ));
+    }
+    for r in rows.iter().filter(|r| r.kind == "perftest_bw") {
+        if let (Some(theirs), Some(ours)) = (r.gbps, gbps_of(&rows, r.op, r.size, 1)) {
+            notes.push(format!(
+                "unmodified perftest through the drop-in libibverbs: {} {} at {:.2}x softhca \
+                 perf's own {} {} figure (perftest posts one WR per call)",
+                r.op,
+                output::size_str(r.size),
+                theirs / ours,
+                r.op,
+                output::size_str(r.size)
+            ));
+        }
     }
     output::add_ratios(&mut rows);
     if let Some(r) = rows.iter().find(|r| r.kind.starts_with("softhca")) {
@@ -285,6 +321,75 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The perftest bandwidth tests run through the drop-in library, and the op each matches.
+const PERFTEST_BW: [(&str, &str); 2] = [("ib_send_bw", "send"), ("ib_write_bw", "write")];
+
+/// The directory of the drop-in `libibverbs.so.1` (built next to this executable by
+/// `cargo build --release`), when it and perftest are there; otherwise a note says why
+/// the perftest rows are left out.
+fn dropin_dir(exe: &Path, notes: &mut Vec<String>) -> Option<std::path::PathBuf> {
+    let dir = exe.parent()?.to_path_buf();
+    if !dir.join("libibverbs.so.1").exists() {
+        notes.push(
+            "drop-in perftest rows left out: no libibverbs.so.1 next to softhca (cargo build \
+             --release -p softhca-ibverbs)"
+                .into(),
+        );
+        return None;
+    }
+    let on_path = |prog: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+    };
+    if let Some((prog, _)) = PERFTEST_BW.iter().find(|(prog, _)| !on_path(prog)) {
+        notes.push(format!(
+            "drop-in perftest rows left out: {prog} not installed (apt-get install perftest)"
+        ));
+        return None;
+    }
+    Some(dir)
+}
+
+/// Waits until something listens on TCP `port` (perftest's server says so only on a
+/// block-buffered stdout): a LISTEN line in /proc/net/tcp or tcp6.
+fn wait_listening(port: u16, timeout: Duration) -> Result<(), CliError> {
+    let want = format!(":{port:04X} ");
+    let end = Instant::now() + timeout;
+    loop {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().any(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    cols.get(1)
+                        .is_some_and(|a| format!("{a} ").ends_with(&want))
+                        && cols.get(3) == Some(&"0A")
+                })
+            })
+        });
+        if listening {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            return Err(CliError::Peer(format!(
+                "perftest server not listening on TCP port {port} after {} s",
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Iterations and average Gb/s from a perftest bandwidth test's output (run with
+/// `--report_gbits`): the line after the header "#bytes #iterations BW peak[Gb/sec] BW
+/// average[Gb/sec] MsgRate[Mpps]".
+fn perftest_bw_result(lines: &[String]) -> Option<(u64, f64)> {
+    let line = lines.iter().skip_while(|l| !l.contains("#bytes")).nth(1)?;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let iters = cols.get(1)?.parse().ok()?;
+    let gbps = cols.get(3)?.parse().ok()?;
+    Some((iters, gbps))
+}
+
 /// Gb/s of the softhca bandwidth row for `op`, `size`, `qps`.
 fn gbps_of(rows: &[Row], op: &str, size: u64, qps: u32) -> Option<f64> {
     rows.iter()
@@ -347,6 +452,8 @@ fn free_tcp_port() -> Result<u16, CliError> {
 /// What every measurement needs.
 struct Runner<'a> {
     exe: &'a Path,
+    /// Where the drop-in libibverbs is (perftest rows).
+    dropin: Option<&'a Path>,
     duration: f64,
     server_ip: IpAddr,
     client_ip: IpAddr,
@@ -367,7 +474,56 @@ impl Runner<'_> {
             Point::UdpPingpong { size } => self.peer("udp-pingpong", size),
             Point::UdpPingpongRoce { size } => self.peer("udp-pingpong-roce", size),
             Point::UdpBlast => self.peer("udp-blast", BLAST_SEGMENT),
+            Point::Perftest { prog, op, size } => self.perftest(prog, op, size),
         }
+    }
+
+    /// An unmodified perftest bandwidth test, server and client, through the drop-in
+    /// library (`LD_LIBRARY_PATH`), on the same device addresses as `softhca perf`.
+    fn perftest(&self, prog: &str, op: &'static str, size: u64) -> Result<Row, CliError> {
+        let dir = self
+            .dropin
+            .ok_or_else(|| CliError::Peer("no drop-in library".into()))?;
+        let port = free_tcp_port()?;
+        // perftest takes whole seconds.
+        let secs = self.duration.ceil().max(1.0).to_string();
+        let cmd = |ip: IpAddr| {
+            let mut c = Command::new(prog);
+            c.args(["-x", "0", "-s", &size.to_string(), "-D", &secs])
+                .args(["--report_gbits", "-p", &port.to_string()])
+                .env("LD_LIBRARY_PATH", dir)
+                .env("SOFTHCA_ADDR", ip.to_string());
+            c
+        };
+        let server = Proc::spawn(format!("{prog} server"), cmd(self.server_ip))?;
+        wait_listening(port, READY_TIMEOUT)?;
+        let mut cc = cmd(self.client_ip);
+        cc.arg(self.server_ip.to_string());
+        let client = Proc::spawn(format!("{prog} client"), cc)?;
+        let cf = client.finish(self.deadline())?;
+        let sf = server.finish(Instant::now() + SLACK)?;
+        let (iters, gbps) = perftest_bw_result(&cf.out)
+            .ok_or_else(|| CliError::Peer(format!("{prog}: no result line in its output")))?;
+        let bytes = iters * size;
+        let seconds = if gbps > 0.0 {
+            bytes as f64 * 8.0 / (gbps * 1e9)
+        } else {
+            0.0
+        };
+        let mut r = Row::new(
+            "perftest_bw",
+            op,
+            size,
+            1,
+            seconds,
+            iters,
+            bytes,
+            cf.cpu,
+            sf.cpu,
+        );
+        r.set_throughput();
+        r.gbps = Some(gbps);
+        Ok(r)
     }
 
     fn deadline(&self) -> Instant {
@@ -606,5 +762,36 @@ impl ProgressLine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perftest_result_line_is_read() {
+        let out: Vec<String> = [
+            "---------------------------------------------------------------------------------------",
+            " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
+            " 65536      117310           0.00               30.75  \t\t   0.058650",
+            "---------------------------------------------------------------------------------------",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(perftest_bw_result(&out), Some((117310, 30.75)));
+        assert_eq!(perftest_bw_result(&out[..2]), None, "no result line");
+        assert_eq!(perftest_bw_result(&out[2..]), None, "no header");
+    }
+
+    #[test]
+    fn a_listening_port_is_seen() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        wait_listening(port, Duration::from_secs(5)).unwrap();
+        drop(l);
+        let free = free_tcp_port().unwrap();
+        assert!(wait_listening(free, Duration::from_millis(100)).is_err());
     }
 }

@@ -166,7 +166,7 @@ pub fn add_ratios(rows: &mut [Row]) {
         .and_then(|r| r.gbps);
     for r in rows.iter_mut() {
         match r.kind {
-            "softhca_bw" => {
+            "softhca_bw" | "perftest_bw" => {
                 r.vs_tcp = ratio(r.gbps, tcp_bw.get(&r.size).copied().flatten());
                 r.vs_raw_udp = ratio(r.gbps, blast);
             }
@@ -236,6 +236,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "udp_pingpong" => "UDP ping-pong",
             "udp_pingpong_roce" => "UDP, softhca's sockets",
             "udp_blast" => "raw UDP GSO+GRO",
+            "perftest_bw" => "perftest drop-in",
             k => k,
         };
         let latency = row.lat_us_p50.is_some();
