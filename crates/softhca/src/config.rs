@@ -28,8 +28,9 @@ use crate::Mtu;
 pub enum PollMode {
     /// Spin forever: lowest latency, burns one core.
     Busy,
-    /// Spin `spin_us` microseconds after the last activity, then sleep in `epoll_wait`
-    /// until a packet, a posted work request (doorbell) or the next timer deadline.
+    /// Spin `spin_us` microseconds after the last activity, yielding the CPU at each turn
+    /// to any thread waiting for it (`sched_yield`), then sleep in `epoll_wait` until a
+    /// packet, a posted work request (doorbell) or the next timer deadline.
     Adaptive {
         /// How long to keep spinning after the last activity.
         spin_us: u32,
