@@ -667,13 +667,6 @@ fn uc_send_completion_means_the_payload_has_left() {
     }
 }
 
-fn counter(ctx: &Context, name: &str) -> u64 {
-    ctx.counters()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| v)
-}
-
 /// Small SENDs each way and their ACKs (through sockets connected to the peer, sealed for
 /// their port and the IPv4 IDs Linux writes on them) interleaved with bulk WRITEs and
 /// READs (through the device sockets, IDs per send): every byte arrives, no packet fails
@@ -776,13 +769,7 @@ fn single_wr_posts_share_gso_sends() {
     let (a, b) = rc_pair("127.0.1.91", "127.0.1.92", N * LEN);
     let data = pattern(N * LEN, 0x3c);
     a.mr.write(0, &data).unwrap();
-    let sent = |s: &Side| {
-        s.ctx
-            .counters()
-            .into_iter()
-            .find(|(n, _)| *n == "io_tx_transmits")
-            .map_or(0, |(_, v)| v)
-    };
+    let sent = |s: &Side| counter(&s.ctx, "io_tx_transmits");
     let before = sent(&a);
     let mut wc = [Completion::default(); 16];
     let mut done = 0;

@@ -57,14 +57,6 @@ fn ping_pong(me: &Side, peer_addr: u64, peer_rkey: u32, first: bool) {
     }
 }
 
-fn counter(s: &Side, name: &str) -> u64 {
-    s.ctx
-        .counters()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| v)
-}
-
 #[test]
 fn write_ping_pong_spinning_on_memory_gets_served() {
     let (a, b) = rc_pair("127.0.1.81", "127.0.1.82", 1 << 16);
@@ -82,8 +74,8 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
     assert_eq!(got[0], ROUNDS);
     for (name, side) in [("a", &a), ("b", &b)] {
         let (served, stranded) = (
-            counter(side, "dp_app_served"),
-            counter(side, "dp_app_strandings"),
+            counter(&side.ctx, "dp_app_served"),
+            counter(&side.ctx, "dp_app_strandings"),
         );
         assert!(
             served >= 1,

@@ -76,6 +76,14 @@ pub fn connect_gids(sa: &Side, ga: u8, sb: &Side, gb: u8) {
 }
 
 /// Waits for exactly one completion (panics after 5 s).
+/// A device counter by name (0 when absent).
+pub fn counter(ctx: &Context, name: &str) -> u64 {
+    ctx.counters()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
+}
+
 pub fn one(cq: &Cq) -> Completion {
     let mut wc = [Completion::default(); 1];
     let n = cq.wait(&mut wc, Duration::from_secs(5)).unwrap();
