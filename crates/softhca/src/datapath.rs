@@ -407,7 +407,7 @@ impl Progress {
     /// fill up ([`softhca_transport::Engine::poll_transmit_append`]), when it has room
     /// for more packets of its size and either
     /// - it is the short end of a large message: bulk packets (not the small ones
-    ///   connected sockets carry) with at least one transmit before it; or
+    ///   connected sockets carry) right after a full GSO send of the same size; or
     /// - the post is not the first of a burst (the call before it was a post too, no
     ///   poll in between): an application posting one WR per call, as perftest's
     ///   bandwidth tests do, then gets GSO sends of many messages, as one posting a list
