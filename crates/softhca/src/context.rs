@@ -275,7 +275,7 @@ impl Shared {
     /// is woken only when nobody polls and it may sleep.
     pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> R {
         if let Some(mut p) = self.progress.try_lock() {
-            let (r, more) = p.transmit_with(self, self.app_polls(), post);
+            let (r, more) = p.transmit_with(self, true, post);
             self.after_transmit(p, more);
             return r;
         }

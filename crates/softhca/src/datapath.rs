@@ -169,18 +169,20 @@ impl Progress {
     }
 
     /// [`Progress::transmit`] after posting with `post` in the same engine lock hold (one
-    /// lock, one clock read and one completion pass per post instead of two). `defer`:
-    /// the caller is an application thread that polls, and will call again soon; the
-    /// last transmit of a burst may wait for that call (see [`Progress::defer_tail`]).
+    /// lock, one clock read and one completion pass per post instead of two). `app`: the
+    /// caller is an application posting; while it polls (its window is open) it will
+    /// call again soon, and the last transmit of a burst may wait for that call (see
+    /// [`Progress::defer_tail`]).
     pub(crate) fn transmit_with<R>(
         &mut self,
         shared: &Shared,
-        defer: bool,
+        app: bool,
         post: impl FnOnce(&mut Core, Nanos) -> R,
     ) -> (R, bool) {
         self.rx_count.iter_mut().for_each(|c| *c = 0);
         shared.pending.store(false, Ordering::SeqCst);
         let now = shared.now();
+        let defer = app && now < shared.app_active_until.load(Ordering::Relaxed);
         let mut core = shared.core.lock();
         let r = post(&mut core, now);
         let (ntx, deadline) = self.process_locked(core, shared, now, false, defer);
