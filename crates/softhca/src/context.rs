@@ -603,6 +603,9 @@ impl Context {
         // per-QP source port instead, 0xC000 + hash(QPN); one socket per QP would be
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
+        // Small packets are sealed once, when their socket is known (`Progress::send`).
+        // Not under fault injection: it sends copies, built sealed (`Progress::new`).
+        engine.set_late_seal(cfg.tx_drop_ppm == 0);
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
         let progress = Mutex::new(Progress::new(
             &sockets,

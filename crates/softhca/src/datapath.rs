@@ -550,14 +550,19 @@ impl Progress {
                     .chain((0..tx.len()).filter(mine).filter(|&k| acks(k)))
                     .collect()
             };
-            // The way of each, in send order: small transmits are sealed again here for
-            // their peer's connected socket.
+            // The way of each, in send order, and the seal of its packets built in the
+            // buffer (the engine leaves them to us, `Engine::set_late_seal`): for their
+            // peer's connected socket if small, else for this device socket.
             let via: SmallVec<[Option<usize>; TX_BATCH]> = order
                 .iter()
                 .map(|&k| {
                     let (b, t) = self.tx[k];
-                    self.senders
-                        .route(&t, &self.tx_pieces[b], &mut self.tx_bufs[b], st)
+                    let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
+                    let way = self.senders.route(&t, pieces, buf, st);
+                    if way.is_none() && self.zero_copy {
+                        seal_for_device(&t, pieces, buf);
+                    }
+                    way
                 })
                 .collect();
             let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
@@ -617,6 +622,17 @@ impl Progress {
                 .core
                 .lock()
                 .deliver_after(shared, &mut self.after_send);
+        }
+    }
+}
+
+/// Seals the packets of `t` built in its buffer (`Engine::set_late_seal`) for the device
+/// socket: its UDP port, and the IPv4 ID Linux gives a GSO segment of an unconnected
+/// socket, its index in the send (a plain datagram is segment 0).
+fn seal_for_device(t: &Transmit, pieces: &[TxPiece], buf: &mut [u8]) {
+    for (i, p) in pieces.iter().enumerate() {
+        if p.external.is_none() {
+            t.seal(buf, p, t.src_port, i as u16);
         }
     }
 }

@@ -6,12 +6,13 @@
 //! 6.18, 2-core VM). Bulk transfers do not notice (one lookup per 64 KiB GSO send).
 //!
 //! Only small transmits take this path (at most [`MAX_PACKETS`] packets of at most
-//! [`MAX_PACKET`] bytes, all in the transmit buffer): their packets are sealed again
-//! here, for the connected socket's UDP source port and the IPv4 ID Linux will write
-//! (see `softhca_io::ConnectedSender`), which costs a CRC over a few hundred bytes.
-//! Bulk transmits keep the device socket, where the engine's seal holds (source port
-//! 4791, ID 0 or the GSO segment index). Both kinds leave in the order the datapath
-//! sends them, so a QP's packets stay in order.
+//! [`MAX_PACKET`] bytes, all in the transmit buffer): their packets are sealed here,
+//! for the connected socket's UDP source port and the IPv4 ID Linux will write (see
+//! `softhca_io::ConnectedSender`). The engine leaves such packets unsealed
+//! (`Engine::set_late_seal`), so each is sealed once. Bulk transmits keep the device
+//! socket (source port 4791, ID 0 or the GSO segment index; the datapath seals their
+//! in-buffer packets for it). Both kinds leave in the order the datapath sends them, so
+//! a QP's packets stay in order.
 //!
 //! Linux numbers a connected socket's datagrams, not its packets: a GSO datagram (an
 //! answer and the ACK that goes with it) takes one ID, and its segments, if the kernel
@@ -83,7 +84,8 @@ impl Senders {
 
     /// Whether `t` goes through a connected socket; if so its packets in `buf` are
     /// sealed for that socket (in the order of these calls, which must be the send
-    /// order) and the socket's slot is returned.
+    /// order) and the socket's slot is returned. If not, they are as they were, or
+    /// partly sealed for the socket: the caller seals them for the device socket.
     pub(crate) fn route(
         &mut self,
         t: &Transmit,
@@ -114,11 +116,7 @@ impl Senders {
         };
         for i in 0..t.packets() {
             if !t.reseal(buf, i, sport, first.wrapping_add(i as u16)) {
-                // Not laid out as expected: seal it back for the device socket. The
-                // engine numbered its packets by position, from 0.
-                for j in 0..=i {
-                    t.reseal(buf, j, t.src_port, j as u16);
-                }
+                // Not laid out as expected: the caller seals it for the device socket.
                 return None;
             }
         }

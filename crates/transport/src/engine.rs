@@ -125,6 +125,30 @@ impl Transmit {
         packet::seal(&info, pkt, body).is_some()
     }
 
+    /// Seals `piece`, a packet of this Transmit built wholly in `buf` (no external
+    /// payload) and left unsealed ([`Engine::set_late_seal`]), for the UDP source port and
+    /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
+    pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
+        if piece.external.is_some() {
+            return false;
+        }
+        let end = piece.start + piece.head + piece.tail;
+        let Some(pkt) = buf.get_mut(piece.start..end) else {
+            return false;
+        };
+        let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
+            return false;
+        };
+        let info = IcrcInfo {
+            src: self.src,
+            dst: self.dst.ip(),
+            sport,
+            dport: self.dst.port(),
+            ipv4_id,
+        };
+        packet::seal(&info, pkt, body).is_some()
+    }
+
     /// Packets in this Transmit.
     pub fn packets(&self) -> usize {
         self.len.div_ceil(self.segment_size.max(1))
@@ -172,6 +196,9 @@ pub struct Engine {
     ready: VecDeque<u32>,
     timers: Timers,
     source_port: Option<u16>,
+    /// Leave the ICRC of packets built wholly in the transmit buffer to the caller
+    /// (see [`Engine::set_late_seal`]).
+    late_seal: bool,
     /// Per IPv4 peer: the IPv4 ID its last packet carried (for the ICRC).
     /// Per peer flow (IP and UDP source port, see `verify_icrc`).
     ip_ids: HashMap<SocketAddr, PeerIpId>,
@@ -288,6 +315,7 @@ impl Engine {
             ready: VecDeque::new(),
             timers: Timers::default(),
             source_port: None,
+            late_seal: false,
             ip_ids: HashMap::default(),
             budget: Budget::default(),
         }
@@ -308,6 +336,21 @@ impl Engine {
     /// I/O layer that cannot choose the source port per datagram). None restores rxe's.
     pub fn set_source_port(&mut self, port: Option<u16>) {
         self.source_port = port;
+    }
+
+    /// With `on`, [`Engine::poll_transmit_gather`] and [`Engine::poll_transmit_append`]
+    /// build the packets that lie wholly in the transmit buffer (no external payload)
+    /// without their ICRC (left zero): the caller seals each with [`Transmit::seal`] once
+    /// it knows the UDP source port and IPv4 ID it leaves with, both of which the ICRC
+    /// covers (IBTA A17.4.1 masks neither).
+    ///
+    /// Why: softhca's datapath sends small transmits through a socket connected to the
+    /// peer, from another source port and with IDs Linux counts per socket, and had to
+    /// seal those packets twice (for an 8 B SEND ping-pong, the SEND and its ACK: about a
+    /// tenth of the instructions of a turnaround). Packets with an external payload are
+    /// always sealed here, while their memory is known to be registered.
+    pub fn set_late_seal(&mut self, on: bool) {
+        self.late_seal = on;
     }
 
     /// The memory table (PDs and MRs).
@@ -1100,6 +1143,7 @@ impl Engine {
                 ready,
                 timers,
                 source_port,
+                late_seal,
                 ..
             } = self;
             let Some(qp) = qps.get_mut(&qpn) else {
@@ -1142,6 +1186,14 @@ impl Engine {
                     ipv4_id: count as u16,
                 };
                 let sealed = match built.external {
+                    // Sealed by the caller (`set_late_seal`); its ICRC bytes zeroed.
+                    None if *late_seal && pieces.is_some() => {
+                        let end = built.in_buf + softhca_wire::ICRC_LEN;
+                        buf.get_mut(off + built.in_buf..off + end).map(|icrc| {
+                            icrc.fill(0);
+                            end
+                        })
+                    }
                     None => packet::seal(&ic, &mut buf[off..], built.in_buf),
                     Some(ext) => {
                         // SAFETY: `ext` was resolved by `gather_in_place` on

@@ -5,6 +5,7 @@ mod sim;
 
 use sim::*;
 use softhca_transport::*;
+use std::net::IpAddr;
 
 #[test]
 fn send_recv_with_imm_and_sgl() {
@@ -573,4 +574,81 @@ fn a_short_transmit_is_filled_by_the_next_post() {
         Some(0),
         "the appended packets carry the ICRC of their position"
     );
+}
+
+/// With late sealing, the packets built in the buffer come unsealed (ICRC zero) and
+/// `Transmit::seal` seals them for the port and IPv4 ID given; packets whose payload
+/// stays in registered memory are sealed by the engine either way. The ICRC of each is
+/// checked here, then by the receiver.
+#[test]
+fn late_sealed_packets_are_sealed_by_the_caller() {
+    const SMALL: usize = 64;
+    const LARGE: usize = 8192;
+    let mut net = SimNet::new(37, 2, Mtu::M4096);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let src = net.reg(0, SMALL + LARGE, full_access());
+    let dst = net.reg(1, SMALL + LARGE, full_access());
+    net.fill_random(&src);
+    net.nodes[0].engine.set_late_seal(true);
+    for (id, off, len) in [(1, 0, SMALL), (2, SMALL, LARGE)] {
+        let mut wr = send_wr(id, WrOpcode::RdmaWrite, src.sges(off, len));
+        wr.remote_addr = dst.addr + off as u64;
+        wr.rkey = dst.rkey;
+        net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    }
+    let now = net.now;
+    let (mut unsealed, mut external) = (0, 0);
+    loop {
+        let mut buf = vec![0u8; 65_507];
+        let mut pieces = Vec::new();
+        let Some(t) = net.nodes[0]
+            .engine
+            .poll_transmit_gather(now, &mut buf, &mut pieces)
+        else {
+            break;
+        };
+        for (i, p) in pieces.iter().enumerate() {
+            let end = p.start + p.head + p.tail;
+            if p.external.is_none() {
+                assert_eq!(buf[end - 4..end], [0; 4], "left for the caller");
+                assert!(t.seal(&mut buf, p, t.src_port, i as u16));
+                unsealed += 1;
+            } else {
+                assert!(
+                    !t.seal(&mut buf, p, t.src_port, i as u16),
+                    "not in the buffer"
+                );
+                external += 1;
+            }
+        }
+        let bytes = join_pieces(&buf, &pieces);
+        let seg = t.segment_size.max(1);
+        for (i, pkt) in bytes.chunks(seg).enumerate() {
+            let (IpAddr::V4(s), IpAddr::V4(d)) = (t.src, t.dst.ip()) else {
+                panic!("IPv4 test network");
+            };
+            let pseudo = softhca_wire::UdpPseudo {
+                ip: softhca_wire::IpPseudo::V4 {
+                    src: s,
+                    dst: d,
+                    id: i as u16,
+                    dont_fragment: true,
+                },
+                sport: t.src_port,
+                dport: t.dst.port(),
+            };
+            assert!(softhca_wire::verify(&pseudo, pkt), "packet {i} sealed");
+        }
+        net.send_transmit(0, &t, &bytes);
+    }
+    assert!(
+        unsealed >= 1 && external >= 1,
+        "{unsealed} in the buffer, {external} not"
+    );
+    net.run(1_000_000_000);
+    let c = net.take_completions(0);
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(net.mem(&dst), net.mem(&src));
+    assert_eq!(net.nodes[1].engine.counters().drop_bad_icrc, 0);
 }
