@@ -12,7 +12,7 @@
 //! | `SOFTHCA_POLL` | `busy`, `adaptive`, `adaptive:<spin µs>`, `blocking` or `auto` | `auto`: adaptive (50 µs) |
 //! | `SOFTHCA_NAME` | device name | `softhca0` |
 //! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
-//! | `SOFTHCA_STATS` | print a device's non-zero counters to stderr when it closes, and at process exit for devices still open (any value) | off |
+//! | `SOFTHCA_STATS` | print a device's non-zero counters to stderr when it closes, and at process exit for devices still open, with the phases of its turnarounds (`turnaround.rs`) (any value) | off |
 //! | `SOFTHCA_CONNECTED` | `0`: send small transmits from the device socket too; `1`: through a socket connected to their peer (see [`Config::connected_senders`]) | 1 |
 //! | `SOFTHCA_WRITE_SPLIT` | `0`: send a multi-packet RC RDMA WRITE as First/Middle/Last, as rxe does; `1`: as one WRITE Only per packet, one GSO batch (see [`Config::split_writes`]) | 1 |
 //!

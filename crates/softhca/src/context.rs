@@ -20,6 +20,7 @@ use crate::datapath::{Progress, APP_WINDOW_NS, INLINE_STEPS};
 use crate::error::Error;
 use crate::event::{AsyncEvent, AsyncQueue};
 use crate::mr::Pd;
+use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
 
 /// Largest CQ (rxe `RXE_MAX_CQE`).
@@ -245,6 +246,8 @@ pub(crate) struct Shared {
     pub deadline: AtomicU64,
     /// When the sleeping datapath thread wakes by itself (`Nanos::MAX`: only for I/O).
     pub thread_wake: AtomicU64,
+    /// Times each turnaround when `SOFTHCA_STATS` is set (`crate::turnaround`).
+    pub turnaround: Option<Box<Turnaround>>,
 }
 
 impl Shared {
@@ -433,6 +436,9 @@ fn print_counters(shared: &Shared, when: &str) {
     }
     drop(core);
     eprintln!("{line}");
+    if let Some(t) = shared.turnaround.as_ref().and_then(|t| t.summary()) {
+        eprintln!("softhca: {t}");
+    }
 }
 
 /// One served address, as the context remembers it.
@@ -631,6 +637,7 @@ impl Context {
             serve_until: AtomicU64::new(0),
             deadline: AtomicU64::new(Nanos::MAX),
             thread_wake: AtomicU64::new(Nanos::MAX),
+            turnaround: Turnaround::from_env(),
         });
         flush_at_exit(&shared);
         let dp = crate::datapath::Datapath::new(shared.clone())?;

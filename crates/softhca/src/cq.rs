@@ -174,6 +174,15 @@ impl Cq {
     /// Moves up to `out.len()` completions into `out`, oldest first; returns how many
     /// (`ibv_poll_cq`). Never blocks on the datapath: only the ring's own lock is taken.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
+        let n = self.poll_now(out);
+        let shared = self.inner.ctx.shared();
+        if let (true, Some(timer)) = (n > 0, &shared.turnaround) {
+            timer.taken(shared.now());
+        }
+        n
+    }
+
+    fn poll_now(&self, out: &mut [Completion]) -> usize {
         if out.is_empty() {
             return 0;
         }

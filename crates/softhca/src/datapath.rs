@@ -195,7 +195,14 @@ impl Progress {
             wake_by_window_end(shared, now);
         }
         if !self.tx.is_empty() {
-            self.send(shared);
+            match &shared.turnaround {
+                None => self.send(shared),
+                Some(timer) => {
+                    let sending = shared.now();
+                    self.send(shared);
+                    timer.sent(now, sending, shared.now());
+                }
+            }
         }
         (r, ntx == TX_BATCH)
     }
@@ -216,6 +223,9 @@ impl Progress {
     pub(crate) fn step(&mut self, shared: &Shared, force: bool, may_hold: bool) -> Step {
         let rx = self.receive(shared);
         let now = shared.now();
+        if let (true, Some(timer)) = (rx > 0, &shared.turnaround) {
+            timer.received(now);
+        }
         self.burst = false;
         let mut may_hold = may_hold;
         if may_hold {

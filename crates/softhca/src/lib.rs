@@ -38,6 +38,7 @@ mod qp;
 mod senders;
 mod strand;
 mod sys;
+mod turnaround;
 
 pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
