@@ -78,6 +78,20 @@ fn quick_bench_writes_every_row_kind() {
         assert!(of("softhca_bw").iter().any(|r| r["op"] == op), "no {op} bw");
     }
     assert!(of("softhca_bw").iter().any(|r| r["qps"] == 2));
+    // The server of an 8 B SEND ping-pong timed its turnarounds (SOFTHCA_STATS), and
+    // each phase took time.
+    for r in of("softhca_turnaround") {
+        let t = &r["turnaround_p50_us"];
+        let user: f64 = ["receive_to_taken", "taken_to_post", "post_to_send"]
+            .iter()
+            .map(|p| pos(t, p))
+            .sum();
+        pos(t, "send");
+        assert!(t["count"].as_u64().unwrap() > 0, "{r}");
+        // The row's p50 is softhca's user-space share: the three phases before the send.
+        assert!((pos(r, "lat_us_p50") - user).abs() < 1e-9, "{r}");
+    }
+    assert!(stdout.contains("softhca turnaround (8 B SEND"), "{stdout}");
 
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.contains("<svg") && plot.contains("</svg>"));

@@ -31,6 +31,8 @@ pub struct Proc {
 pub struct Finished {
     /// Its stdout lines.
     pub out: Vec<String>,
+    /// Its stderr lines.
+    pub err: Vec<String>,
     /// User + system CPU seconds (`wait4`'s rusage: the child's own RUSAGE_SELF at exit).
     pub cpu: f64,
 }
@@ -181,6 +183,7 @@ impl Proc {
         }
         Ok(Finished {
             out: std::mem::take(&mut self.out),
+            err: std::mem::take(&mut self.err),
             cpu,
         })
     }

@@ -53,6 +53,10 @@ enum Point {
     Lat { op: &'static str, size: u64 },
     /// softhca small-message rate (64 B SEND, many outstanding).
     Rate,
+    /// An 8 B SEND ping-pong whose server times its turnarounds (`SOFTHCA_STATS`): where
+    /// a softhca half round trip's time goes. Apart from the latency rows, whose figures
+    /// the timer's clock reads would touch.
+    Turnaround,
     /// TCP bulk throughput.
     TcpStream { size: u64 },
     /// TCP echo latency.
@@ -79,6 +83,7 @@ impl Point {
             Point::Bw { op, size, qps } => format!("softhca {op} bw {} x{qps} QP", sz(size)),
             Point::Lat { op, size } => format!("softhca {op} lat {}", sz(size)),
             Point::Rate => "softhca send msg rate 64 B".into(),
+            Point::Turnaround => "softhca send turnaround 8 B".into(),
             Point::TcpStream { size } => format!("tcp stream {}", sz(size)),
             Point::TcpPingpong { size } => format!("tcp ping-pong {}", sz(size)),
             Point::UdpPingpong { size } => format!("udp ping-pong {}", sz(size)),
@@ -124,6 +129,7 @@ fn plan(quick: bool) -> Vec<Point> {
             size: 8,
         });
         v.push(Point::Rate);
+        v.push(Point::Turnaround);
         return v;
     }
     let sizes = [4096, 65536, 1 << 20];
@@ -155,6 +161,7 @@ fn plan(quick: bool) -> Vec<Point> {
         }
     }
     v.push(Point::Rate);
+    v.push(Point::Turnaround);
     v
 }
 
@@ -253,6 +260,20 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
                 output::size_str(r.size)
             ));
         }
+    }
+    if let Some(t) = rows.iter().find_map(|r| r.turnaround_p50_us) {
+        notes.push(format!(
+            "softhca turnaround (8 B SEND, the server, p50): receive->taken {:.2} us (engine, \
+             CQ), taken->post {:.2} us (application), post->send {:.2} us (build, seal): \
+             {:.2} us of softhca's own per half round trip; the rest is the kernel's, as in \
+             the UDP ping-pong (sendmmsg alone {:.2} us: on loopback it runs the receiver's \
+             IP/UDP path too)",
+            t.receive_to_taken,
+            t.taken_to_post,
+            t.post_to_send,
+            t.user_space(),
+            t.send
+        ));
     }
     output::add_ratios(&mut rows);
     if let Some(r) = rows.iter().find(|r| r.kind.starts_with("softhca")) {
@@ -469,6 +490,7 @@ impl Runner<'_> {
             Point::Bw { op, size, qps } => self.softhca(op, size, qps, false, None),
             Point::Lat { op, size } => self.softhca(op, size, 1, true, None),
             Point::Rate => self.softhca("send", 64, 1, false, Some(RATE_TX_DEPTH)),
+            Point::Turnaround => self.turnaround(),
             Point::TcpStream { size } => self.peer("tcp-stream", size),
             Point::TcpPingpong { size } => self.peer("tcp-pingpong", size),
             Point::UdpPingpong { size } => self.peer("udp-pingpong", size),
@@ -586,6 +608,54 @@ impl Runner<'_> {
         } else {
             r.set_throughput();
         }
+        Ok(r)
+    }
+
+    /// [`Point::Turnaround`]: an 8 B SEND ping-pong whose server prints the phases of its
+    /// turnarounds when its device closes.
+    fn turnaround(&self) -> Result<Row, CliError> {
+        let port = free_tcp_port()?.to_string();
+        let mut sc = Command::new(self.exe);
+        sc.args(["perf", "send", "--lat", "-p", &port])
+            .env("SOFTHCA_ADDR", self.server_ip.to_string())
+            .env("SOFTHCA_STATS", "1");
+        let mut server = Proc::spawn("softhca perf server", sc)?;
+        server.wait_line(Pipe::Err, "waiting for a client", READY_TIMEOUT)?;
+        let mut cc = Command::new(self.exe);
+        cc.args(["perf", "send", &self.server_ip.to_string(), "-p", &port])
+            .args([
+                "-s",
+                "8",
+                "--lat",
+                "-D",
+                &self.duration.to_string(),
+                "--json",
+            ])
+            .env("SOFTHCA_ADDR", self.client_ip.to_string());
+        let client = Proc::spawn("softhca perf client", cc)?;
+        let cf = client.finish(self.deadline())?;
+        let sf = server.finish(Instant::now() + SLACK)?;
+        let t = sf
+            .err
+            .iter()
+            .find_map(|l| output::Turnaround::parse(l))
+            .ok_or_else(|| {
+                CliError::exchange("softhca perf server", "no turnaround line on stderr")
+            })?;
+        let j = last_json(&cf, "softhca perf client")?;
+        let mut r = Row::new(
+            "softhca_turnaround",
+            "send",
+            8,
+            1,
+            num(&j, "seconds"),
+            t.count,
+            0,
+            cf.cpu,
+            sf.cpu,
+        );
+        r.lat_us_p50 = Some(t.user_space());
+        r.turnaround_p50_us = Some(t);
         Ok(r)
     }
 

@@ -9,7 +9,8 @@ use serde::Serialize;
 /// One measurement's result. `kind` is one of `softhca_bw`, `softhca_lat`,
 /// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_pingpong_roce`
 /// (the same through softhca's socket setup: GSO pairs [message, ACK] from a connected
-/// socket, GRO, cmsgs), `udp_blast`.
+/// socket, GRO, cmsgs), `udp_blast`, `perftest_bw`, `softhca_turnaround` (p50: the
+/// user-space part of an 8 B SEND turnaround, see [`Turnaround`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// What was measured.
@@ -57,8 +58,56 @@ pub struct Row {
     /// softhca: the datapath's polling mode (SOFTHCA_POLL).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll: Option<String>,
+    /// softhca turnaround rows: the median of each phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turnaround_p50_us: Option<Turnaround>,
     /// Anything the reader should know about this row.
     pub note: Option<String>,
+}
+
+/// The phases of a softhca device's turnarounds (datagrams received → the application
+/// takes a completion → it posts → the answer goes to the kernel → `sendmmsg` returns),
+/// median µs each, from the line `SOFTHCA_STATS` prints (`softhca::turnaround`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Turnaround {
+    /// Turnarounds timed.
+    pub count: u64,
+    /// The datapath step that received: the engine's work and the CQ.
+    pub receive_to_taken: f64,
+    /// The application, from its completion to its next post.
+    pub taken_to_post: f64,
+    /// The post: building and sealing the answer (and the ACK it carries).
+    pub post_to_send: f64,
+    /// The `sendmmsg` system call.
+    pub send: f64,
+}
+
+impl Turnaround {
+    /// Reads `softhca: turnarounds=N p50/p99 us: receive->taken A/a, taken->post B/b,
+    /// post->send C/c, send D/d`; None for any other line.
+    pub fn parse(line: &str) -> Option<Turnaround> {
+        let rest = line.split_once("turnarounds=")?.1;
+        let (count, rest) = rest.split_once(' ')?;
+        let phases = rest.split_once("us: ")?.1;
+        let p50 = |name: &str| -> Option<f64> {
+            let part = phases
+                .split(", ")
+                .find_map(|p| p.strip_prefix(name)?.strip_prefix(' '))?;
+            part.split('/').next()?.trim().parse().ok()
+        };
+        Some(Turnaround {
+            count: count.parse().ok()?,
+            receive_to_taken: p50("receive->taken")?,
+            taken_to_post: p50("taken->post")?,
+            post_to_send: p50("post->send")?,
+            send: p50("send")?,
+        })
+    }
+
+    /// softhca's own share of a half round trip: the user-space phases.
+    pub fn user_space(&self) -> f64 {
+        self.receive_to_taken + self.taken_to_post + self.post_to_send
+    }
 }
 
 impl Row {
@@ -97,6 +146,7 @@ impl Row {
             gso: None,
             gro: None,
             poll: None,
+            turnaround_p50_us: None,
             note: None,
         }
     }
@@ -231,6 +281,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "softhca_bw" => "softhca bandwidth",
             "softhca_lat" => "softhca latency",
             "softhca_msg_rate" => "softhca msg rate",
+            "softhca_turnaround" => "softhca turnaround",
             "tcp_stream" => "TCP stream",
             "tcp_pingpong" => "TCP ping-pong",
             "udp_pingpong" => "UDP ping-pong",
@@ -484,6 +535,21 @@ pub fn svg(r: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn turnaround_line_parses() {
+        let line = "softhca: turnarounds=79682 p50/p99 us: receive->taken 1.56/11.26, \
+                    taken->post 0.31/0.91, post->send 0.89/1.86, send 6.21/25.59";
+        let t = Turnaround::parse(line).unwrap();
+        assert_eq!(t.count, 79682);
+        assert_eq!(
+            (t.receive_to_taken, t.taken_to_post, t.post_to_send, t.send),
+            (1.56, 0.31, 0.89, 6.21)
+        );
+        assert!((t.user_space() - 2.76).abs() < 1e-9);
+        assert!(Turnaround::parse("softhca: counters at close: sent_pkts=2").is_none());
+        assert!(Turnaround::parse("softhca: turnarounds=3 p50/p99 us: send 1/2").is_none());
+    }
+
     use super::*;
 
     fn bw(kind: &'static str, op: &'static str, size: u64, gbps: f64) -> Row {
