@@ -52,6 +52,9 @@ pub(crate) struct Stats {
     pub tx_held: AtomicU64,
     /// Posts whose last transmit was kept back to be filled by the next one.
     pub tx_deferred: AtomicU64,
+    /// Steps that left the trailing ACKs of their last datagram for the next step, to
+    /// hand the polling application its completion first.
+    pub rx_acks_deferred: AtomicU64,
     /// Application polling windows that ended with packets waiting in the sockets, and
     /// periods in which the datapath thread served an application that waits without
     /// polling (see `crate::strand`).
@@ -91,6 +94,7 @@ impl Stats {
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_tx_deferred", r(&self.tx_deferred)),
+            ("dp_rx_acks_deferred", r(&self.rx_acks_deferred)),
             ("dp_app_strandings", r(&self.app_strandings)),
             ("dp_app_served", r(&self.app_served)),
             ("dp_loop_iterations", r(&self.loop_iterations)),

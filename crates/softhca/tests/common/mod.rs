@@ -75,7 +75,6 @@ pub fn connect_gids(sa: &Side, ga: u8, sb: &Side, gb: u8) {
     sb.qp.connect_rc(pb, &ra, mtu, gb).unwrap();
 }
 
-/// Waits for exactly one completion (panics after 5 s).
 /// A device counter by name (0 when absent).
 pub fn counter(ctx: &Context, name: &str) -> u64 {
     ctx.counters()
@@ -84,6 +83,7 @@ pub fn counter(ctx: &Context, name: &str) -> u64 {
         .map_or(0, |(_, v)| v)
 }
 
+/// Waits for exactly one completion (panics after 5 s).
 pub fn one(cq: &Cq) -> Completion {
     let mut wc = [Completion::default(); 1];
     let n = cq.wait(&mut wc, Duration::from_secs(5)).unwrap();
