@@ -344,14 +344,16 @@ impl Shared {
 
     /// Called by an application thread that polls and finds its CQ empty: runs datapath
     /// steps itself unless another thread is in one. Returns whether packets moved.
-    pub(crate) fn progress_inline(&self) -> bool {
+    /// `polled`: the CQ the thread polls (its completions come first, see
+    /// `Progress::step`).
+    pub(crate) fn progress_inline(&self, polled: CqId) -> bool {
         let Some(mut p) = self.progress.try_lock() else {
             self.app_polling();
             return false;
         };
         let mut any = false;
         for _ in 0..INLINE_STEPS {
-            let step = p.step(self, false, true);
+            let step = p.step(self, false, Some(polled));
             any |= step.active;
             if !step.more_tx {
                 break;

@@ -196,7 +196,7 @@ impl Cq {
             return n;
         }
         // Empty: run the datapath here rather than wait for its thread.
-        if shared.progress_inline() {
+        if shared.progress_inline(self.inner.ring.id) {
             return self.pop(out);
         }
         let n = self.pop(out);

@@ -30,7 +30,7 @@ use crate::context::{Core, EngineCompletion, Shared, Stats};
 use crate::error::Error;
 use crate::senders::Senders;
 use crate::strand::StrandPolicy;
-use crate::Nanos;
+use crate::{CqId, Nanos};
 
 /// BTH opcode of an RC ACKNOWLEDGE (ACK or NAK), IBTA 9.2 table 38.
 const ACKNOWLEDGE: u8 = 0x11;
@@ -54,6 +54,15 @@ pub(crate) const APP_WINDOW_NS: u64 = 2_000_000;
 const DP_SLICE_NS: u64 = 100_000;
 /// Inline steps per poll when each one fills every transmit buffer.
 pub(crate) const INLINE_STEPS: usize = 4;
+
+/// How a step feeds the datagrams it received.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Feed {
+    /// The CQ the application thread running the step polls, when it may be handed its
+    /// completions before the trailing ACKs of the same datagram are fed (see
+    /// [`Progress::step`]).
+    answers_on: Option<CqId>,
+}
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -191,7 +200,7 @@ impl Progress {
         let defer = app && now < shared.app_active_until.load(Ordering::Relaxed);
         let mut core = shared.core.lock();
         let r = post(&mut core, now);
-        let (ntx, deadline) = self.process_locked(core, shared, now, false, false, defer);
+        let (ntx, deadline) = self.process_locked(core, shared, now, None, false, defer);
         self.burst = defer;
         shared
             .deadline
@@ -216,7 +225,7 @@ impl Progress {
     /// One step. `force` runs the engine even with nothing received and nothing
     /// pending (the last step left transmits behind).
     ///
-    /// `may_hold`: the caller is an application thread polling its CQ. When this step
+    /// `polled`: the caller is an application thread polling this CQ. When this step
     /// completes work and has nothing but ACKs to send (typically the ACK of the request
     /// just completed), they stay in the engine, unbuilt, for that thread's next call:
     /// an application that answers a completion (ping-pong, RPC) posts at once, and the
@@ -227,15 +236,19 @@ impl Progress {
     /// when its polling window ends, and are never held twice: a held ACK is late by one
     /// poll cycle at most.
     ///
-    /// With `may_hold` the step also leaves the trailing ACKs of the last datagram it
-    /// received for the next step, when the packets before them completed work: an
-    /// answer arrives with the ACK of the request it answers as the last segment of one
-    /// GSO datagram (see above), and the application, which waits for the answer, gets
-    /// it without waiting for the ACK to be parsed, checked and applied (about a third
-    /// of the engine's work for an 8 B SEND ping-pong). The next step (the application's
-    /// next poll, after it answered, or the datapath thread's at the end of the polling
-    /// window) feeds them before it receives anything new.
-    pub(crate) fn step(&mut self, shared: &Shared, force: bool, may_hold: bool) -> Step {
+    /// Such a step also leaves the trailing ACKs of the last datagram it received for
+    /// the next step, when the packets before them made a completion on the polled CQ
+    /// and the ACKs complete sends on another CQ: an answer arrives with the ACK of the
+    /// request it answers as the last segment of one GSO datagram (see above), and the
+    /// application, which polls for the answer, gets it without waiting for the ACK to
+    /// be parsed, checked and applied (about a third of the engine's work for an 8 B
+    /// SEND ping-pong). The next step (the application's next poll, after it answered,
+    /// or the datapath thread's at the end of the polling window) feeds them before it
+    /// receives anything new. An application that polls the send CQ (perftest's
+    /// `ib_send_lat` waits there for each send) or one CQ for both gets the ACK in the
+    /// same step: it waits for what the ACK completes.
+    pub(crate) fn step(&mut self, shared: &Shared, force: bool, polled: Option<CqId>) -> Step {
+        let may_hold = polled.is_some();
         let resume = self.rx_resume.is_some();
         let rx = if resume { 0 } else { self.receive(shared) };
         let now = shared.now();
@@ -265,20 +278,34 @@ impl Progress {
         };
         if rx > 0 || resume || pending || due || force || was_held {
             let core = shared.core.lock();
-            let hold = may_hold && !was_held;
-            let (ntx, deadline) = self.process_locked(core, shared, now, true, hold, false);
+            // A step that only feeds the ACKs the last one left keeps what that one
+            // held: it is not the application's next call (`ib_send_lat` polls its send
+            // CQ right after the answer came, for the send the ACK completes; a held ACK
+            // sent alone there cost a `sendmmsg` and the peer a datagram per round trip).
+            let keep = resume && self.held && self.deferred.is_none();
+            let hold = may_hold && (!was_held || keep);
+            let rx = Feed {
+                answers_on: polled.filter(|_| hold),
+            };
+            let (ntx, deadline) = self.process_locked(core, shared, now, Some(rx), hold, false);
             shared
                 .deadline
                 .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
             step.more_tx = ntx == TX_BATCH;
-            if self.rx_resume.is_some() {
+            let left = self.rx_resume.is_some();
+            if left {
                 Stats::add(&shared.stats.rx_acks_deferred, 1);
+            }
+            if self.held && !keep {
+                Stats::add(&shared.stats.tx_held, 1);
+            }
+            // Something waits for this application's next call: the datapath thread
+            // takes it over at the end of the polling window if that call never comes.
+            if left || (self.held && !keep) {
                 wake_by_window_end(shared, now);
             }
             if self.held {
                 step.active = true;
-                Stats::add(&shared.stats.tx_held, 1);
-                wake_by_window_end(shared, now);
             } else if !self.tx.is_empty() {
                 step.active = true;
                 self.send(shared);
@@ -345,21 +372,26 @@ impl Progress {
         mut core: parking_lot::MutexGuard<'_, Core>,
         shared: &Shared,
         now: Nanos,
-        rx: bool,
+        rx: Option<Feed>,
         may_hold: bool,
         may_defer: bool,
     ) -> (usize, Option<Nanos>) {
         let (mut datagrams, mut packets, mut gro, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         // Received datagrams are fed by steps only (a post leaves them to the next step),
         // from where the last step stopped if it left trailing ACKs.
-        let start = if rx { self.rx_resume.take() } else { None };
+        let start = if rx.is_some() {
+            self.rx_resume.take()
+        } else {
+            None
+        };
+        let answers_on = rx.and_then(|f| f.answers_on);
         let (first_socket, first_datagram, first_segment) = start.unwrap_or_default();
         // The last datagram received: the only one whose trailing ACKs may wait.
         let last = (0..self.rx.len())
             .rev()
             .find(|&i| self.rx_count[i].min(self.rx[i].len()) > 0)
             .map(|i| (i, self.rx_count[i].min(self.rx[i].len()) - 1));
-        let sockets = if rx { self.rx.len() } else { 0 };
+        let sockets = if rx.is_some() { self.rx.len() } else { 0 };
         'feed: for i in first_socket..sockets {
             let batch = &self.rx[i];
             let n = self.rx_count[i].min(batch.len());
@@ -383,16 +415,18 @@ impl Progress {
                 }
                 let dst = meta.dst_ip.unwrap_or(self.local_ips[i]);
                 for (j, seg) in sio::segments(&meta, buf).enumerate().skip(skip) {
-                    if may_hold
-                        && j > 0
-                        && Some((i, k)) == last
-                        && core.engine.has_completions()
-                        && sio::segments(&meta, buf)
-                            .skip(j)
-                            .all(|s| s.first() == Some(&ACKNOWLEDGE))
-                    {
-                        self.rx_resume = Some((i, k, j));
-                        break 'feed;
+                    if let Some(cq) = answers_on.filter(|_| j > 0 && Some((i, k)) == last) {
+                        let engine = &core.engine;
+                        // What the application polls for is here, and the ACKs after it
+                        // complete nothing it polls for: they wait for the next step.
+                        let wait = engine.has_completion_on(cq)
+                            && sio::segments(&meta, buf).skip(j).all(|s| {
+                                s.first() == Some(&ACKNOWLEDGE) && engine.send_cq_for(s) != Some(cq)
+                            });
+                        if wait {
+                            self.rx_resume = Some((i, k, j));
+                            break 'feed;
+                        }
                     }
                     let info = DatagramInfo {
                         src: meta.src,
@@ -410,7 +444,9 @@ impl Progress {
         let completed = core.engine.has_completions();
         core.deliver(shared);
         self.tx.clear();
-        self.held = may_hold && completed && core.engine.only_acks_ready();
+        // Held again by a step that feeds what the last one left (see `Progress::step`).
+        let keep = self.held && start.is_some();
+        self.held = may_hold && (completed || keep) && core.engine.only_acks_ready();
         let bufs = if self.held { 0 } else { TX_BATCH };
         // A transmit kept back by the last post goes first, filled up if it can be.
         let kept = if self.held {
@@ -830,7 +866,7 @@ impl Datapath {
                 let step = shared
                     .progress
                     .try_lock()
-                    .map(|mut p| p.step(&shared, more_tx, false));
+                    .map(|mut p| p.step(&shared, more_tx, None));
                 if let Some(step) = step {
                     if expired && step.received {
                         Stats::add(&shared.stats.app_strandings, 1);

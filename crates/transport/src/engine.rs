@@ -1313,6 +1313,20 @@ impl Engine {
         !self.completions.is_empty()
     }
 
+    /// Whether a completion waiting to be taken is for `cq`.
+    pub fn has_completion_on(&self, cq: CqId) -> bool {
+        self.completions.iter().any(|(c, _)| *c == cq)
+    }
+
+    /// The CQ where an ACK (or any response) in `udp_payload` would complete sends: the
+    /// send CQ of the QP its BTH names. None when it names no QP here or does not parse.
+    /// Lets a caller decide, before feeding a packet, whether the application it serves
+    /// waits for what the packet completes.
+    pub fn send_cq_for(&self, udp_payload: &[u8]) -> Option<CqId> {
+        let bth = softhca_wire::Bth::parse(udp_payload).ok()?;
+        self.qps.get(&bth.dest_qp.value()).map(|qp| qp.init.send_cq)
+    }
+
     /// Take one completion.
     pub fn poll_completion(&mut self) -> Option<(CqId, Completion)> {
         self.completions.pop_front()
