@@ -234,7 +234,8 @@ impl Progress {
     /// `recvmmsg` at the peer. Held ACKs go out at the next post or poll of any thread,
     /// when the application blocks (`app_will_block` wakes the datapath thread), or
     /// when its polling window ends, and are never held twice: a held ACK is late by one
-    /// poll cycle at most.
+    /// poll cycle at most (two when the next step only feeds the ACKs this one left, see
+    /// below).
     ///
     /// Such a step also leaves the trailing ACKs of the last datagram it received for
     /// the next step, when the packets before them made a completion on the polled CQ
@@ -284,10 +285,11 @@ impl Progress {
             // sent alone there cost a `sendmmsg` and the peer a datagram per round trip).
             let keep = resume && self.held && self.deferred.is_none();
             let hold = may_hold && (!was_held || keep);
-            let rx = Feed {
-                answers_on: polled.filter(|_| hold),
+            let feed = Feed {
+                // Never twice for one datagram.
+                answers_on: polled.filter(|_| hold && !resume),
             };
-            let (ntx, deadline) = self.process_locked(core, shared, now, Some(rx), hold, false);
+            let (ntx, deadline) = self.process_locked(core, shared, now, Some(feed), hold, false);
             shared
                 .deadline
                 .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);

@@ -100,8 +100,9 @@ pub struct Transmit {
 }
 
 impl Transmit {
-    /// Seals packet `index` of this Transmit again, laid out back to back in `buf` (no
-    /// external payload), for the UDP source port and IPv4 ID it will really leave with:
+    /// Seals packet `index` of this Transmit (again, unless [`Engine::set_late_seal`] left
+    /// it unsealed), laid out back to back in `buf` (no external payload), for the UDP
+    /// source port and IPv4 ID it will really leave with:
     /// the datapath's connected per-peer sockets (`softhca_io::ConnectedSender`) send
     /// from their own port, and Linux numbers their packets from a per-socket counter.
     /// Returns false when the packet is not in `buf`.
@@ -109,31 +110,31 @@ impl Transmit {
         let seg = self.segment_size.max(1);
         let start = index.saturating_mul(seg);
         let end = (start + seg).min(self.len);
-        let Some(pkt) = buf.get_mut(start..end) else {
-            return false;
-        };
-        let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
-            return false;
-        };
-        let info = IcrcInfo {
-            src: self.src,
-            dst: self.dst.ip(),
-            sport,
-            dport: self.dst.port(),
-            ipv4_id,
-        };
-        packet::seal(&info, pkt, body).is_some()
+        self.seal_at(buf, start..end, sport, ipv4_id)
     }
 
     /// Seals `piece`, a packet of this Transmit built wholly in `buf` (no external
     /// payload) and left unsealed ([`Engine::set_late_seal`]), for the UDP source port and
     /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
     pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
-        if piece.external.is_some() {
-            return false;
-        }
-        let end = piece.start + piece.head + piece.tail;
-        let Some(pkt) = buf.get_mut(piece.start..end) else {
+        piece.external.is_none()
+            && self.seal_at(
+                buf,
+                piece.start..piece.start + piece.head + piece.tail,
+                sport,
+                ipv4_id,
+            )
+    }
+
+    /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes).
+    fn seal_at(
+        &self,
+        buf: &mut [u8],
+        at: std::ops::Range<usize>,
+        sport: u16,
+        ipv4_id: u16,
+    ) -> bool {
+        let Some(pkt) = buf.get_mut(at) else {
             return false;
         };
         let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
