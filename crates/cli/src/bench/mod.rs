@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::BenchArgs;
 use crate::error::CliError;
-use child::{last_json, Pipe, Proc};
+use child::{last_json, Finished, Pipe, Proc};
 use output::Row;
 
 /// Seconds per measurement by default: 33 points (35 with the drop-in perftest rows) ×
@@ -561,26 +561,19 @@ impl Runner<'_> {
         lat: bool,
         tx_depth: Option<u32>,
     ) -> Result<Row, CliError> {
-        let port = free_tcp_port()?.to_string();
-        let mut sc = Command::new(self.exe);
-        sc.args(["perf", op, "-p", &port])
-            .env("SOFTHCA_ADDR", self.server_ip.to_string());
-        let mut server = Proc::spawn("softhca perf server", sc)?;
-        server.wait_line(Pipe::Err, "waiting for a client", READY_TIMEOUT)?;
-        let mut cc = Command::new(self.exe);
-        cc.args(["perf", op, &self.server_ip.to_string(), "-p", &port])
-            .args(["-s", &size.to_string(), "-q", &qps.to_string()])
-            .args(["-D", &self.duration.to_string(), "--json"])
-            .env("SOFTHCA_ADDR", self.client_ip.to_string());
+        let mut args = vec![
+            "-s".to_string(),
+            size.to_string(),
+            "-q".into(),
+            qps.to_string(),
+        ];
         if lat {
-            cc.arg("--lat");
+            args.push("--lat".into());
         }
         if let Some(t) = tx_depth {
-            cc.args(["-t", &t.to_string()]);
+            args.extend(["-t".into(), t.to_string()]);
         }
-        let client = Proc::spawn("softhca perf client", cc)?;
-        let cf = client.finish(self.deadline())?;
-        let sf = server.finish(Instant::now() + SLACK)?;
+        let (cf, sf) = self.perf_pair(op, &args, false)?;
         let j = last_json(&cf, "softhca perf client")?;
         let iters = num(&j, "iters") as u64;
         let seconds = num(&j, "seconds");
@@ -611,30 +604,40 @@ impl Runner<'_> {
         Ok(r)
     }
 
-    /// [`Point::Turnaround`]: an 8 B SEND ping-pong whose server prints the phases of its
-    /// turnarounds when its device closes.
-    fn turnaround(&self) -> Result<Row, CliError> {
+    /// A `softhca perf` server and client for `op`, the client with `client_args` for
+    /// `self.duration` seconds, JSON out; `server_stats`: the server runs with
+    /// `SOFTHCA_STATS` (its counters and turnarounds on stderr at close).
+    fn perf_pair(
+        &self,
+        op: &str,
+        client_args: &[String],
+        server_stats: bool,
+    ) -> Result<(Finished, Finished), CliError> {
         let port = free_tcp_port()?.to_string();
         let mut sc = Command::new(self.exe);
-        sc.args(["perf", "send", "--lat", "-p", &port])
-            .env("SOFTHCA_ADDR", self.server_ip.to_string())
-            .env("SOFTHCA_STATS", "1");
+        sc.args(["perf", op, "-p", &port])
+            .env("SOFTHCA_ADDR", self.server_ip.to_string());
+        if server_stats {
+            sc.env("SOFTHCA_STATS", "1");
+        }
         let mut server = Proc::spawn("softhca perf server", sc)?;
         server.wait_line(Pipe::Err, "waiting for a client", READY_TIMEOUT)?;
         let mut cc = Command::new(self.exe);
-        cc.args(["perf", "send", &self.server_ip.to_string(), "-p", &port])
-            .args([
-                "-s",
-                "8",
-                "--lat",
-                "-D",
-                &self.duration.to_string(),
-                "--json",
-            ])
+        cc.args(["perf", op, &self.server_ip.to_string(), "-p", &port])
+            .args(client_args)
+            .args(["-D", &self.duration.to_string(), "--json"])
             .env("SOFTHCA_ADDR", self.client_ip.to_string());
         let client = Proc::spawn("softhca perf client", cc)?;
         let cf = client.finish(self.deadline())?;
         let sf = server.finish(Instant::now() + SLACK)?;
+        Ok((cf, sf))
+    }
+
+    /// [`Point::Turnaround`]: an 8 B SEND ping-pong whose server prints the phases of its
+    /// turnarounds when its device closes.
+    fn turnaround(&self) -> Result<Row, CliError> {
+        let args = ["-s", "8", "--lat"].map(String::from);
+        let (cf, sf) = self.perf_pair("send", &args, true)?;
         let t = sf
             .err
             .iter()
