@@ -639,49 +639,43 @@ impl Progress {
             let ip = self.local_ips[si];
             // Transmits of ACKs only go last, the others first, each in its order (see
             // `only_acks`).
-            let order: SmallVec<[usize; TX_BATCH]> = {
+            let mut order: SmallVec<[usize; TX_BATCH]> = SmallVec::new();
+            order.extend((0..self.tx.len()).filter(|&k| self.tx[k].1.src == ip));
+            if order.len() > 1 {
+                // Stable: each group keeps its order.
                 let (bufs, pieces, tx) = (&self.tx_bufs, &self.tx_pieces, &self.tx);
-                let acks = |k: usize| only_acks(&bufs[tx[k].0], &pieces[tx[k].0], &tx[k].1);
-                let mine = |k: &usize| tx[*k].1.src == ip;
-                (0..tx.len())
-                    .filter(mine)
-                    .filter(|&k| !acks(k))
-                    .chain((0..tx.len()).filter(mine).filter(|&k| acks(k)))
-                    .collect()
-            };
+                order.sort_by_key(|&k| only_acks(&bufs[tx[k].0], &pieces[tx[k].0], &tx[k].1));
+            }
             // The way of each, in send order, and the seal of its packets built in the
             // buffer (the engine leaves them to us, `Engine::set_late_seal`): for their
             // peer's connected socket if small, else for this device socket.
-            let via: SmallVec<[Option<usize>; TX_BATCH]> = order
-                .iter()
-                .map(|&k| {
-                    let (b, t) = self.tx[k];
-                    let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
-                    let way = self.senders.route(&t, pieces, buf, st);
-                    if way.is_none() && self.zero_copy {
-                        seal_for_device(&t, pieces, buf);
-                    }
-                    way
-                })
-                .collect();
+            let mut via: SmallVec<[Option<usize>; TX_BATCH]> = SmallVec::new();
+            via.extend(order.iter().map(|&k| {
+                let (b, t) = self.tx[k];
+                let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
+                let way = self.senders.route(&t, pieces, buf, st);
+                if way.is_none() && self.zero_copy {
+                    seal_for_device(&t, pieces, buf);
+                }
+                way
+            }));
             let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
-            let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = order
-                .iter()
-                .map(|&k| {
-                    let (b, t) = self.tx[k];
-                    sio::Transmit {
-                        dst: t.dst,
-                        src_ip: None,
-                        // For a gathered transmit `pieces` has the bytes (`contents` is
-                        // the buffer, which starts with its first packet's header all the
-                        // same).
-                        contents: &bufs[b][..t.len.min(TX_BUF)],
-                        pieces: &iovs[b],
-                        segment_size: (t.segment_size > 0 && t.segment_size < t.len)
-                            .then_some(t.segment_size),
-                    }
-                })
-                .collect();
+            // Filled in place: collecting moved the whole inline array (1.6 KiB) per send.
+            let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = SmallVec::new();
+            list.extend(order.iter().map(|&k| {
+                let (b, t) = self.tx[k];
+                sio::Transmit {
+                    dst: t.dst,
+                    src_ip: None,
+                    // For a gathered transmit `pieces` has the bytes (`contents` is
+                    // the buffer, which starts with its first packet's header all the
+                    // same).
+                    contents: &bufs[b][..t.len.min(TX_BUF)],
+                    pieces: &iovs[b],
+                    segment_size: (t.segment_size > 0 && t.segment_size < t.len)
+                        .then_some(t.segment_size),
+                }
+            }));
             if self.drop_ppm > 0 {
                 // (No connected sockets then: `via` is all None.)
                 list = Self::drop_some(&mut self.drop_rng, self.drop_ppm, list, shared);
