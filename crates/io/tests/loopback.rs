@@ -164,6 +164,73 @@ fn gso_round_trip(sender: SocketAddr, receiver: SocketAddr, rx_opts: BindOptions
     }
 }
 
+/// After an empty receive a batch asks for one datagram (`recvmsg`, not `recvmmsg`):
+/// that path must report the same things, GRO stride and packet info included, and an
+/// empty datagram counts as one.
+#[test]
+fn one_datagram_after_an_empty_receive_keeps_its_metadata() {
+    let server = RoceSocket::bind_with("0.0.0.0:0".parse().unwrap(), BOTH).unwrap();
+    let dst = SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 21)),
+        server.local_addr().port(),
+    );
+    let client = RoceSocket::bind_with(v4(22), BOTH).unwrap();
+    let mut batch = RecvBatch::for_socket(&server, 8);
+    let empty = |batch: &mut RecvBatch| {
+        let e = server.recv(batch).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    };
+    // Waits for the next datagram with single receives only (each WouldBlock keeps the
+    // batch asking for one).
+    let one = |batch: &mut RecvBatch| -> (RecvMeta, Vec<u8>) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match server.recv(batch) {
+                Ok(n) => {
+                    assert_eq!(n, 1, "a single receive takes one datagram");
+                    let (m, b) = batch.get(0);
+                    return (m, b.to_vec());
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < deadline, "timed out");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+    };
+
+    empty(&mut batch);
+    let data = pattern(3 * 100 + 40, 100);
+    let t = [Transmit {
+        dst,
+        src_ip: None,
+        contents: &data,
+        pieces: &[],
+        segment_size: Some(100),
+    }];
+    assert_eq!(client.send(&t).unwrap(), 1);
+    let (meta, buf) = one(&mut batch);
+    assert_eq!(buf, data);
+    assert_eq!(
+        (meta.len, meta.stride),
+        (data.len(), 100),
+        "GRO stride from the cmsg"
+    );
+    assert_eq!(meta.src, client.local_addr());
+    assert_eq!(meta.dst_ip, Some(dst.ip()), "IP_PKTINFO from the cmsg");
+    assert!(!meta.truncated);
+
+    empty(&mut batch);
+    let plain = std::net::UdpSocket::bind(v4(23)).unwrap();
+    plain.send_to(&[], dst).unwrap();
+    let (meta, buf) = one(&mut batch);
+    assert!(buf.is_empty());
+    assert_eq!((meta.len, meta.stride), (0, 0));
+    assert_eq!(meta.src, plain.local_addr().unwrap());
+    empty(&mut batch);
+}
+
 #[test]
 fn gso_into_gro_socket_v4() {
     gso_round_trip(v4(1), v4(3), BOTH);
