@@ -416,15 +416,26 @@ impl Progress {
                     }
                 }
                 let dst = meta.dst_ip.unwrap_or(self.local_ips[i]);
+                // Where the run of ACKs that ends the last datagram starts: only from there
+                // on may the rest wait (found once: asking at every segment whether all
+                // after it are ACKs walked a 64-segment datagram 2000 times).
+                let acks_from = match answers_on.filter(|_| Some((i, k)) == last) {
+                    Some(_) => sio::segments(&meta, buf)
+                        .enumerate()
+                        .filter(|(_, s)| s.first() != Some(&ACKNOWLEDGE))
+                        .last()
+                        .map_or(0, |(j, _)| j + 1),
+                    None => usize::MAX,
+                };
                 for (j, seg) in sio::segments(&meta, buf).enumerate().skip(skip) {
-                    if let Some(cq) = answers_on.filter(|_| j > 0 && Some((i, k)) == last) {
+                    if let Some(cq) = answers_on.filter(|_| j > 0 && j >= acks_from) {
                         let engine = &core.engine;
                         // What the application polls for is here, and the ACKs after it
                         // complete nothing it polls for: they wait for the next step.
                         let wait = engine.has_completion_on(cq)
-                            && sio::segments(&meta, buf).skip(j).all(|s| {
-                                s.first() == Some(&ACKNOWLEDGE) && engine.send_cq_for(s) != Some(cq)
-                            });
+                            && sio::segments(&meta, buf)
+                                .skip(j)
+                                .all(|s| engine.send_cq_for(s) != Some(cq));
                         if wait {
                             self.rx_resume = Some((i, k, j));
                             break 'feed;
