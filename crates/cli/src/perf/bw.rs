@@ -12,6 +12,17 @@ use crate::exchange::{Control, Ctl, QpInfo, TestParams};
 use crate::pattern;
 use crate::progress::Progress;
 
+/// Most WRs per `post_send` list of small messages ([`SMALL`]): as many as one GSO send
+/// carries (64 segments), so that the list leaves in one send and the peer answers it
+/// with one ACK. With lists of 32 the 64 B message rate settled at 32 messages per
+/// send and per ACK: 2.0 M/s, against 2.6 M/s with 64 (interleaved runs, 2-core VM).
+const POST_LIST_SMALL: usize = 64;
+/// Most WRs per list of larger messages (64 of them do not fit one GSO send anyway).
+const POST_LIST: usize = 32;
+/// Messages up to this size are small: 64 of them, with their headers, fit one GSO send
+/// (64 KiB).
+const SMALL: u64 = 512;
+
 /// Per-QP progress on the requester.
 #[derive(Clone, Copy)]
 struct Lane {
@@ -43,6 +54,11 @@ pub fn client(
     // A signaled WR must fall inside every window, or the window never reopens.
     let cq_mod = u64::from(cq_mod).min(window).max(1);
     let nslots = side.nslots;
+    let post_list = if size <= SMALL {
+        POST_LIST_SMALL
+    } else {
+        POST_LIST
+    };
     let write_verify = op == Op::Write && p.verify;
     let mut lanes = vec![
         Lane {
@@ -64,7 +80,7 @@ pub fn client(
         0
     };
     let mut stopping = false;
-    let mut wrs: Vec<SendWr> = Vec::with_capacity(32);
+    let mut wrs: Vec<SendWr> = Vec::with_capacity(POST_LIST_SMALL);
     loop {
         let now = Instant::now();
         if let Some(t) = stop_at {
@@ -85,7 +101,7 @@ pub fn client(
             while l.posted < l.target
                 && l.posted - l.done < window
                 && (!write_verify || l.posted < l.credit + nslots)
-                && wrs.len() < 32
+                && wrs.len() < post_list
             {
                 let i = l.posted;
                 let mut flags = SendFlags::empty();
