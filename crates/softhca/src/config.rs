@@ -13,7 +13,7 @@
 //! | `SOFTHCA_NAME` | device name | `softhca0` |
 //! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
 //! | `SOFTHCA_STATS` | print a device's non-zero counters to stderr when it closes, and at process exit for devices still open, with the phases of its turnarounds (`turnaround.rs`) (any value) | off |
-//! | `SOFTHCA_CONNECTED` | `0`: send small transmits from the device socket too; `1`: through a socket connected to their peer (see [`Config::connected_senders`]) | 1 |
+//! | `SOFTHCA_CONNECTED` | `0`: send every transmit from the device socket; `1`: those built wholly in the transmit buffer through a socket connected to their peer (see [`Config::connected_senders`]) | 1 |
 //! | `SOFTHCA_WRITE_SPLIT` | `0`: send a multi-packet RC RDMA WRITE as First/Middle/Last, as rxe does; `1`: as one WRITE Only per packet, one GSO batch (see [`Config::split_writes`]) | 1 |
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
@@ -122,8 +122,9 @@ pub struct Config {
     /// First/Middle/Last as rxe does. The transport's `EngineConfig::split_rc_writes`
     /// says what the peer sees differently.
     pub split_writes: bool,
-    /// Send small transmits (an answer and its ACK, ACKs, READ requests) through a UDP
-    /// socket connected to their peer, one per peer, which spares the kernel a route
+    /// Send transmits built wholly in the transmit buffer (small messages, an answer and
+    /// its ACK, ACKs, READ requests and responses) through a UDP socket connected to
+    /// their peer, one per peer, which spares the kernel a route
     /// lookup per datagram (about 0.4 µs of an 8 B half round trip); see the datapath's
     /// `senders` module. Off under fault injection.
     pub connected_senders: bool,

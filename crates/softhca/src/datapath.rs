@@ -112,7 +112,7 @@ pub(crate) struct Progress {
     /// segment): trailing ACKs it left for the next step (see [`Progress::step`]). The
     /// receive buffers and counts stay as they are until then.
     rx_resume: Option<(usize, usize, usize)>,
-    /// Sockets connected to peers, for small transmits (see `senders`).
+    /// Sockets connected to peers, for transmits built in the buffer (see `senders`).
     senders: Senders,
     /// Fault injection: drop probability per packet (ppm) and its xorshift state.
     drop_ppm: u32,
@@ -659,7 +659,7 @@ impl Progress {
             }
             // The way of each, in send order, and the seal of its packets built in the
             // buffer (the engine leaves them to us, `Engine::set_late_seal`): for their
-            // peer's connected socket if small, else for this device socket.
+            // peer's connected socket if wholly in the buffer, else for this device socket.
             let mut via: SmallVec<[Option<usize>; TX_BATCH]> = SmallVec::new();
             via.extend(order.iter().map(|&k| {
                 let (b, t) = self.tx[k];
