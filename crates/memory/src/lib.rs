@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod access;
+mod copy_crc;
 mod error;
 mod key;
 mod table;

@@ -732,6 +732,34 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// [`MemoryTable::remote_read`], also returning the CRC-32 (IEEE 802.3, initial value
+    /// 0, as crc32fast) of the bytes copied, computed in the same pass: for a READ
+    /// response whose ICRC is sealed later, so that its payload is read once (see
+    /// `copy_crc`). Empty `dst` is accepted unchecked (CRC 0).
+    pub fn remote_read_crc(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        dst: &mut [u8],
+    ) -> Result<u32, MemError> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let p = self.resolve(
+            pd,
+            rkey,
+            true,
+            va,
+            dst.len() as u64,
+            AccessFlags::REMOTE_READ,
+        )?;
+        // SAFETY: `p..p+len` is inside a live region (readable by the register contract)
+        // and `dst`, our own slice of that length, cannot overlap registered memory that
+        // the application may write.
+        Ok(unsafe { crate::copy_crc::copy_crc32(p, dst) })
+    }
+
     /// Execute an 8-byte remote atomic at iova `va` of the region named by `rkey`;
     /// returns the original value. Checks, in rxe's order: key, PD, REMOTE_ATOMIC, range,
     /// then alignment (IBTA 9.4.5: `va` must be 8-byte aligned, else

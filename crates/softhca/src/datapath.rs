@@ -1047,6 +1047,7 @@ mod tests {
             head: 20,
             external: None,
             tail: 0,
+            tail_crc: None,
         }
     }
 

@@ -111,11 +111,20 @@ impl Senders {
         } else {
             t.packets()
         };
-        for i in 0..t.packets() {
-            if !t.reseal(buf, i, sport, first.wrapping_add(i as u16)) {
-                // Not laid out as expected: the caller seals it for the device socket.
-                return None;
-            }
+        // By its pieces when it has them: a piece knows the CRC of a payload taken as it
+        // was copied in (a READ response's, `TailCrc`), and then only its headers are
+        // hashed here.
+        let sealed = if pieces.is_empty() {
+            (0..t.packets()).all(|i| t.reseal(buf, i, sport, first.wrapping_add(i as u16)))
+        } else {
+            pieces
+                .iter()
+                .enumerate()
+                .all(|(i, p)| t.seal(buf, p, sport, first.wrapping_add(i as u16)))
+        };
+        if !sealed {
+            // Not laid out as expected: the caller seals it for the device socket.
+            return None;
         }
         *planned += datagrams;
         Some(slot)

@@ -119,6 +119,30 @@ pub fn seal(info: &IcrcInfo, buf: &mut [u8], len: usize) -> Option<usize> {
     wire::seal(&info.pseudo(), buf, len).ok()
 }
 
+/// The CRC `crc` extended over `n` (at most 3) zero bytes: a packet's pad after its
+/// payload.
+pub fn extend_crc_zeros(crc: u32, n: usize) -> u32 {
+    wire::crc32_extend(crc, [0u8; 3].get(..n).unwrap_or_default())
+}
+
+/// Seal a packet built in `buf[..len]` whose bytes from `tail.at` on (payload, pad)
+/// were CRC'd as they were copied in (`TailCrc`): only the headers are hashed. Writes
+/// the ICRC to `buf[len..len + 4]`; returns `len + 4`.
+pub fn seal_with_tail(
+    info: &IcrcInfo,
+    buf: &mut [u8],
+    len: usize,
+    tail: crate::engine::TailCrc,
+) -> Option<usize> {
+    let end = len
+        .checked_add(wire::ICRC_LEN)
+        .filter(|&e| e <= buf.len())?;
+    let head = buf.get(..tail.at.min(len))?;
+    let c = wire::icrc_with_tail(&info.pseudo(), head, len - head.len(), tail.crc);
+    buf.get_mut(len..end)?.copy_from_slice(&c.to_le_bytes());
+    Some(end)
+}
+
 /// Seal a packet whose payload is elsewhere: `buf[..head]` holds its headers and
 /// `buf[head..len]` its pad; the ICRC over headers, `payload` and pad goes to
 /// `buf[len..len + 4]`. Returns `len + 4`.

@@ -117,13 +117,30 @@ impl Transmit {
     /// payload) and left unsealed ([`Engine::set_late_seal`]), for the UDP source port and
     /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
     pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
-        piece.external.is_none()
-            && self.seal_at(
-                buf,
-                piece.start..piece.start + piece.head + piece.tail,
-                sport,
-                ipv4_id,
-            )
+        let at = piece.start..piece.start + piece.head + piece.tail;
+        match (piece.external, piece.tail_crc) {
+            (Some(_), _) => false,
+            (None, None) => self.seal_at(buf, at, sport, ipv4_id),
+            (None, Some(tail)) => {
+                let Some(pkt) = buf.get_mut(at) else {
+                    return false;
+                };
+                let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
+                    return false;
+                };
+                packet::seal_with_tail(&self.icrc_info(sport, ipv4_id), pkt, body, tail).is_some()
+            }
+        }
+    }
+
+    fn icrc_info(&self, sport: u16, ipv4_id: u16) -> IcrcInfo {
+        IcrcInfo {
+            src: self.src,
+            dst: self.dst.ip(),
+            sport,
+            dport: self.dst.port(),
+            ipv4_id,
+        }
     }
 
     /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes).
@@ -140,14 +157,7 @@ impl Transmit {
         let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
             return false;
         };
-        let info = IcrcInfo {
-            src: self.src,
-            dst: self.dst.ip(),
-            sport,
-            dport: self.dst.port(),
-            ipv4_id,
-        };
-        packet::seal(&info, pkt, body).is_some()
+        packet::seal(&self.icrc_info(sport, ipv4_id), pkt, body).is_some()
     }
 
     /// Packets in this Transmit.
@@ -170,6 +180,19 @@ pub struct TxPiece {
     pub external: Option<External>,
     /// Bytes in the buffer after the external payload (pad, ICRC).
     pub tail: usize,
+    /// The CRC of the packet's payload and pad, taken as they were copied in (an RDMA
+    /// READ response's payload): sealing hashes the headers only.
+    pub tail_crc: Option<TailCrc>,
+}
+
+/// The CRC-32 (initial value 0) of a packet's bytes from `at` up to its ICRC, computed
+/// while they were copied into the transmit buffer (`MemoryTable::remote_read_crc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailCrc {
+    /// Offset in the packet of the first byte covered (the payload's).
+    pub at: usize,
+    /// Their CRC-32, as crc32fast computes it from the initial value 0.
+    pub crc: u32,
 }
 
 impl TxPiece {
@@ -1195,7 +1218,12 @@ impl Engine {
                             end
                         })
                     }
-                    None => packet::seal(&ic, &mut buf[off..], built.in_buf),
+                    None => match built.tail_crc {
+                        Some(tail) => {
+                            packet::seal_with_tail(&ic, &mut buf[off..], built.in_buf, tail)
+                        }
+                        None => packet::seal(&ic, &mut buf[off..], built.in_buf),
+                    },
                     Some(ext) => {
                         // SAFETY: `ext` was resolved by `gather_in_place` on
                         // `self.memory` during this call; deregistration needs
@@ -1219,6 +1247,7 @@ impl Engine {
                         head: built.head,
                         external: built.external,
                         tail: in_buf - built.head,
+                        tail_crc: built.tail_crc,
                     });
                 }
                 if first.is_none() {

@@ -27,7 +27,7 @@ mod timers;
 pub mod verbs;
 
 pub use counters::Counters;
-pub use engine::{DatagramInfo, Engine, EngineConfig, Transmit, TxPiece};
+pub use engine::{DatagramInfo, Engine, EngineConfig, TailCrc, Transmit, TxPiece};
 pub use error::TransportError;
 pub use requester::External;
 pub use verbs::*;

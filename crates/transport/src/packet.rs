@@ -211,4 +211,7 @@ pub fn packet_len(opcode: u8, payload: usize) -> usize {
 /// ICRC size.
 pub const ICRC_LEN: usize = 4;
 
-pub use crate::deps::codec::{emit, parse, seal, seal_pieces, solve_ipv4_id, verify, IcrcInfo};
+pub use crate::deps::codec::{
+    emit, extend_crc_zeros, parse, seal, seal_pieces, seal_with_tail, solve_ipv4_id, verify,
+    IcrcInfo,
+};

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, TailCrc};
 use crate::packet::{op, PktHdr, DEFAULT_PKEY};
 use crate::path::Path;
 use crate::qp::{psn_add, psn_diff, Ctx, Qp, RespOut};
@@ -50,6 +50,8 @@ pub(crate) struct Built {
     pub in_buf: usize,
     pub head: usize,
     pub external: Option<External>,
+    /// The CRC of the payload and pad, when taken as the payload was copied in.
+    pub tail_crc: Option<TailCrc>,
 }
 
 /// The next packet of a QP, decided but not yet written.
@@ -440,6 +442,7 @@ impl Qp {
                                 addr: p as usize,
                                 len: n,
                             }),
+                            tail_crc: None,
                         });
                     }
                     Ok(None) => {} // spans SGEs: copied below
@@ -451,10 +454,26 @@ impl Qp {
                 }
             }
         }
+        let mut tail_crc = None;
         match plan.source {
             TxSource::Responder => {
                 if let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() {
-                    if let Err(_e) = ctx.mem.remote_read(pd, rkey, va, &mut buf[hl..hl + n]) {
+                    // Built for a gathered transmit (`in_place`), the packet is sealed
+                    // later (`Engine::set_late_seal`): the payload is CRC'd as it is
+                    // copied, and the seal hashes the headers only (see `TailCrc`).
+                    let read = if in_place {
+                        ctx.mem
+                            .remote_read_crc(pd, rkey, va, &mut buf[hl..hl + n])
+                            .map(|crc| {
+                                tail_crc = Some(TailCrc {
+                                    at: hl,
+                                    crc: crate::packet::extend_crc_zeros(crc, pad),
+                                })
+                            })
+                    } else {
+                        ctx.mem.remote_read(pd, rkey, va, &mut buf[hl..hl + n])
+                    };
+                    if let Err(_e) = read {
                         // The MR went away after the request was checked: NAK instead.
                         self.resp.out.pop_front();
                         self.resp.out.push_front(RespOut::Ack {
@@ -499,6 +518,7 @@ impl Qp {
             in_buf: hl + n + pad,
             head: hl + n + pad,
             external: None,
+            tail_crc,
         })
     }
 
