@@ -96,7 +96,8 @@ impl Point {
     }
 }
 
-/// The measurements of a run, baselines first (their numbers feed the ratios).
+/// The measurements of a run, in the order the table shows them (`measure_key` orders
+/// the measuring).
 fn plan(quick: bool) -> Vec<Point> {
     let mut v = Vec::new();
     if quick {
@@ -165,6 +166,40 @@ fn plan(quick: bool) -> Vec<Point> {
     v
 }
 
+/// Where point `p` (at `index` in the plan) is measured: the latency rows with the
+/// ping-pongs they are compared with, size by size, then the turnaround and the message
+/// rate, then the TCP and raw UDP streams, then the bandwidth rows size by size.
+///
+/// Why: the VM's speed drifts within a run (up to 2× over a minute), and a ratio of two
+/// rows measured 50 s apart measured that drift as much as softhca. So the rows a
+/// target compares are measured next to each other: softhca's 8 B latency just after
+/// the UDP ping-pong; WRITE 64 KiB on 1 QP between the 1024-QP WRITE and the READ it is
+/// compared with; each drop-in perftest row just after softhca's own figure for it.
+/// The table keeps the plan's order.
+fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
+    let bw_slot = |op: &str, qps: u32| match (op, qps) {
+        ("send", 1) => 0,
+        ("send", 2) => 2,
+        ("write", 1) => 4,
+        ("read", 1) => 5,
+        ("write", 2) => 7,
+        ("read", 2) => 8,
+        ("write", _) => 3, // many QPs: just before the 1-QP WRITE
+        _ => 9,
+    };
+    match *p {
+        Point::TcpPingpong { size } => (0, size, 0, index),
+        Point::UdpPingpong { size } => (0, size, 1, index),
+        Point::UdpPingpongRoce { size } => (0, size, 2, index),
+        Point::Lat { op, size } => (0, size, if op == "send" { 3 } else { 4 }, index),
+        Point::Turnaround => (1, 0, 0, index),
+        Point::Rate => (2, 0, 0, index),
+        Point::TcpStream { .. } | Point::UdpBlast => (3, 0, 0, index),
+        Point::Bw { op, size, qps } => (4, size, bw_slot(op, qps), index),
+        Point::Perftest { op, size, .. } => (4, size, if op == "send" { 1 } else { 6 }, index),
+    }
+}
+
 /// Entry point of `softhca bench`.
 pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     let duration = match a.duration {
@@ -202,7 +237,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     }
     let started = Instant::now();
     let progress = ProgressLine::start(points.len());
-    let mut rows: Vec<Row> = Vec::new();
+    let mut rows: Vec<(usize, Row)> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let ctx = Runner {
         exe: &exe,
@@ -211,14 +246,21 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         server_ip,
         client_ip,
     };
-    for (i, p) in points.iter().enumerate() {
-        progress.set(i, &p.label(), started);
+    // Measured in an order that puts the rows a target compares next to each other,
+    // shown in the plan's order.
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by_key(|&i| measure_key(&points[i], i));
+    for (k, &i) in order.iter().enumerate() {
+        let p = &points[i];
+        progress.set(k, &p.label(), started);
         match ctx.measure(p) {
-            Ok(r) => rows.push(r),
+            Ok(r) => rows.push((i, r)),
             Err(e) => failures.push(format!("{}: {e}", p.label())),
         }
     }
     progress.stop();
+    rows.sort_by_key(|(i, _)| *i);
+    let mut rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
     // Memory of idle connections, measured in this process on the server's address
     // (free again: its measurements are over).
     let idle_qp_bytes = match qp_memory::measure(server_ip) {
@@ -841,6 +883,40 @@ impl ProgressLine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rows that targets compare are measured next to each other.
+    #[test]
+    fn compared_rows_are_measured_together() {
+        let mut points = plan(false);
+        for (prog, op) in PERFTEST_BW {
+            points.push(Point::Perftest {
+                prog,
+                op,
+                size: 65536,
+            });
+        }
+        let mut order: Vec<usize> = (0..points.len()).collect();
+        order.sort_by_key(|&i| measure_key(&points[i], i));
+        let labels: Vec<String> = order.iter().map(|&i| points[i].label()).collect();
+        let at = |l: &str| labels.iter().position(|x| x == l).expect(l);
+        let write1 = at("softhca write bw 64K x1 QP");
+        assert_eq!(at("softhca write bw 64K x1024 QP") + 1, write1);
+        assert_eq!(at("softhca read bw 64K x1 QP"), write1 + 1);
+        assert_eq!(at("ib_write_bw 64K (drop-in)"), write1 + 2);
+        assert_eq!(
+            at("ib_send_bw 64K (drop-in)"),
+            at("softhca send bw 64K x1 QP") + 1
+        );
+        assert_eq!(
+            at("softhca send lat 8 B"),
+            at("udp ping-pong, softhca's sockets 8 B") + 1
+        );
+        assert_eq!(at("udp ping-pong 8 B") + 2, at("softhca send lat 8 B"));
+        // The TCP stream just before the bandwidth rows it is compared with.
+        assert!(at("tcp stream 1M") < at("softhca send bw 4K x1 QP"));
+        assert!(at("raw udp gso+gro 4K") < at("softhca send bw 4K x1 QP"));
+        assert_eq!(labels.len(), points.len());
+    }
 
     #[test]
     fn perftest_result_line_is_read() {
