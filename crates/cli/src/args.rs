@@ -168,6 +168,11 @@ pub struct PerfArgs {
     /// Number of queue pairs (issue 4 measures 1024 connected RC QPs on one device).
     #[arg(short = 'q', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub qps: u32,
+    /// Every QP sends from and receives into the same buffer (bandwidth mode; by
+    /// default each QP has its own, as in perftest). With many QPs this takes the
+    /// memory the buffers stream through out of the comparison with one QP.
+    #[arg(long, conflicts_with = "verify")]
+    pub shared_buffer: bool,
     /// Outstanding work requests per QP in bandwidth mode.
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=8192))]
     pub tx_depth: u32,

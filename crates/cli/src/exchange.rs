@@ -89,12 +89,14 @@ pub struct TestParams {
     pub verify: bool,
     /// Buffer slots per QP (set by the client from size, depth and verify).
     pub slots: u32,
+    /// `--shared-buffer`: every QP uses the first QP's slots.
+    pub shared: bool,
 }
 
 impl TestParams {
     fn to_line(&self) -> String {
         format!(
-            "{HELLO} op={} lat={} size={} iters={} dur_ms={} qps={} txd={} mtu={} verify={} slots={}",
+            "{HELLO} op={} lat={} size={} iters={} dur_ms={} qps={} txd={} mtu={} verify={} slots={} shared={}",
             self.op,
             u8::from(self.lat),
             self.size,
@@ -104,7 +106,8 @@ impl TestParams {
             self.tx_depth,
             self.mtu,
             u8::from(self.verify),
-            self.slots
+            self.slots,
+            u8::from(self.shared)
         )
     }
 
@@ -127,6 +130,7 @@ impl TestParams {
             mtu: 1024,
             verify: false,
             slots: 1,
+            shared: false,
         };
         for kv in it {
             let (k, v) = kv
@@ -145,6 +149,7 @@ impl TestParams {
                 "mtu" => p.mtu = small()?,
                 "verify" => p.verify = num()? != 0,
                 "slots" => p.slots = small()?,
+                "shared" => p.shared = num()? != 0,
                 _ => {} // later versions may add fields
             }
         }
@@ -418,6 +423,7 @@ mod tests {
             mtu: 4096,
             verify: true,
             slots: 128,
+            shared: true,
         };
         assert_eq!(TestParams::parse(&p.to_line()), Ok(p));
         for c in [

@@ -49,6 +49,9 @@ enum Point {
         size: u64,
         qps: u32,
     },
+    /// softhca WRITE bandwidth over `qps` QPs that all use one buffer
+    /// (`--shared-buffer`): the many-QP row without its memory footprint.
+    BwShared { size: u64, qps: u32 },
     /// softhca ping-pong latency.
     Lat { op: &'static str, size: u64 },
     /// softhca small-message rate (64 B SEND, many outstanding).
@@ -81,6 +84,9 @@ impl Point {
         let sz = output::size_str;
         match *self {
             Point::Bw { op, size, qps } => format!("softhca {op} bw {} x{qps} QP", sz(size)),
+            Point::BwShared { size, qps } => {
+                format!("softhca write bw {} x{qps} QP, one buffer", sz(size))
+            }
             Point::Lat { op, size } => format!("softhca {op} lat {}", sz(size)),
             Point::Rate => "softhca send msg rate 64 B".into(),
             Point::Turnaround => "softhca send turnaround 8 B".into(),
@@ -156,6 +162,11 @@ fn plan(quick: bool) -> Vec<Point> {
         size: 65536,
         qps: qp_memory::IDLE_QPS,
     });
+    // The same with one buffer for all QPs: what is left is the cost of the QPs.
+    v.push(Point::BwShared {
+        size: 65536,
+        qps: qp_memory::IDLE_QPS,
+    });
     for op in ["send", "write"] {
         for size in [8, 4096] {
             v.push(Point::Lat { op, size });
@@ -173,8 +184,8 @@ fn plan(quick: bool) -> Vec<Point> {
 /// Why: the VM's speed drifts within a run (up to 2× over a minute), and a ratio of two
 /// rows measured 50 s apart measured that drift as much as softhca. So the rows a
 /// target compares are measured next to each other: softhca's 8 B latency just after
-/// the UDP ping-pong; WRITE 64 KiB on 1 QP between the 1024-QP WRITE and the READ it is
-/// compared with; each drop-in perftest row just after softhca's own figure for it.
+/// the UDP ping-pong; WRITE 64 KiB on 1 QP between the 1024-QP WRITEs and the READ it
+/// is compared with; each drop-in perftest row just after softhca's own figure for it.
 /// The table keeps the plan's order.
 fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
     let bw_slot = |op: &str, qps: u32| match (op, qps) {
@@ -196,6 +207,8 @@ fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
         Point::Rate => (2, 0, 0, index),
         Point::TcpStream { .. } | Point::UdpBlast => (3, 0, 0, index),
         Point::Bw { op, size, qps } => (4, size, bw_slot(op, qps), index),
+        // After the per-QP-buffer row (plan order), just before the 1-QP WRITE.
+        Point::BwShared { size, .. } => (4, size, 3, index),
         Point::Perftest { op, size, .. } => (4, size, if op == "send" { 1 } else { 6 }, index),
     }
 }
@@ -288,6 +301,19 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             qp_memory::IDLE_QPS,
             many / one,
             (u64::from(qp_memory::IDLE_QPS) * 2 * 65536) >> 20
+        ));
+    }
+    if let (Some(one), Some(shared)) = (
+        gbps_of(&rows, "write", 65536, 1),
+        rows.iter()
+            .find(|r| r.kind == "softhca_bw_shared")
+            .and_then(|r| r.gbps),
+    ) {
+        notes.push(format!(
+            "WRITE 64K over {} QPs sharing one buffer: {:.2}x the 1-QP figure (the cost of the \
+             QPs themselves, without the memory the per-QP buffers stream through)",
+            qp_memory::IDLE_QPS,
+            shared / one
         ));
     }
     for r in rows.iter().filter(|r| r.kind == "perftest_bw") {
@@ -529,9 +555,10 @@ fn num(v: &serde_json::Value, k: &str) -> f64 {
 impl Runner<'_> {
     fn measure(&self, p: &Point) -> Result<Row, CliError> {
         match *p {
-            Point::Bw { op, size, qps } => self.softhca(op, size, qps, false, None),
-            Point::Lat { op, size } => self.softhca(op, size, 1, true, None),
-            Point::Rate => self.softhca("send", 64, 1, false, Some(RATE_TX_DEPTH)),
+            Point::Bw { op, size, qps } => self.softhca(op, size, qps, false, None, false),
+            Point::BwShared { size, qps } => self.softhca("write", size, qps, false, None, true),
+            Point::Lat { op, size } => self.softhca(op, size, 1, true, None, false),
+            Point::Rate => self.softhca("send", 64, 1, false, Some(RATE_TX_DEPTH), false),
             Point::Turnaround => self.turnaround(),
             Point::TcpStream { size } => self.peer("tcp-stream", size),
             Point::TcpPingpong { size } => self.peer("tcp-pingpong", size),
@@ -602,6 +629,7 @@ impl Runner<'_> {
         qps: u32,
         lat: bool,
         tx_depth: Option<u32>,
+        shared_buffer: bool,
     ) -> Result<Row, CliError> {
         let mut args = vec![
             "-s".to_string(),
@@ -614,6 +642,9 @@ impl Runner<'_> {
         }
         if let Some(t) = tx_depth {
             args.extend(["-t".into(), t.to_string()]);
+        }
+        if shared_buffer {
+            args.push("--shared-buffer".into());
         }
         let (cf, sf) = self.perf_pair(op, &args, false)?;
         let j = last_json(&cf, "softhca perf client")?;
@@ -628,6 +659,8 @@ impl Runner<'_> {
         };
         let kind = if lat {
             "softhca_lat"
+        } else if shared_buffer {
+            "softhca_bw_shared"
         } else if tx_depth.is_some() {
             "softhca_msg_rate"
         } else {
@@ -900,7 +933,8 @@ mod tests {
         let labels: Vec<String> = order.iter().map(|&i| points[i].label()).collect();
         let at = |l: &str| labels.iter().position(|x| x == l).expect(l);
         let write1 = at("softhca write bw 64K x1 QP");
-        assert_eq!(at("softhca write bw 64K x1024 QP") + 1, write1);
+        assert_eq!(at("softhca write bw 64K x1024 QP") + 2, write1);
+        assert_eq!(at("softhca write bw 64K x1024 QP, one buffer") + 1, write1);
         assert_eq!(at("softhca read bw 64K x1 QP"), write1 + 1);
         assert_eq!(at("ib_write_bw 64K (drop-in)"), write1 + 2);
         assert_eq!(

@@ -216,7 +216,7 @@ pub fn add_ratios(rows: &mut [Row]) {
         .and_then(|r| r.gbps);
     for r in rows.iter_mut() {
         match r.kind {
-            "softhca_bw" | "perftest_bw" => {
+            "softhca_bw" | "softhca_bw_shared" | "perftest_bw" => {
                 r.vs_tcp = ratio(r.gbps, tcp_bw.get(&r.size).copied().flatten());
                 r.vs_raw_udp = ratio(r.gbps, blast);
             }
@@ -279,6 +279,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         last_kind = row.kind;
         let test = match row.kind {
             "softhca_bw" => "softhca bandwidth",
+            "softhca_bw_shared" => "softhca bw, 1 buf",
             "softhca_lat" => "softhca latency",
             "softhca_msg_rate" => "softhca msg rate",
             "softhca_turnaround" => "softhca turnaround",

@@ -43,6 +43,7 @@ pub fn measure(ip: IpAddr) -> Result<f64, CliError> {
         mtu: 1024,
         verify: false,
         slots: 1,
+        shared: false,
     };
     let (gid_index, gid) = pick_gid(&ctx, ip)?;
     // Warm-up: the first QP brings the CQs, the MR and the allocator's arenas.

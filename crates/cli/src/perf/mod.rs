@@ -230,6 +230,7 @@ fn params(a: &PerfArgs, op: Op, lat: bool, ctx: &Context) -> Result<TestParams, 
         mtu,
         verify: a.verify,
         slots,
+        shared: a.shared_buffer && !lat,
     })
 }
 

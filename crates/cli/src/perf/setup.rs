@@ -40,6 +40,7 @@ pub struct Side {
     pub size: u64,
     /// Slots per QP region.
     pub nslots: u64,
+    /// Bytes between QP regions (0 with `--shared-buffer`: one region for all).
     region: u64,
 }
 
@@ -57,7 +58,8 @@ impl Side {
         let size = p.size;
         let nslots = u64::from(p.slots) + 1;
         let region = stride(size) * nslots;
-        let total = region * u64::from(p.qps);
+        let regions = if p.shared { 1 } else { u64::from(p.qps) };
+        let total = region * regions;
         let len = usize::try_from(total)
             .map_err(|_| CliError::Usage(format!("buffer of {total} bytes is too large")))?;
         let pd = ctx.alloc_pd().map_err(CliError::verbs("alloc_pd"))?;
@@ -124,7 +126,7 @@ impl Side {
             psns,
             size,
             nslots,
-            region,
+            region: if p.shared { 0 } else { region },
         })
     }
 
