@@ -33,7 +33,7 @@ pub struct Side {
     /// Protection domain (kept alive for the MR and QPs).
     _pd: Pd,
     /// The device (kept open while the test runs).
-    _ctx: Arc<Context>,
+    ctx: Arc<Context>,
     /// First PSN of each QP.
     pub psns: Vec<u32>,
     /// Message size.
@@ -122,7 +122,7 @@ impl Side {
             scq,
             rcq,
             _pd: pd,
-            _ctx: ctx.clone(),
+            ctx: ctx.clone(),
             psns,
             size,
             nslots,
@@ -174,13 +174,19 @@ impl Side {
 
     /// Moves every QP to RTS connected to `remote` (perftest's attributes).
     pub fn connect(&self, remote: &[QpInfo], gid_index: u8, mtu: Mtu) -> Result<(), CliError> {
+        // Outstanding READs / atomics: the device's most, as perftest's default (`-o`).
+        let rd_atomic = self
+            .ctx
+            .query_device()
+            .max_qp_rd_atom
+            .clamp(1, u32::from(u8::MAX)) as u8;
         for (i, (qp, r)) in self.qps.iter().zip(remote).enumerate() {
             let rtr = QpAttr {
                 qp_state: QpState::Rtr,
                 path_mtu: mtu,
                 dest_qp_num: r.qpn,
                 rq_psn: r.psn,
-                max_dest_rd_atomic: 16,
+                max_dest_rd_atomic: rd_atomic,
                 min_rnr_timer: 12,
                 ah_attr: AddressVector {
                     dgid: r.gid,
@@ -208,7 +214,7 @@ impl Side {
                 retry_cnt: 7,
                 rnr_retry: 7,
                 sq_psn: self.psns[i],
-                max_rd_atomic: 16,
+                max_rd_atomic: rd_atomic,
                 ..QpAttr::default()
             };
             qp.modify(
