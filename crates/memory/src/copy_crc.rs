@@ -24,17 +24,8 @@
 /// may write it meanwhile (registered memory under an RDMA READ): the CRC is that of
 /// the bytes this call read, which are the bytes it stored.
 pub(crate) unsafe fn copy_crc32(src: *const u8, dst: &mut [u8]) -> u32 {
-    let len = dst.len();
-    let mut done = 0usize;
-    let mut crc = 0u32;
-    #[cfg(target_arch = "x86_64")]
-    if len >= x86::BLOCK && x86::available() {
-        let blocks = len / x86::BLOCK;
-        // SAFETY: the CPU has the features (`available`); `src` is readable for
-        // `blocks * BLOCK <= len` bytes (our contract) and `dst` writable for as many.
-        crc = !unsafe { x86::fold_copy(!0, dst.as_mut_ptr(), src, blocks) };
-        done = blocks * x86::BLOCK;
-    }
+    // SAFETY: our contract, passed on.
+    let (done, crc) = unsafe { fold_prefix(src, dst) };
     let rest = &mut dst[done..];
     // SAFETY: `src + done .. src + len` is readable (our contract); `rest` is exactly
     // that long and is our own exclusive slice, so they do not overlap.
@@ -42,6 +33,32 @@ pub(crate) unsafe fn copy_crc32(src: *const u8, dst: &mut [u8]) -> u32 {
     let mut h = crc32fast::Hasher::new_with_initial(crc);
     h.update(rest);
     h.finalize()
+}
+
+/// Copies and CRCs the longest prefix the vector path takes; returns its length and
+/// CRC (0 and 0 without that path).
+///
+/// # Safety
+/// As [`copy_crc32`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn fold_prefix(src: *const u8, dst: &mut [u8]) -> (usize, u32) {
+    let blocks = dst.len() / x86::BLOCK;
+    if blocks == 0 || !x86::available() {
+        return (0, 0);
+    }
+    // SAFETY: the CPU has the features (`available`); `src` is readable for
+    // `blocks * BLOCK <= dst.len()` bytes (our contract) and `dst` writable for as many.
+    let crc = !unsafe { x86::fold_copy(!0, dst.as_mut_ptr(), src, blocks) };
+    (blocks * x86::BLOCK, crc)
+}
+
+/// No vector path on this architecture.
+///
+/// # Safety
+/// As [`copy_crc32`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn fold_prefix(_src: *const u8, _dst: &mut [u8]) -> (usize, u32) {
+    (0, 0)
 }
 
 #[cfg(target_arch = "x86_64")]

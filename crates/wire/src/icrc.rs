@@ -616,15 +616,22 @@ mod tests {
             sport: 0xc000,
             dport: 4791,
         };
+        let p6 = UdpPseudo {
+            ip: IpPseudo::V6 {
+                src: "fd00::1".parse().unwrap(),
+                dst: "fd00::2".parse().unwrap(),
+            },
+            ..p
+        };
         let pkt: Vec<u8> = (0..4112u32).map(|i| (i * 7 + 3) as u8).collect();
-        for head in [BTH_LEN, BTH_LEN + 4, 40] {
-            let (h, t) = pkt.split_at(head);
-            let mut tc = Hasher::new();
-            tc.update(t);
-            assert_eq!(
-                icrc_with_tail(&p, h, t.len(), tc.finalize()),
-                icrc(&p, &pkt)
-            );
+        for pseudo in [p, p6] {
+            for head in [BTH_LEN, BTH_LEN + 4, 40] {
+                let (h, t) = pkt.split_at(head);
+                let mut tc = Hasher::new();
+                tc.update(t);
+                let got = icrc_with_tail(&pseudo, h, t.len(), tc.finalize());
+                assert_eq!(got, icrc(&pseudo, &pkt));
+            }
         }
     }
 
