@@ -1,0 +1,56 @@
+//! Regression guard for the RDMA READ responder's copy out of registered memory: the plain
+//! copy, the copy followed by a separate CRC (what the seal did before `remote_read_crc`),
+//! and the fused copy + CRC.
+//!
+//! Run: `cargo bench -p softhca-memory` (add `-- --quick` for a short check).
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use softhca_memory::{AccessFlags, MemoryTable};
+
+/// One packet's payload at the 1024 and 4096 path MTUs, and a whole 64 KiB message.
+const SIZES: [usize; 3] = [1024, 4096, 65536];
+
+fn bench_remote_read(c: &mut Criterion) {
+    let mut g = c.benchmark_group("remote_read");
+    let mut t = MemoryTable::new(1);
+    let pd = t.alloc_pd();
+    let mut region: Vec<u8> = (0..(1usize << 20))
+        .map(|i| (i as u8).wrapping_mul(29))
+        .collect();
+    let va = region.as_mut_ptr() as u64;
+    // SAFETY: `region` outlives the table's use below and is not moved or freed meanwhile.
+    let keys = unsafe {
+        t.register(
+            pd,
+            region.as_mut_ptr(),
+            region.len(),
+            va,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+    }
+    .expect("register");
+    for size in SIZES {
+        let mut dst = vec![0u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(BenchmarkId::new("copy", size), |b| {
+            b.iter(|| t.remote_read(pd, keys.rkey, black_box(va), &mut dst))
+        });
+        g.bench_function(BenchmarkId::new("copy_then_crc32fast", size), |b| {
+            b.iter(|| {
+                t.remote_read(pd, keys.rkey, black_box(va), &mut dst).ok()?;
+                Some(crc32fast::hash(&dst))
+            })
+        });
+        g.bench_function(BenchmarkId::new("fused_copy_crc", size), |b| {
+            b.iter(|| t.remote_read_crc(pd, keys.rkey, black_box(va), &mut dst))
+        });
+    }
+    g.finish();
+    drop(t);
+    drop(region);
+}
+
+criterion_group!(benches, bench_remote_read);
+criterion_main!(benches);
