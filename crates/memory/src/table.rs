@@ -718,14 +718,7 @@ impl MemoryTable {
         if dst.is_empty() {
             return Ok(());
         }
-        let p = self.resolve(
-            pd,
-            rkey,
-            true,
-            va,
-            dst.len() as u64,
-            AccessFlags::REMOTE_READ,
-        )?;
+        let p = self.remote_readable(pd, rkey, va, dst.len())?;
         // SAFETY: `p..p+len` is inside a live region (readable by contract); `dst` is a
         // valid mutable slice of that length.
         unsafe { std::ptr::copy(p, dst.as_mut_ptr(), dst.len()) };
@@ -746,18 +739,24 @@ impl MemoryTable {
         if dst.is_empty() {
             return Ok(0);
         }
-        let p = self.resolve(
-            pd,
-            rkey,
-            true,
-            va,
-            dst.len() as u64,
-            AccessFlags::REMOTE_READ,
-        )?;
+        let p = self.remote_readable(pd, rkey, va, dst.len())?;
         // SAFETY: `p..p+len` is inside a live region (readable by the register contract)
         // and `dst`, our own slice of that length, cannot overlap registered memory that
         // the application may write.
         Ok(unsafe { crate::copy_crc::copy_crc32(p, dst) })
+    }
+
+    /// The host address of `[va, va + len)` in the region named by `rkey`, checked for
+    /// REMOTE_READ (the source of an RDMA READ response).
+    fn remote_readable(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: usize,
+    ) -> Result<*const u8, MemError> {
+        self.resolve(pd, rkey, true, va, len as u64, AccessFlags::REMOTE_READ)
+            .map(|p| p.cast_const())
     }
 
     /// Execute an 8-byte remote atomic at iova `va` of the region named by `rkey`;
