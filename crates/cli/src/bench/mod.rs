@@ -179,24 +179,26 @@ fn plan(quick: bool) -> Vec<Point> {
 
 /// Where point `p` (at `index` in the plan) is measured: the latency rows with the
 /// ping-pongs they are compared with, size by size, then the turnaround and the message
-/// rate, then the TCP and raw UDP streams, then the bandwidth rows size by size.
+/// rate, then the bandwidth rows size by size, each size after its TCP stream (and
+/// 64 KiB after the raw UDP stream too).
 ///
 /// Why: the VM's speed drifts within a run (up to 2× over a minute), and a ratio of two
 /// rows measured 50 s apart measured that drift as much as softhca. So the rows a
 /// target compares are measured next to each other: softhca's 8 B latency just after
-/// the UDP ping-pong; WRITE 64 KiB on 1 QP between the 1024-QP WRITEs and the READ it
-/// is compared with; each drop-in perftest row just after softhca's own figure for it.
-/// The table keeps the plan's order.
+/// the UDP ping-pong; SEND 64 KiB just after the TCP and raw UDP streams; WRITE 64 KiB
+/// on 1 QP between the 1024-QP WRITEs and the READ it is compared with; each drop-in
+/// perftest row just after softhca's own figure for it. The table keeps the plan's
+/// order.
 fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
     let bw_slot = |op: &str, qps: u32| match (op, qps) {
-        ("send", 1) => 0,
-        ("send", 2) => 2,
-        ("write", 1) => 4,
-        ("read", 1) => 5,
-        ("write", 2) => 7,
-        ("read", 2) => 8,
-        ("write", _) => 3, // many QPs: just before the 1-QP WRITE
-        _ => 9,
+        ("send", 1) => 2,
+        ("send", 2) => 4,
+        ("write", 1) => 6,
+        ("read", 1) => 7,
+        ("write", 2) => 9,
+        ("read", 2) => 10,
+        ("write", _) => 5, // many QPs: just before the 1-QP WRITE
+        _ => 11,
     };
     match *p {
         Point::TcpPingpong { size } => (0, size, 0, index),
@@ -205,11 +207,12 @@ fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
         Point::Lat { op, size } => (0, size, if op == "send" { 3 } else { 4 }, index),
         Point::Turnaround => (1, 0, 0, index),
         Point::Rate => (2, 0, 0, index),
-        Point::TcpStream { .. } | Point::UdpBlast => (3, 0, 0, index),
-        Point::Bw { op, size, qps } => (4, size, bw_slot(op, qps), index),
+        Point::TcpStream { size } => (3, size, 0, index),
+        Point::UdpBlast => (3, 65536, 1, index),
+        Point::Bw { op, size, qps } => (3, size, bw_slot(op, qps), index),
         // After the per-QP-buffer row (plan order), just before the 1-QP WRITE.
-        Point::BwShared { size, .. } => (4, size, 3, index),
-        Point::Perftest { op, size, .. } => (4, size, if op == "send" { 1 } else { 6 }, index),
+        Point::BwShared { size, .. } => (3, size, 5, index),
+        Point::Perftest { op, size, .. } => (3, size, if op == "send" { 3 } else { 8 }, index),
     }
 }
 
@@ -946,9 +949,14 @@ mod tests {
             at("udp ping-pong, softhca's sockets 8 B") + 1
         );
         assert_eq!(at("udp ping-pong 8 B") + 2, at("softhca send lat 8 B"));
-        // The TCP stream just before the bandwidth rows it is compared with.
-        assert!(at("tcp stream 1M") < at("softhca send bw 4K x1 QP"));
-        assert!(at("raw udp gso+gro 4K") < at("softhca send bw 4K x1 QP"));
+        // The TCP and raw UDP streams just before the bandwidth rows they are compared with.
+        assert_eq!(at("tcp stream 64K") + 2, at("softhca send bw 64K x1 QP"));
+        assert_eq!(
+            at("raw udp gso+gro 4K") + 1,
+            at("softhca send bw 64K x1 QP")
+        );
+        assert_eq!(at("tcp stream 4K") + 1, at("softhca send bw 4K x1 QP"));
+        assert_eq!(at("tcp stream 1M") + 1, at("softhca send bw 1M x1 QP"));
         assert_eq!(labels.len(), points.len());
     }
 
