@@ -125,15 +125,18 @@ pub fn extend_crc_zeros(crc: u32, n: usize) -> u32 {
     wire::crc32_extend(crc, [0u8; 3].get(..n).unwrap_or_default())
 }
 
-/// Seal a packet built in `buf[..len]` whose bytes from `tail.at` on (payload, pad)
-/// were CRC'd as they were copied in (`TailCrc`): only the headers are hashed. Writes
-/// the ICRC to `buf[len..len + 4]`; returns `len + 4`.
+/// [`seal`], for a packet whose bytes from `tail.at` on (payload, pad) may have been
+/// CRC'd as they were copied in (`TailCrc`): then only the headers are hashed. Without
+/// `tail`, the whole packet is.
 pub fn seal_with_tail(
     info: &IcrcInfo,
     buf: &mut [u8],
     len: usize,
-    tail: crate::engine::TailCrc,
+    tail: Option<crate::engine::TailCrc>,
 ) -> Option<usize> {
+    let Some(tail) = tail else {
+        return seal(info, buf, len);
+    };
     let end = len
         .checked_add(wire::ICRC_LEN)
         .filter(|&e| e <= buf.len())?;

@@ -110,46 +110,32 @@ impl Transmit {
         let seg = self.segment_size.max(1);
         let start = index.saturating_mul(seg);
         let end = (start + seg).min(self.len);
-        self.seal_at(buf, start..end, sport, ipv4_id)
+        self.seal_at(buf, start..end, sport, ipv4_id, None)
     }
 
     /// Seals `piece`, a packet of this Transmit built wholly in `buf` (no external
     /// payload) and left unsealed ([`Engine::set_late_seal`]), for the UDP source port and
     /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
     pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
-        let at = piece.start..piece.start + piece.head + piece.tail;
-        match (piece.external, piece.tail_crc) {
-            (Some(_), _) => false,
-            (None, None) => self.seal_at(buf, at, sport, ipv4_id),
-            (None, Some(tail)) => {
-                let Some(pkt) = buf.get_mut(at) else {
-                    return false;
-                };
-                let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
-                    return false;
-                };
-                packet::seal_with_tail(&self.icrc_info(sport, ipv4_id), pkt, body, tail).is_some()
-            }
-        }
+        piece.external.is_none()
+            && self.seal_at(
+                buf,
+                piece.start..piece.start + piece.head + piece.tail,
+                sport,
+                ipv4_id,
+                piece.tail_crc,
+            )
     }
 
-    fn icrc_info(&self, sport: u16, ipv4_id: u16) -> IcrcInfo {
-        IcrcInfo {
-            src: self.src,
-            dst: self.dst.ip(),
-            sport,
-            dport: self.dst.port(),
-            ipv4_id,
-        }
-    }
-
-    /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes).
+    /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes); with `tail`, from
+    /// its headers and the CRC its payload got as it was copied in.
     fn seal_at(
         &self,
         buf: &mut [u8],
         at: std::ops::Range<usize>,
         sport: u16,
         ipv4_id: u16,
+        tail: Option<TailCrc>,
     ) -> bool {
         let Some(pkt) = buf.get_mut(at) else {
             return false;
@@ -157,7 +143,14 @@ impl Transmit {
         let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
             return false;
         };
-        packet::seal(&self.icrc_info(sport, ipv4_id), pkt, body).is_some()
+        let info = IcrcInfo {
+            src: self.src,
+            dst: self.dst.ip(),
+            sport,
+            dport: self.dst.port(),
+            ipv4_id,
+        };
+        packet::seal_with_tail(&info, pkt, body, tail).is_some()
     }
 
     /// Packets in this Transmit.
@@ -1218,12 +1211,9 @@ impl Engine {
                             end
                         })
                     }
-                    None => match built.tail_crc {
-                        Some(tail) => {
-                            packet::seal_with_tail(&ic, &mut buf[off..], built.in_buf, tail)
-                        }
-                        None => packet::seal(&ic, &mut buf[off..], built.in_buf),
-                    },
+                    None => {
+                        packet::seal_with_tail(&ic, &mut buf[off..], built.in_buf, built.tail_crc)
+                    }
                     Some(ext) => {
                         // SAFETY: `ext` was resolved by `gather_in_place` on
                         // `self.memory` during this call; deregistration needs

@@ -212,6 +212,5 @@ pub fn packet_len(opcode: u8, payload: usize) -> usize {
 pub const ICRC_LEN: usize = 4;
 
 pub use crate::deps::codec::{
-    emit, extend_crc_zeros, parse, seal, seal_pieces, seal_with_tail, solve_ipv4_id, verify,
-    IcrcInfo,
+    emit, extend_crc_zeros, parse, seal_pieces, seal_with_tail, solve_ipv4_id, verify, IcrcInfo,
 };
