@@ -352,14 +352,23 @@ fn floods_are_capped() {
     let reads = fresh_qp(&v);
     let early = fresh_qp(&v);
     let data = [0x22u8; 1024];
+    // 256 KiB READs: each request asks the victim for 256 packets, so it cannot answer as
+    // fast as the attacker asks, whatever the machine's speed (with 4 KiB READs a fast
+    // responder kept up and the cap was never reached).
+    const READ_LEN: u32 = 256 * 1024;
+    let src =
+        v.pd.reg_mr(READ_LEN as usize, AccessFlags::REMOTE_READ)
+            .expect("read mr");
+    let pkts = READ_LEN / 1024;
     let peak = peak_gauges(&v.ctx, || {
         for i in 0..20_000u32 {
-            // 4 KiB READs at consecutive PSNs (4 PSNs each at MTU 1024).
-            let mut h = Headers::new(bth(Opcode::RC_RDMA_READ_REQUEST, &reads, START_PSN + 4 * i));
+            // READs at consecutive PSNs (256 PSNs each at MTU 1024).
+            let psn = START_PSN + pkts * i;
+            let mut h = Headers::new(bth(Opcode::RC_RDMA_READ_REQUEST, &reads, psn));
             h.reth = Some(Reth {
-                va: v.rw.addr(),
-                rkey: v.rw.rkey(),
-                dma_len: 4096,
+                va: src.addr(),
+                rkey: src.rkey(),
+                dma_len: READ_LEN,
             });
             a.send(&h, &[]);
             // WRITEs ahead of a PSN never sent: kept (up to the cap), never executed.
