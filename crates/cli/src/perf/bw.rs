@@ -301,7 +301,7 @@ pub fn server(
         STALL * 6
     };
     if !active {
-        let counts = wait_end(ctl, end_wait)?;
+        let counts = wait_end(ctl, side, end_wait)?;
         let mut verdict = Ok(());
         if op == Op::Atomic && p.verify {
             for (qi, &n) in counts.iter().enumerate() {
@@ -412,11 +412,17 @@ pub fn server(
     }
 }
 
-/// Waits for the client's end message.
-pub fn wait_end(ctl: &mut Control, limit: Duration) -> Result<Vec<u64>, CliError> {
-    let deadline = Instant::now() + limit;
+/// Waits for the client's end message, giving up only after `stall` with neither that
+/// message nor a packet on `side`'s device. Why not a fixed limit: a passive server
+/// (WRITE, READ) cannot tell how long a client's fixed count takes (1024 QPs x 5000
+/// 64 KiB WRITEs is minutes), and a server that left mid-run failed the client with
+/// RETRY_EXC_ERR. perftest's server waits for as long as the client runs.
+pub fn wait_end(ctl: &mut Control, side: &Side, stall: Duration) -> Result<Vec<u64>, CliError> {
+    let mut seen = side.traffic();
+    let mut deadline = Instant::now() + stall;
     loop {
-        match ctl.recv_until(deadline)? {
+        let slice = (Instant::now() + Duration::from_secs(1)).min(deadline);
+        match ctl.recv_until(slice)? {
             Some(Ctl::End(c)) => return Ok(c),
             Some(other) => {
                 return Err(CliError::exchange(
@@ -424,13 +430,17 @@ pub fn wait_end(ctl: &mut Control, limit: Duration) -> Result<Vec<u64>, CliError
                     format!("unexpected {other:?}"),
                 ))
             }
-            None if Instant::now() >= deadline => {
-                return Err(CliError::Timeout(format!(
-                    "client {} did not finish",
-                    ctl.peer()
-                )))
-            }
             None => {}
+        }
+        let now = side.traffic();
+        if now != seen {
+            seen = now;
+            deadline = Instant::now() + stall;
+        } else if Instant::now() >= deadline {
+            return Err(CliError::Timeout(format!(
+                "client {} did not finish",
+                ctl.peer()
+            )));
         }
     }
 }

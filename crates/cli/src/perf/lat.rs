@@ -318,7 +318,7 @@ pub fn server(
         STALL * 6
     };
     if matches!(op, Op::Read | Op::Atomic) {
-        let counts = super::bw::wait_end(ctl, limit)?;
+        let counts = super::bw::wait_end(ctl, side, limit)?;
         let mut verdict = Ok(());
         if op == Op::Atomic && p.verify {
             let mut v = [0u8; 8];
@@ -398,7 +398,7 @@ pub fn server(
     }
     let counts = match end {
         Some(c) => c,
-        None => super::bw::wait_end(ctl, limit)?,
+        None => super::bw::wait_end(ctl, side, limit)?,
     };
     Ok(ServerOutcome { counts, verdict })
 }

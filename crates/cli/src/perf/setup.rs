@@ -172,6 +172,17 @@ impl Side {
             .map_err(CliError::verbs("post_recv"))
     }
 
+    /// Packets the device has sent and received so far: whether a peer that owes us
+    /// nothing on the control channel (a passive WRITE/READ server) is still at work.
+    pub fn traffic(&self) -> u64 {
+        self.ctx
+            .counters()
+            .into_iter()
+            .filter(|(k, _)| matches!(*k, "sent_pkts" | "rcvd_pkts"))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// Moves every QP to RTS connected to `remote` (perftest's attributes).
     pub fn connect(&self, remote: &[QpInfo], gid_index: u8, mtu: Mtu) -> Result<(), CliError> {
         // Outstanding READs / atomics: the device's most, as perftest's default (`-o`).
