@@ -739,6 +739,11 @@ fn main() {
     println!("cargo:rerun-if-changed=exports.txt");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    // Also the directory: a verbs.h installed after a build keeps its package's old
+    // mtime, which cargo takes for "unchanged", so the check stayed skipped (and the
+    // `c_layouts_were_checked_against_verbs_h` test failed) until a clean build. The
+    // directory's own mtime moves when the file appears.
+    println!("cargo:rerun-if-changed=/usr/include/infiniband");
 
     let exports = parse_exports(
         &std::fs::read_to_string(manifest.join("exports.txt")).expect("read exports.txt"),
