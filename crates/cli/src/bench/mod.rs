@@ -300,7 +300,8 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     ) {
         notes.push(format!(
             "WRITE 64K over {} QPs: {:.2}x the 1-QP figure (each QP has its own buffer, so \
-             the many-QP run streams {} MiB from memory where the 1-QP run stays in cache)",
+             the many-QP run works through {} MiB of buffers, beyond the CPU's nearest \
+             caches, where the 1-QP run's stay in them)",
             qp_memory::IDLE_QPS,
             many / one,
             (u64::from(qp_memory::IDLE_QPS) * 2 * 65536) >> 20
