@@ -9,6 +9,7 @@ use softhca::{Completion, Cq, WcFlags};
 use crate::abi::*;
 use crate::device::CtxBox;
 use crate::errno::Errno;
+use crate::event::{AckLock, Reported};
 use crate::ffi::{guard_int, guard_neg, guard_ptr, guard_val, nonnull, nonnull_mut};
 use crate::objects::ChannelBox;
 
@@ -25,6 +26,10 @@ pub(crate) struct CqBox {
     cur_ts: UnsafeCell<u64>,
     /// The same instant in CLOCK_REALTIME (`read_completion_wallclock_ns`).
     cur_wall: UnsafeCell<u64>,
+    /// Completion events and async events handed out for this CQ (destroy waits for
+    /// their acks).
+    pub comp_reported: Reported,
+    pub async_reported: Reported,
 }
 
 impl CqBox {
@@ -33,6 +38,17 @@ impl CqBox {
     pub(crate) unsafe fn from_ptr<'a>(cq: *const ibv_cq) -> Result<&'a CqBox, Errno> {
         // SAFETY: our CQs are the first field of a repr(C) CqBox (contract).
         unsafe { nonnull(cq as *const CqBox) }
+    }
+
+    /// The CQ's `mutex`/`cond` for event acknowledgement.
+    pub(crate) fn ack_lock(&self) -> AckLock {
+        // SAFETY: fields of this live box, zero-initialised at creation.
+        unsafe {
+            AckLock::new(
+                (&raw const self.cq.mutex).cast_mut(),
+                (&raw const self.cq.cond).cast_mut(),
+            )
+        }
     }
 }
 
@@ -53,11 +69,16 @@ fn create(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    comp_vector: u32,
     wc_flags: u64,
 ) -> Result<*mut CqBox, Errno> {
     // SAFETY: a context of ours (verb contract).
     let c = unsafe { CtxBox::from_ctx(ctx)? };
-    if cqe <= 0 {
+    // rxe_cq_chk_attr: 1 ..= max_cqe; uverbs: a vector below num_comp_vectors.
+    if cqe <= 0 || cqe as u32 > softhca::MAX_CQE {
+        return Err(Errno::INVAL);
+    }
+    if comp_vector >= c.vctx.context.num_comp_vectors as u32 {
         return Err(Errno::INVAL);
     }
     if wc_flags & !SUPPORTED_WC_FLAGS != 0 {
@@ -108,6 +129,8 @@ fn create(
         cur: UnsafeCell::new(Completion::default()),
         cur_ts: UnsafeCell::new(0),
         cur_wall: UnsafeCell::new(0),
+        comp_reported: Reported::default(),
+        async_reported: Reported::default(),
     });
     let p = Box::into_raw(b);
     c.registry.lock().cqs.insert(id, p as usize);
@@ -124,10 +147,11 @@ pub(crate) unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard_ptr("ibv_create_cq", || {
-        create(ctx, cqe, cq_context, channel, 0).map(|p| p.cast())
+        let vector = u32::try_from(comp_vector).map_err(|_| Errno::INVAL)?;
+        create(ctx, cqe, cq_context, channel, vector, 0).map(|p| p.cast())
     })
 }
 
@@ -144,7 +168,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return Err(Errno::NOTSUP);
         }
         let cqe = c_int::try_from(a.cqe).map_err(|_| Errno::INVAL)?;
-        create(ctx, cqe, a.cq_context, a.channel, a.wc_flags).map(|p| p.cast())
+        create(ctx, cqe, a.cq_context, a.channel, a.comp_vector, a.wc_flags).map(|p| p.cast())
     })
 }
 
@@ -152,6 +176,13 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard_int("ibv_destroy_cq", || {
         // SAFETY: a CQ of ours (verb contract).
         let b = unsafe { CqBox::from_ptr(cq)? };
+        // SAFETY: the counters are fields of this live CQ.
+        unsafe {
+            b.ack_lock().wait_acked(&[
+                (&raw const b.cq.comp_events_completed, &b.comp_reported),
+                (&raw const b.cq.async_events_completed, &b.async_reported),
+            ])
+        };
         // SAFETY: the CQ's context outlives it (programs close the device last).
         if let Ok(c) = unsafe { CtxBox::from_ctx(b.cq.context) } {
             c.registry.lock().cqs.remove(&b.cq.handle);
@@ -171,16 +202,12 @@ pub(crate) unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_
     guard_int("ibv_resize_cq", || {
         // SAFETY: a CQ of ours (verb contract).
         let b = unsafe { CqBox::from_ptr(cq)? };
-        if cqe <= 0 {
-            return Err(Errno::INVAL);
-        }
-        // A softhca CQ keeps its size; shrinking "succeeds" with the larger size, like a
-        // provider rounding up. Growing is not supported.
-        if cqe <= b.cq.cqe {
-            Ok(0)
-        } else {
-            Err(Errno::NOTSUP)
-        }
+        let cqe = u32::try_from(cqe).map_err(|_| Errno::INVAL)?;
+        b.inner.resize(cqe)?;
+        // SAFETY: `cqe` is a plain C field of our live CQ, written by the resizing
+        // thread (the verb's contract: no concurrent use of the CQ object itself).
+        unsafe { (*(cq as *mut CqBox)).cq.cqe = b.inner.capacity() as c_int };
+        Ok(0)
     })
 }
 
@@ -271,9 +298,8 @@ pub(crate) unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a channel of ours and the caller's out-parameters (verb contract).
         let (b, cq_out) = unsafe { (ChannelBox::from_ptr(ch)?, nonnull_mut(cq)?) };
         loop {
-            let Some(id) = b.inner.get_event(None)? else {
-                continue;
-            };
+            // A read(2) of the channel fd in its own mode: blocks, or EAGAIN / EINTR.
+            let id = b.inner.read_event()?;
             // SAFETY: the channel's context is ours and alive.
             let c = unsafe { CtxBox::from_ctx(b.ch.context)? };
             let Some(&p) = c.registry.lock().cqs.get(&id.0) else {
@@ -281,6 +307,8 @@ pub(crate) unsafe extern "C" fn ibv_get_cq_event(
                 continue;
             };
             let p = p as *mut CqBox;
+            // SAFETY: registered CQs are alive.
+            unsafe { (*p).comp_reported.add() };
             *cq_out = p.cast();
             if !cq_context.is_null() {
                 // SAFETY: registered CQs are alive; optional out-parameter.
@@ -295,9 +323,11 @@ pub(crate) unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
     guard_val("ibv_ack_cq_events", (), || {
         // SAFETY: a CQ of ours (verb contract).
         if let Ok(b) = unsafe { CqBox::from_ptr(cq) } {
-            // SAFETY: the counter is a plain C field of our live CQ; programs ack from
-            // the thread that got the events.
-            unsafe { (*(cq as *mut CqBox)).cq.comp_events_completed += n };
+            // SAFETY: the counter is a field of our live CQ, written under its mutex.
+            unsafe {
+                b.ack_lock()
+                    .ack(&raw mut (*(cq as *mut CqBox)).cq.comp_events_completed, n)
+            };
             // SAFETY: channel outlives its CQs.
             if let Ok(ch) = unsafe { ChannelBox::from_ptr(b.cq.channel) } {
                 ch.inner.ack_events(n);

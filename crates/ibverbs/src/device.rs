@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::{null, null_mut};
 use std::sync::{Arc, OnceLock};
 
@@ -97,6 +98,24 @@ pub(crate) struct CtxBox {
     pub vctx: verbs_context,
     pub ctx: Arc<Context>,
     pub registry: Mutex<Registry>,
+    _cmd_fd: CmdFd,
+}
+
+/// What `ibv_context::cmd_fd` holds: a real descriptor, so that a program that `dup()`s
+/// it to share the context (then calls `ibv_import_device`, which softhca refuses with
+/// `EOPNOTSUPP`, as rxe does) gets that answer rather than `EBADF`. There is no kernel
+/// command channel behind it: `/dev/null`, closed with the context.
+pub(crate) struct CmdFd(OwnedFd);
+
+impl CmdFd {
+    fn open() -> Result<CmdFd, Errno> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(Errno::from)?;
+        Ok(CmdFd(f.into()))
+    }
 }
 
 impl CtxBox {
@@ -197,17 +216,21 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
             eprintln!("softhca-ibverbs: cannot open {}: {e}", d.cfg.name);
             Errno::from(e)
         })?;
+        // The kernel's async fd starts blocking; O_NONBLOCK is the program's choice.
+        ctx.set_async_fd_nonblocking(false)?;
         let async_fd = ctx.async_event_fd();
+        let cmd_fd = CmdFd::open()?;
         let b = Box::new(CtxBox {
-            vctx: new_verbs_context(dev, async_fd),
+            vctx: new_verbs_context(dev, cmd_fd.0.as_raw_fd(), async_fd),
             ctx,
             registry: Mutex::new(Registry::default()),
+            _cmd_fd: cmd_fd,
         });
         Ok(Box::leak(b).ctx_ptr())
     })
 }
 
-fn new_verbs_context(dev: *mut ibv_device, async_fd: c_int) -> verbs_context {
+fn new_verbs_context(dev: *mut ibv_device, cmd_fd: c_int, async_fd: c_int) -> verbs_context {
     let np = null::<c_void>();
     verbs_context {
         query_port: Some(query_port_ex),
@@ -286,7 +309,7 @@ fn new_verbs_context(dev: *mut ibv_device, async_fd: c_int) -> verbs_context {
                 _compat_detach_mcast: np,
                 _compat_async_event: np,
             },
-            cmd_fd: -1,
+            cmd_fd,
             async_fd,
             num_comp_vectors: 1,
             mutex: pthread_mutex_t::default(),

@@ -37,3 +37,11 @@ pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
         eprintln!("softhca-ibverbs: {args}");
     }
 }
+
+impl From<std::io::Error> for Errno {
+    /// A failed `read(2)` of an event fd keeps its errno (`EAGAIN`, `EINTR`, ...), as
+    /// rdma-core's event verbs return it.
+    fn from(e: std::io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}

@@ -321,6 +321,8 @@ pub(crate) unsafe extern "C" fn ibv_create_comp_channel(
         // SAFETY: a context of ours (verb contract).
         let c = unsafe { CtxBox::from_ctx(ctx)? };
         let inner = c.ctx.create_comp_channel()?;
+        // The kernel's channel fd starts blocking; O_NONBLOCK is the program's choice.
+        inner.set_nonblocking(false)?;
         let b = Box::new(ChannelBox {
             ch: ibv_comp_channel {
                 context: ctx,

@@ -14,6 +14,7 @@ use crate::abi::*;
 use crate::cq::CqBox;
 use crate::device::CtxBox;
 use crate::errno::Errno;
+use crate::event::{AckLock, Reported};
 use crate::ffi::{guard_int, guard_ptr, guard_val, nonnull, nonnull_mut};
 use crate::objects::{av_from_c, av_to_c, AhBox, PdBox};
 
@@ -31,9 +32,23 @@ pub(crate) struct QpBox {
     pub qpx: ibv_qp_ex,
     pub inner: Qp,
     builder: Mutex<Builder>,
+    /// Async events handed out for this QP (destroy waits for their acks).
+    pub reported: Reported,
 }
 
 impl QpBox {
+    /// The QP's `mutex`/`cond` for event acknowledgement.
+    pub(crate) fn ack_lock(&self) -> AckLock {
+        let q = &self.qpx.qp_base;
+        // SAFETY: fields of this live box, zero-initialised at creation.
+        unsafe {
+            AckLock::new(
+                (&raw const q.mutex).cast_mut(),
+                (&raw const q.cond).cast_mut(),
+            )
+        }
+    }
+
     /// # Safety
     /// `qp` must be null or a QP of ours, not destroyed.
     pub(crate) unsafe fn from_ptr<'a>(qp: *const ibv_qp) -> Result<&'a QpBox, Errno> {
@@ -161,6 +176,7 @@ fn create(a: CreateArgs) -> Result<*mut QpBox, Errno> {
         },
         inner,
         builder: Mutex::new(Builder::default()),
+        reported: Reported::default(),
     });
     let p = Box::into_raw(b);
     // SAFETY: the PD's context is ours and alive.
@@ -199,12 +215,18 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     guard_ptr("ibv_create_qp_ex", || {
         // SAFETY: the caller's attributes.
         let a = unsafe { nonnull_mut(attr)? };
-        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return Err(Errno::INVAL);
         }
         if a.comp_mask & !known != 0 {
-            // XRC domains, create flags, TSO, RSS: not supported.
+            // XRC domains, TSO, RSS: not supported.
+            return Err(Errno::NOTSUP);
+        }
+        // rxe takes no create flags (rxe_create_qp: EOPNOTSUPP for any), but zero is
+        // accepted, as the kernel does.
+        if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
             return Err(Errno::NOTSUP);
         }
         // Send ops this QP builds with ibv_wr_*: no memory windows, local invalidate,
@@ -238,6 +260,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard_int("ibv_destroy_qp", || {
         // SAFETY: a QP of ours (verb contract).
         let b = unsafe { QpBox::from_ptr(qp)? };
+        // SAFETY: `events_completed` is a field of this live QP.
+        unsafe {
+            b.ack_lock()
+                .wait_acked(&[(&raw const b.qpx.qp_base.events_completed, &b.reported)])
+        };
         // SAFETY: the context outlives its QPs.
         if let Ok(c) = unsafe { CtxBox::from_ctx(b.qpx.qp_base.context) } {
             c.registry.lock().qps.remove(&b.qpx.qp_base.qp_num);
@@ -581,9 +608,23 @@ pub(crate) unsafe extern "C" fn post_recv(
 pub(crate) struct SrqBox {
     pub srq: ibv_srq,
     pub inner: Srq,
+    /// Async events handed out for this SRQ (destroy waits for their acks).
+    pub reported: Reported,
 }
 
 impl SrqBox {
+    /// The SRQ's `mutex`/`cond` for event acknowledgement.
+    pub(crate) fn ack_lock(&self) -> AckLock {
+        let q = &self.srq;
+        // SAFETY: fields of this live box, zero-initialised at creation.
+        unsafe {
+            AckLock::new(
+                (&raw const q.mutex).cast_mut(),
+                (&raw const q.cond).cast_mut(),
+            )
+        }
+    }
+
     /// # Safety
     /// `srq` must be null or an SRQ of ours, not destroyed.
     pub(crate) unsafe fn from_ptr<'a>(srq: *const ibv_srq) -> Result<&'a SrqBox, Errno> {
@@ -621,6 +662,7 @@ fn srq_create(
             events_completed: 0,
         },
         inner,
+        reported: Reported::default(),
     }));
     // SAFETY: the PD's context is ours and alive.
     if let Ok(c) = unsafe { CtxBox::from_ctx(ctx) } {
@@ -702,6 +744,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard_int("ibv_destroy_srq", || {
         // SAFETY: an SRQ of ours (verb contract).
         let b = unsafe { SrqBox::from_ptr(srq)? };
+        // SAFETY: `events_completed` is a field of this live SRQ.
+        unsafe {
+            b.ack_lock()
+                .wait_acked(&[(&raw const b.srq.events_completed, &b.reported)])
+        };
         // SAFETY: the context outlives its SRQs.
         if let Ok(c) = unsafe { CtxBox::from_ctx(b.srq.context) } {
             c.registry.lock().srqs.remove(&b.srq.handle);

@@ -5,30 +5,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn compile(src: &Path) -> Option<PathBuf> {
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("SKIP: libibverbs-dev not installed (apt-get install libibverbs-dev)");
-        return None;
-    }
-    let out = std::env::temp_dir().join(format!("softhca-async-events-{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-O1", "-g", "-Wall", "-Werror", "-std=gnu11", "-o"])
-        .arg(&out)
-        .arg(src)
-        .arg("-libverbs")
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "compiling {}", src.display());
-    Some(out)
-}
+use std::path::PathBuf;
 
 #[test]
 fn srq_limit_access_error_cq_error_and_qp_fatal_events() {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/async_events.c");
-    let Some(bin) = compile(&src) else { return };
+    let Some(bin) = common::compile_c(&src, "async-events") else {
+        return;
+    };
     let _g = common::serial();
     let out = common::cmd(bin.to_str().expect("utf-8 path"))
         .output()

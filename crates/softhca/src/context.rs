@@ -4,7 +4,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use crate::config::{Config, PollMode};
 use crate::cq::{CompChannel, Cq, CqRing, PushRun};
 use crate::datapath::{Progress, APP_WINDOW_NS, INLINE_STEPS};
 use crate::error::Error;
-use crate::event::{AsyncEvent, AsyncQueue};
+use crate::event::{AsyncEvent, AsyncQueue, EventObject};
 use crate::mr::Pd;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
@@ -112,6 +112,9 @@ impl Stats {
 pub(crate) struct Core {
     pub engine: Engine,
     pub cqs: HashMap<u32, Arc<CqRing>>,
+    /// The async event queue of the context that created each QP and SRQ: events go to
+    /// that context only, as the kernel queues them on the creating uverbs file.
+    pub owners: HashMap<EventObject, Weak<AsyncQueue>>,
 }
 
 // SAFETY: the engine holds raw pointers into registered memory (the MR table). They are
@@ -151,7 +154,11 @@ impl Core {
 
     /// One pass of [`Core::deliver_after`]; true when a CQ overrun moved a QP to ERR.
     fn deliver_once(&mut self, shared: &Shared, earlier: &mut Vec<EngineCompletion>) -> bool {
-        let Core { engine, cqs } = self;
+        let Core {
+            engine,
+            cqs,
+            owners,
+        } = self;
         let mut run: Option<RingRun<'_>> = None;
         // QPs whose completion was lost to a full CQ (rare; usually empty).
         let mut overrun: Vec<u32> = Vec::new();
@@ -173,7 +180,7 @@ impl Core {
             if let Some((_, ring, guard, pr)) = run.as_mut() {
                 let before = ring.overflows.load(Ordering::Relaxed);
                 let qpn = c.qp_num;
-                ring.push_locked(guard, c, pr, &shared.events);
+                ring.push_locked(guard, c, pr);
                 if ring.overflows.load(Ordering::Relaxed) != before {
                     Stats::add(&shared.stats.cq_overflows, 1);
                     if !overrun.contains(&qpn) {
@@ -210,14 +217,34 @@ impl Core {
                     )
                     .is_ok()
             {
-                shared.events.push(AsyncEvent::QpFatal(q));
+                route(owners, AsyncEvent::QpFatal(q));
                 moved = true;
             }
         }
         while let Some(e) = engine.poll_event() {
-            shared.events.push(AsyncEvent::from(e));
+            route(owners, AsyncEvent::from(e));
         }
         moved
+    }
+
+    /// Records that `obj` belongs to `ctx`: its async events go to that context.
+    pub(crate) fn own(&mut self, obj: EventObject, ctx: &Context) {
+        self.owners.insert(obj, Arc::downgrade(&ctx.events));
+    }
+
+    /// Forgets `obj` (destroyed): events still queued for it are dropped.
+    pub(crate) fn disown(&mut self, obj: EventObject) {
+        if let Some(q) = self.owners.remove(&obj).and_then(|w| w.upgrade()) {
+            q.retire(|e| e.names(obj));
+        }
+    }
+}
+
+/// Queues `e` on the async queue of the context owning its object; an event for an
+/// object no live context owns (destroyed meanwhile) is dropped.
+fn route(owners: &HashMap<EventObject, Weak<AsyncQueue>>, e: AsyncEvent) {
+    if let Some(q) = owners.get(&e.object()).and_then(Weak::upgrade) {
+        q.push(e);
     }
 }
 
@@ -234,7 +261,6 @@ pub(crate) struct Shared {
     /// packet arrived). Dekker pair with `sleeping` (both SeqCst).
     pub pending: AtomicBool,
     pub stop: AtomicBool,
-    pub events: AsyncQueue,
     pub stats: Stats,
     pub poll: PollMode,
     /// The datapath's buffers: whoever holds this runs a datapath step (the datapath
@@ -454,11 +480,11 @@ struct ServedAddr {
     loopback: bool,
 }
 
-/// An open device (`ibv_context`): one UDP socket per served address, the transport
-/// engine, and a datapath thread that moves packets between them. Always handled as
-/// `Arc<Context>`; every object created from it keeps it alive, and the datapath thread
+/// The device behind every [`Context`] of it in this process: one UDP socket per served
+/// address, the transport engine, and a datapath thread that moves packets between them.
+/// It lives while any context (or object created from one) does; the datapath thread
 /// stops (and is joined) when the last reference goes.
-pub struct Context {
+pub(crate) struct Device {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     name: String,
@@ -470,16 +496,58 @@ pub struct Context {
     attr: DeviceAttr,
 }
 
+/// An open device (`ibv_context`). Every [`Context::open`] of a device this process
+/// already has gives a new context on the same device (same GIDs, QPN space and
+/// datapath), as every `ibv_open_device` of a card or of rxe does; each context has its
+/// own async event queue. Always handled as `Arc<Context>`; every object created from it
+/// keeps it alive.
+pub struct Context {
+    dev: Arc<Device>,
+    events: Arc<AsyncQueue>,
+}
+
+/// What makes two [`Config`]s the same device: its name and what chooses its addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeviceKey {
+    name: String,
+    addrs: Vec<IpAddr>,
+    netdev: Option<String>,
+    udp_port: u16,
+}
+
+impl DeviceKey {
+    fn of(cfg: &Config) -> DeviceKey {
+        DeviceKey {
+            name: cfg.name.clone(),
+            addrs: cfg.addrs.clone(),
+            netdev: cfg.netdev.clone(),
+            udp_port: cfg.udp_port,
+        }
+    }
+}
+
+/// The devices open in this process: a second open of one shares the first's engine.
+static OPEN_BY_KEY: Mutex<Vec<(DeviceKey, Weak<Device>)>> = Mutex::new(Vec::new());
+
+/// The device `cfg` names if this process has it open.
+fn open_device(cfg: &Config) -> Option<Arc<Device>> {
+    let key = DeviceKey::of(cfg);
+    let open = OPEN_BY_KEY.lock();
+    open.iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, d)| d.upgrade())
+}
+
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("name", &self.name)
+            .field("name", &self.dev.name)
             .field(
                 "addrs",
-                &self.served.iter().map(|s| s.ip).collect::<Vec<_>>(),
+                &self.dev.served.iter().map(|s| s.ip).collect::<Vec<_>>(),
             )
-            .field("mtu", &self.mtu)
-            .field("udp_port", &self.udp_port)
+            .field("mtu", &self.dev.mtu)
+            .field("udp_port", &self.dev.udp_port)
             .finish()
     }
 }
@@ -565,17 +633,47 @@ impl Context {
     ///
     /// Active MTU: `cfg.mtu` capped by the netdev MTU of every served interface, like
     /// rxe's `eth_mtu_int_to_enum` (1500 → 1024; loopback 65536 → 4096).
+    ///
+    /// A device this process has open already (same name, addresses, netdev and UDP
+    /// port in `cfg`) is not opened again: the new context shares it (its GIDs, QPN space
+    /// and datapath), and the rest of `cfg` is not looked at.
     pub fn open(cfg: &Config) -> Result<Arc<Context>, Error> {
-        let served = addr::bind_served(cfg)?;
-        Self::open_served(cfg, served)
+        let key = DeviceKey::of(cfg);
+        let mut open = OPEN_BY_KEY.lock();
+        open.retain(|(_, d)| d.strong_count() > 0);
+        let dev = match open
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, d)| d.upgrade())
+        {
+            Some(d) => d,
+            None => {
+                let served = addr::bind_served(cfg)?;
+                let d = Device::open(cfg, served)?;
+                open.push((key, Arc::downgrade(&d)));
+                d
+            }
+        };
+        drop(open);
+        Ok(Arc::new(Context {
+            dev,
+            events: Arc::new(AsyncQueue::new()?),
+        }))
+    }
+
+    /// Whether `self` and `other` are contexts of the same device.
+    pub fn same_device(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.dev, &other.dev)
     }
 
     /// [`Context::open`] with [`Config::from_env`].
     pub fn open_default() -> Result<Arc<Context>, Error> {
         Self::open(&Config::from_env()?)
     }
+}
 
-    fn open_served(cfg: &Config, served: Vec<Served>) -> Result<Arc<Context>, Error> {
+impl Device {
+    fn open(cfg: &Config, served: Vec<Served>) -> Result<Arc<Device>, Error> {
         if served.is_empty() {
             return Err(Error::Config("no address to serve".to_string()));
         }
@@ -628,6 +726,7 @@ impl Context {
             core: Mutex::new(Core {
                 engine,
                 cqs: HashMap::default(),
+                owners: HashMap::default(),
             }),
             epoch: Instant::now(),
             sockets,
@@ -635,7 +734,6 @@ impl Context {
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            events: AsyncQueue::new()?,
             stats: Stats::default(),
             poll: cfg.poll,
             progress,
@@ -657,7 +755,7 @@ impl Context {
             })?;
         tracing::info!(name = %cfg.name, addrs = ?served_addrs.iter().map(|s| s.ip).collect::<Vec<_>>(),
             ?mtu, port = cfg.udp_port, gso = caps.0, gro = caps.1, "softhca device open");
-        Ok(Arc::new(Context {
+        Ok(Arc::new(Device {
             shared,
             thread: Mutex::new(Some(thread)),
             name: cfg.name.clone(),
@@ -669,15 +767,17 @@ impl Context {
             attr,
         }))
     }
+}
 
+impl Context {
     /// The device name (`ibv_get_device_name`).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.dev.name
     }
 
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        self.attr.clone()
+        self.dev.attr.clone()
     }
 
     /// Port attributes (`ibv_query_port`); the only port is 1.
@@ -688,8 +788,8 @@ impl Context {
         Ok(PortAttr {
             state: PortState::Active,
             max_mtu: Mtu::M4096,
-            active_mtu: self.mtu,
-            gid_tbl_len: self.gids.len() as i32,
+            active_mtu: self.dev.mtu,
+            gid_tbl_len: self.dev.gids.len() as i32,
             // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.
             port_cap_flags: (1 << 16) | (1 << 26),
             max_msg_sz: 0x8000_0000,
@@ -713,22 +813,22 @@ impl Context {
     /// The GID table: the served addresses (IPv4-mapped for IPv4), in
     /// [`Context::open`]'s order.
     pub fn gids(&self) -> Vec<Gid> {
-        self.gids.clone()
+        self.dev.gids.clone()
     }
 
     /// The served IP addresses, GID order.
     pub fn addrs(&self) -> Vec<IpAddr> {
-        self.served.iter().map(|s| s.ip).collect()
+        self.dev.served.iter().map(|s| s.ip).collect()
     }
 
     /// The UDP port this device binds and sends to.
     pub fn udp_port(&self) -> u16 {
-        self.udp_port
+        self.dev.udp_port
     }
 
     /// The active MTU.
     pub fn active_mtu(&self) -> Mtu {
-        self.mtu
+        self.dev.mtu
     }
 
     /// One GID (`ibv_query_gid`).
@@ -736,7 +836,8 @@ impl Context {
         if port != 1 {
             return Err(Error::InvalidArgument("port number (the only port is 1)"));
         }
-        self.gids
+        self.dev
+            .gids
             .get(index as usize)
             .copied()
             .ok_or(Error::InvalidArgument("GID index"))
@@ -756,6 +857,7 @@ impl Context {
     pub fn gid_index_for(&self, peer: IpAddr) -> Option<u8> {
         let same_family = |ip: &IpAddr| ip.is_ipv4() == peer.is_ipv4();
         let loopback_idx = self
+            .dev
             .served
             .iter()
             .position(|s| s.loopback && same_family(&s.ip));
@@ -763,7 +865,7 @@ impl Context {
             loopback_idx
         } else {
             match addr::route_source(peer) {
-                Some(src) => match self.served.iter().position(|s| s.ip == src) {
+                Some(src) => match self.dev.served.iter().position(|s| s.ip == src) {
                     Some(i) => Some(i),
                     // The kernel answers "from itself" only for a local address.
                     None if src == peer => loopback_idx,
@@ -772,7 +874,7 @@ impl Context {
                 None => None,
             }
         };
-        let idx = idx.or_else(|| self.served.iter().position(|s| same_family(&s.ip)))?;
+        let idx = idx.or_else(|| self.dev.served.iter().position(|s| same_family(&s.ip)))?;
         u8::try_from(idx).ok()
     }
 
@@ -800,7 +902,7 @@ impl Context {
         let ch = channel.map(|c| c.inner.clone());
         let ring = self.with_core_untimed(|core| {
             let id = core.engine.create_cq();
-            let ring = Arc::new(CqRing::new(id, cqe as usize, ch));
+            let ring = Arc::new(CqRing::new(id, cqe as usize, ch, self.events.clone()));
             core.cqs.insert(id.0, ring.clone());
             ring
         })?;
@@ -819,37 +921,55 @@ impl Context {
     /// Takes the next async event (`ibv_get_async_event`), waiting up to `timeout`
     /// (`None`: forever). `None` on timeout.
     pub fn get_async_event(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
-        self.shared.events.get(timeout)
+        self.events.get(timeout)
     }
 
     /// A file descriptor readable while an async event is queued (`async_fd`).
     pub fn async_event_fd(&self) -> RawFd {
-        self.shared.events.fd()
+        self.events.fd()
+    }
+
+    /// Takes the next async event as rdma-core's `ibv_get_async_event` does, with a
+    /// `read(2)` of [`Context::async_event_fd`] in the fd's own blocking mode: `EAGAIN`
+    /// (`WouldBlock`) with `O_NONBLOCK` set and nothing queued, `EINTR` (`Interrupted`)
+    /// when a signal interrupts the wait.
+    pub fn read_async_event(&self) -> std::io::Result<AsyncEvent> {
+        self.dev.shared.app_will_block();
+        self.events.read()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on [`Context::async_event_fd`] (it starts
+    /// non-blocking; the C library makes it blocking, as the kernel's).
+    pub fn set_async_fd_nonblocking(&self, on: bool) -> Result<(), Error> {
+        self.events.set_nonblocking(on).map_err(|source| Error::Os {
+            what: "fcntl(async_fd)",
+            source,
+        })
     }
 
     /// Transport counters (rxe names), resource gauges (`gauge_*`, see
     /// `Engine::resource_gauges`), then the datapath's I/O counters.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v: Vec<(&'static str, u64)> = {
-            let core = self.shared.core.lock();
+            let core = self.dev.shared.core.lock();
             let mut v: Vec<_> = core.engine.counters().iter().collect();
             v.extend(core.engine.resource_gauges());
             v
         };
-        v.extend(self.shared.stats.iter());
-        v.push(("io_gso", u64::from(self.caps.0)));
-        v.push(("io_gro", u64::from(self.caps.1)));
+        v.extend(self.dev.shared.stats.iter());
+        v.push(("io_gso", u64::from(self.dev.caps.0)));
+        v.push(("io_gro", u64::from(self.dev.caps.1)));
         v
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).
     pub fn io_capabilities(&self) -> (bool, bool) {
-        self.caps
+        self.dev.caps
     }
 
     /// The idle policy of the datapath thread.
     pub fn poll_mode(&self) -> PollMode {
-        self.shared.poll
+        self.dev.shared.poll
     }
 
     /// Runs `f` on the engine under its lock, then moves any completions and events it
@@ -857,7 +977,7 @@ impl Context {
     /// datapath has stopped.
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
         self.with_core_untimed(|core| {
-            let now = self.shared.now();
+            let now = self.dev.shared.now();
             f(core, now)
         })
     }
@@ -865,21 +985,21 @@ impl Context {
     /// [`Context::with_core`] for engine calls that take no time (posting a receive
     /// is per message at high message rates: the clock read was 2.5 % of a 64 B run).
     pub(crate) fn with_core_untimed<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, Error> {
-        if self.shared.stop.load(Ordering::Relaxed) {
+        if self.dev.shared.stop.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        let mut core = self.shared.core.lock();
+        let mut core = self.dev.shared.core.lock();
         let r = f(&mut core);
-        core.deliver(&self.shared);
+        core.deliver(&self.dev.shared);
         Ok(r)
     }
 
     /// Like [`Context::with_core`] but also after the datapath stopped: for teardown
     /// (deregistering memory must always happen).
     pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let mut core = self.shared.core.lock();
+        let mut core = self.dev.shared.core.lock();
         let r = f(&mut core);
-        core.deliver(&self.shared);
+        core.deliver(&self.dev.shared);
         r
     }
 
@@ -887,8 +1007,8 @@ impl Context {
     /// for taking registered memory away, which a transmit may still point into until
     /// its `sendmmsg` returns (zero-copy send).
     pub(crate) fn with_core_no_transmit<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let mut progress = self.shared.progress.lock();
-        progress.flush_held(&self.shared);
+        let mut progress = self.dev.shared.progress.lock();
+        progress.flush_held(&self.dev.shared);
         let r = self.with_core_always(f);
         drop(progress);
         r
@@ -896,24 +1016,24 @@ impl Context {
 
     /// Tells the datapath there is new work (rings the doorbell if it sleeps).
     pub(crate) fn kick(&self) {
-        self.shared.kick();
+        self.dev.shared.kick();
     }
 
     /// Runs `post` on the engine and transmits what it made ready (see [`Shared::post`]).
     /// Fails with [`Error::Closed`] once the datapath has stopped.
     pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
-        if self.shared.stop.load(Ordering::Relaxed) {
+        if self.dev.shared.stop.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        Ok(self.shared.post(post))
+        Ok(self.dev.shared.post(post))
     }
 
     pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
+        &self.dev.shared
     }
 }
 
-impl Drop for Context {
+impl Drop for Device {
     fn drop(&mut self) {
         self.shared.flush_held();
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -930,10 +1050,20 @@ impl Drop for Context {
 }
 
 /// The device(s) this process would open with [`Config::from_env`]: one, named by
-/// `SOFTHCA_NAME`. The addresses are found by binding (and releasing) the sockets, so
-/// they are what an [`Context::open`] right now would serve.
+/// `SOFTHCA_NAME`. When the process has it open, its addresses; else they are found by
+/// binding (and releasing) the sockets, so they are what an [`Context::open`] right now
+/// would serve.
 pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
     let cfg = Config::from_env()?;
+    if let Some(d) = open_device(&cfg) {
+        return Ok(vec![DeviceInfo {
+            name: d.name.clone(),
+            gids: d.gids.clone(),
+            addrs: d.served.iter().map(|s| s.ip).collect(),
+            udp_port: d.udp_port,
+            active_mtu: d.mtu,
+        }]);
+    }
     let served = addr::bind_served(&cfg)?;
     let mtu = addr::active_mtu(cfg.mtu, &served);
     let addrs: Vec<IpAddr> = served.iter().map(|s| s.ip).collect();

@@ -14,8 +14,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::event::AsyncEvent;
-use crate::sys::SemEventFd;
+use crate::event::{AsyncEvent, AsyncQueue, EventObject, EventQueue};
 use crate::{Completion, CqId, WcStatus};
 
 /// Which CQ a completion channel event is about: the [`CqId`] of the [`Cq`]
@@ -30,13 +29,16 @@ const ARM_NEXT: u8 = 2;
 #[derive(Debug)]
 pub(crate) struct CqRing {
     pub(crate) id: CqId,
-    cap: usize,
+    /// Entries the ring holds (`cqe`); changed only by [`Cq::resize`] under the ring lock.
+    cap: AtomicUsize,
     q: Mutex<VecDeque<Completion>>,
     cv: Condvar,
     waiters: AtomicUsize,
     arm: AtomicU8,
     overflowed: AtomicBool,
     channel: Option<Arc<ChannelShared>>,
+    /// The async event queue of the context that created the CQ (`IBV_EVENT_CQ_ERR`).
+    events: Arc<AsyncQueue>,
     pub(crate) overflows: AtomicU64,
 }
 
@@ -56,16 +58,22 @@ fn wakes_solicited(c: &Completion) -> bool {
 }
 
 impl CqRing {
-    pub(crate) fn new(id: CqId, cap: usize, channel: Option<Arc<ChannelShared>>) -> Self {
+    pub(crate) fn new(
+        id: CqId,
+        cap: usize,
+        channel: Option<Arc<ChannelShared>>,
+        events: Arc<AsyncQueue>,
+    ) -> Self {
         CqRing {
             id,
-            cap,
+            cap: AtomicUsize::new(cap),
             q: Mutex::new(VecDeque::with_capacity(cap)),
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
             arm: AtomicU8::new(ARM_NONE),
             overflowed: AtomicBool::new(false),
             channel,
+            events,
             overflows: AtomicU64::new(0),
         }
     }
@@ -81,16 +89,15 @@ impl CqRing {
         q: &mut VecDeque<Completion>,
         c: Completion,
         run: &mut PushRun,
-        events: &crate::event::AsyncQueue,
     ) {
-        if q.len() >= self.cap {
+        if q.len() >= self.cap.load(Ordering::Relaxed) {
             self.overflows.fetch_add(1, Ordering::Relaxed);
             if !self.overflowed.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     cq = self.id.0,
                     "completion queue overflow; completions lost"
                 );
-                events.push(AsyncEvent::CqErr(self.id));
+                self.events.push(AsyncEvent::CqErr(self.id));
             }
             return;
         }
@@ -150,7 +157,13 @@ pub(crate) struct CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        self.ctx.destroy_cq(self.ring.id);
+        let id = self.ring.id;
+        // The kernel drops a destroyed CQ's pending events (`ib_uverbs_release_ucq`).
+        if let Some(ch) = &self.ring.channel {
+            ch.events.retire(|&c| c == id);
+        }
+        self.ring.events.retire(|e| e.names(EventObject::Cq(id.0)));
+        self.ctx.destroy_cq(id);
     }
 }
 
@@ -168,7 +181,30 @@ impl Cq {
 
     /// The number of completions the CQ holds (`cqe`).
     pub fn capacity(&self) -> usize {
-        self.inner.ring.cap
+        self.inner.ring.cap.load(Ordering::Relaxed)
+    }
+
+    /// Resizes the CQ to hold `cqe` completions (`ibv_resize_cq`), as rxe does
+    /// (`rxe_cq_chk_attr`): 1 ..= [`crate::MAX_CQE`], and not fewer than it holds now.
+    /// Completions already in the CQ are kept.
+    pub fn resize(&self, cqe: u32) -> Result<(), Error> {
+        if cqe == 0 || cqe > crate::MAX_CQE {
+            return Err(Error::InvalidArgument("cqe must be 1..=32767"));
+        }
+        let ring = &self.inner.ring;
+        let mut q = ring.q.lock();
+        if (cqe as usize) < q.len() {
+            return Err(Error::InvalidArgument(
+                "cqe smaller than the completions the CQ holds",
+            ));
+        }
+        let cqe = cqe as usize;
+        let held = q.len();
+        if cqe > q.capacity() {
+            q.reserve(cqe - held);
+        }
+        ring.cap.store(cqe, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Moves up to `out.len()` completions into `out`, oldest first; returns how many
@@ -280,16 +316,14 @@ impl Cq {
 /// The state shared by a [`CompChannel`] and the CQs attached to it.
 #[derive(Debug)]
 pub(crate) struct ChannelShared {
-    fired: Mutex<VecDeque<CqId>>,
-    fd: SemEventFd,
+    events: EventQueue<CqId>,
     acked: AtomicU64,
     delivered: AtomicU64,
 }
 
 impl ChannelShared {
     fn fire(&self, cq: CqId) {
-        self.fired.lock().push_back(cq);
-        self.fd.post();
+        self.events.push(cq);
     }
 }
 
@@ -305,8 +339,7 @@ impl CompChannel {
     pub(crate) fn new(ctx: Arc<Context>) -> Result<CompChannel, Error> {
         Ok(CompChannel {
             inner: Arc::new(ChannelShared {
-                fired: Mutex::new(VecDeque::new()),
-                fd: SemEventFd::new()?,
+                events: EventQueue::new()?,
                 acked: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             }),
@@ -316,7 +349,30 @@ impl CompChannel {
 
     /// The file descriptor: readable while [`CompChannel::get_event`] would return at once.
     pub fn fd(&self) -> RawFd {
-        self.inner.fd.as_raw_fd()
+        self.inner.events.fd()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on [`CompChannel::fd`] (it starts non-blocking; the C
+    /// library makes it blocking, as the kernel's).
+    pub fn set_nonblocking(&self, on: bool) -> Result<(), Error> {
+        self.inner
+            .events
+            .set_nonblocking(on)
+            .map_err(|source| Error::Os {
+                what: "fcntl(comp_channel)",
+                source,
+            })
+    }
+
+    /// Takes the next CQ notification as rdma-core's `ibv_get_cq_event` does, with a
+    /// `read(2)` of [`CompChannel::fd`] in the fd's own blocking mode: `EAGAIN`
+    /// (`WouldBlock`) with `O_NONBLOCK` and nothing pending, `EINTR` (`Interrupted`) on a
+    /// signal.
+    pub fn read_event(&self) -> std::io::Result<CqHandleId> {
+        self._ctx.shared().app_will_block();
+        let cq = self.inner.events.read()?;
+        self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+        Ok(cq)
     }
 
     /// Takes the next CQ notification (`ibv_get_cq_event`), waiting up to `timeout`
@@ -324,10 +380,7 @@ impl CompChannel {
     /// [`Cq::req_notify`] to get the next one.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqHandleId>, Error> {
         self._ctx.shared().app_will_block();
-        if !self.inner.fd.take(timeout)? {
-            return Ok(None);
-        }
-        let cq = self.inner.fired.lock().pop_front();
+        let cq = self.inner.events.get(timeout);
         if cq.is_some() {
             self.inner.delivered.fetch_add(1, Ordering::Relaxed);
         }

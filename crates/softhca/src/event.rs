@@ -53,11 +53,14 @@ impl From<transport::AsyncEvent> for AsyncEvent {
     }
 }
 
-/// The device's async event queue: a mutex-protected queue plus a counting eventfd that
-/// is readable exactly while events are queued (`ibv_context::async_fd`).
+/// A queue of events behind a counting eventfd that is readable exactly while an entry
+/// is queued: the shape of a completion channel and of a context's `async_fd`. The fd
+/// count always equals the number of entries; an entry whose object is gone is kept as a
+/// tombstone (`None`) so that the count stays right, and readers skip it, as the kernel
+/// drops the events of a destroyed CQ (`ib_uverbs_release_ucq`).
 #[derive(Debug)]
-pub(crate) struct AsyncQueue {
-    q: Mutex<VecDeque<AsyncEvent>>,
+pub(crate) struct EventQueue<T> {
+    q: Mutex<VecDeque<Option<T>>>,
     fd: SemEventFd,
 }
 
@@ -65,34 +68,107 @@ pub(crate) struct AsyncQueue {
 /// grow without bound).
 const MAX_QUEUED: usize = 4096;
 
-impl AsyncQueue {
+impl<T: Copy> EventQueue<T> {
     pub(crate) fn new() -> Result<Self, Error> {
-        Ok(AsyncQueue {
-            q: Mutex::new(VecDeque::with_capacity(64)),
+        Ok(EventQueue {
+            q: Mutex::new(VecDeque::with_capacity(16)),
             fd: SemEventFd::new()?,
         })
     }
 
-    pub(crate) fn push(&self, e: AsyncEvent) {
+    pub(crate) fn push(&self, e: T) {
         let mut q = self.q.lock();
         if q.len() >= MAX_QUEUED {
-            // Keep the fd count equal to the queue length: take one for the dropped event.
+            // Keep the fd count equal to the queue length: take one for the dropped event
+            // (the count is at least MAX_QUEUED - readers in flight, so this never waits).
             q.pop_front();
             self.fd.try_take();
         }
-        q.push_back(e);
+        q.push_back(Some(e));
         drop(q);
         self.fd.post();
     }
 
-    pub(crate) fn get(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
-        match self.fd.take(timeout) {
-            Ok(true) => self.q.lock().pop_front(),
-            _ => None,
+    /// The next event, waiting up to `timeout` (`None`: forever); `None` on timeout.
+    pub(crate) fn get(&self, timeout: Option<Duration>) -> Option<T> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            match self.fd.take(left) {
+                Ok(true) => {
+                    if let Some(e) = self.q.lock().pop_front().flatten() {
+                        return Some(e);
+                    }
+                }
+                _ => return None,
+            }
+            if left.is_some_and(|l| l.is_zero()) {
+                return None;
+            }
+        }
+    }
+
+    /// The next event as `read(2)` of the kernel's event file gives it
+    /// (`ib_uverbs_event_read`): blocks unless the fd has `O_NONBLOCK`, which gives
+    /// `EAGAIN` when nothing is queued; a signal interrupts the wait with `EINTR` (or
+    /// restarts it, as the handler's `SA_RESTART` says).
+    pub(crate) fn read(&self) -> std::io::Result<T> {
+        loop {
+            self.fd.read_one()?;
+            if let Some(e) = self.q.lock().pop_front().flatten() {
+                return Ok(e);
+            }
+        }
+    }
+
+    /// Turns the queued events `stale` matches into tombstones (their object is gone).
+    pub(crate) fn retire(&self, stale: impl Fn(&T) -> bool) {
+        for e in self.q.lock().iter_mut() {
+            if e.as_ref().is_some_and(&stale) {
+                *e = None;
+            }
         }
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.fd.as_raw_fd()
     }
+
+    /// Sets or clears the fd's `O_NONBLOCK` (see [`EventQueue::read`]).
+    pub(crate) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        self.fd.set_nonblocking(on)
+    }
+}
+
+/// A context's async event queue (`ibv_context::async_fd`).
+pub(crate) type AsyncQueue = EventQueue<AsyncEvent>;
+
+impl AsyncEvent {
+    /// Whether the event names the object `gone`.
+    pub(crate) fn names(&self, gone: EventObject) -> bool {
+        self.object() == gone
+    }
+
+    /// The object an event is about (its `ibv_async_event::element`).
+    pub(crate) fn object(&self) -> EventObject {
+        match *self {
+            AsyncEvent::QpFatal(q)
+            | AsyncEvent::QpReqErr(q)
+            | AsyncEvent::QpAccessErr(q)
+            | AsyncEvent::CommEst(q)
+            | AsyncEvent::SqDrained(q)
+            | AsyncEvent::QpLastWqeReached(q) => EventObject::Qp(q.value()),
+            AsyncEvent::SrqLimitReached(s) | AsyncEvent::SrqErr(s) => EventObject::Srq(s.0),
+            AsyncEvent::CqErr(c) => EventObject::Cq(c.0),
+        }
+    }
+}
+
+/// The object an async event is about; the device routes each event to the context that
+/// created the object, as the kernel queues it on that uverbs file's async queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum EventObject {
+    Qp(u32),
+    Srq(u32),
+    Cq(u32),
 }

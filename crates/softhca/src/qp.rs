@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::cq::{Cq, CqInner};
 use crate::error::Error;
+use crate::event::EventObject;
 use crate::mr::Pd;
 use crate::{
     AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
@@ -111,7 +112,11 @@ impl Qp {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let qpn = ctx.with_core_untimed(|core| core.engine.create_qp(&attr))??;
+        let qpn = ctx.with_core_untimed(|core| {
+            let qpn = core.engine.create_qp(&attr)?;
+            core.own(EventObject::Qp(qpn.value()), ctx);
+            Ok::<_, Error>(qpn)
+        })??;
         Ok(Qp {
             pd: pd.clone(),
             qpn,
@@ -327,10 +332,10 @@ impl Drop for Qp {
         // ACKs of what this QP just completed may be held for an answer that will
         // never come (the application is tearing down): they go first.
         self.pd.context().shared().flush_held();
-        let r = self
-            .pd
-            .context()
-            .with_core_always(|core| core.engine.destroy_qp(qpn));
+        let r = self.pd.context().with_core_always(|core| {
+            core.disown(EventObject::Qp(qpn.value()));
+            core.engine.destroy_qp(qpn)
+        });
         if let Err(e) = r {
             tracing::debug!(qpn = qpn_u32(qpn), "destroy_qp: {e}");
         }
@@ -352,11 +357,10 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
-        if let Err(e) = self
-            .pd
-            .context()
-            .with_core_always(|core| core.engine.destroy_srq(id))
-        {
+        if let Err(e) = self.pd.context().with_core_always(|core| {
+            core.disown(EventObject::Srq(id.0));
+            core.engine.destroy_srq(id)
+        }) {
             tracing::debug!(srq = id.0, "destroy_srq: {e}");
         }
     }
@@ -365,9 +369,12 @@ impl Drop for SrqInner {
 impl Srq {
     pub(crate) fn create(pd: &Pd, attr: SrqAttr) -> Result<Srq, Error> {
         let pdid = pd.id();
-        let id = pd
-            .context()
-            .with_core_untimed(|core| core.engine.create_srq(pdid, attr))??;
+        let ctx = pd.context();
+        let id = ctx.with_core_untimed(|core| {
+            let id = core.engine.create_srq(pdid, attr)?;
+            core.own(EventObject::Srq(id.0), ctx);
+            Ok::<_, Error>(id)
+        })??;
         Ok(Srq {
             inner: Arc::new(SrqInner { pd: pd.clone(), id }),
         })

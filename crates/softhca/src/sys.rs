@@ -41,8 +41,15 @@ impl SemEventFd {
         unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Takes one if available (never blocks).
+    /// Takes one if available (never blocks, even when a C program cleared the fd's
+    /// `O_NONBLOCK`: it looks first, so only a racing reader could make it wait).
     pub(crate) fn try_take(&self) -> bool {
+        if !matches!(
+            poll_readable(self.fd.as_raw_fd(), Some(Duration::ZERO)),
+            Ok(true)
+        ) {
+            return false;
+        }
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 as eventfd(2) requires.
         let rc = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -66,6 +73,39 @@ impl SemEventFd {
             };
             poll_readable(self.fd.as_raw_fd(), left)?;
         }
+    }
+
+    /// Takes one with a plain `read(2)`, in whatever blocking mode the fd's owner set:
+    /// `EAGAIN` with `O_NONBLOCK` and nothing to take, `EINTR` when a signal interrupts.
+    pub(crate) fn read_one(&self) -> std::io::Result<()> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 as eventfd(2) requires.
+        let rc = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if rc == 8 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// Sets or clears `O_NONBLOCK` (rdma-core's event fds start blocking).
+    pub(crate) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: fcntl on an fd we own.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let want = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, want) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub(crate) fn as_raw_fd(&self) -> RawFd {

@@ -426,15 +426,18 @@ fn explicit_address_errors_are_clear() {
         "address 10.123.45.67 is not assigned to any interface on this host"
     );
     assert_eq!(e.errno(), libc::EADDRNOTAVAIL);
-    let _held = open("127.0.1.24");
+    // Held by another socket (as by another process): a second open in this process
+    // would share the device instead.
+    let _held = std::net::UdpSocket::bind(("127.0.1.24", softhca::ROCE_UDP_PORT)).unwrap();
     let e = Context::open(&Config::loopback(ip("127.0.1.24"))).unwrap_err();
     assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
 }
 
 /// Zero configuration on one host: the first device takes the interface addresses and
-/// 127.0.0.1, the second finds those in use and takes the next loopback address; a QP on
-/// the second still reaches the first one's GID 0 (an interface address if the host has
-/// one). Uses its own UDP port so it does not meet other devices.
+/// 127.0.0.1, the second (another name, as in another process) finds those in use and
+/// takes the next loopback address; a QP on the second still reaches the first one's
+/// GID 0 (an interface address if the host has one). Uses its own UDP port so it does
+/// not meet other devices.
 #[test]
 fn zero_config_two_devices_on_one_host() {
     let cfg = Config {
@@ -442,7 +445,12 @@ fn zero_config_two_devices_on_one_host() {
         ..Config::default()
     };
     let server = Context::open(&cfg).unwrap();
-    let client = Context::open(&cfg).unwrap();
+    let client = Context::open(&Config {
+        name: "softhca-other".into(),
+        ..cfg.clone()
+    })
+    .unwrap();
+    assert!(!server.same_device(&client));
     let (sa, ca) = (server.addrs(), client.addrs());
     assert!(
         sa.iter().all(|a| !ca.contains(a)),
@@ -800,4 +808,40 @@ fn single_wr_posts_share_gso_sends() {
         transmits < (N + N / 2) as u64,
         "{transmits} datagrams for {N} WRITEs of 64 KiB (2 each when nothing is kept back)"
     );
+}
+
+/// A second open of a device this process has gives a context on the same device (as a
+/// second `ibv_open_device` of a card does): same GIDs, one QPN space, QPs of the two
+/// contexts talk to each other; the device lives until the last context goes.
+#[test]
+fn second_open_shares_the_device() {
+    let cfg = Config {
+        udp_port: 47_919,
+        ..Config::loopback(ip("127.0.3.1"))
+    };
+    let a = Context::open(&cfg).unwrap();
+    let b = Context::open(&cfg).unwrap();
+    assert!(a.same_device(&b));
+    assert_eq!(a.gids(), b.gids());
+    assert_ne!(a.async_event_fd(), b.async_event_fd());
+    let sa = side(a.clone(), QpType::Rc, 4096);
+    let sb = side(b.clone(), QpType::Rc, 4096);
+    assert_ne!(sa.qp.qpn(), sb.qp.qpn());
+    connect(&sa, &sb);
+    let msg = pattern(3000, 9);
+    sa.mr.write(0, &msg).unwrap();
+    sb.qp.post_recv(recv_wr(1, sb.mr.sge(0, 4096))).unwrap();
+    sa.qp
+        .post_send(send_wr(2, WrOpcode::Send, sa.mr.sge(0, 3000)))
+        .unwrap();
+    assert_eq!(one(&sb.cq).status, WcStatus::Success);
+    assert_eq!(one(&sa.cq).status, WcStatus::Success);
+    let mut got = vec![0; 3000];
+    sb.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, msg);
+    drop((sa, sb));
+    drop(a);
+    // The device is still open through `b`: a third open shares it, no bind happens.
+    let c = Context::open(&cfg).unwrap();
+    assert!(c.same_device(&b));
 }

@@ -180,3 +180,31 @@ pub fn iters(release: u32) -> String {
         release.to_string()
     }
 }
+
+/// Compiles a C test program against the system's `<infiniband/verbs.h>` and
+/// libibverbs, as any program is built; `None` (and a SKIP line) without
+/// libibverbs-dev.
+pub fn compile_c(src: &Path, name: &str) -> Option<PathBuf> {
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIP: libibverbs-dev not installed (apt-get install libibverbs-dev)");
+        return None;
+    }
+    let out = std::env::temp_dir().join(format!("softhca-{name}-{}", std::process::id()));
+    let st = Command::new("cc")
+        .args([
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Werror",
+            "-std=gnu11",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(src)
+        .arg("-libverbs")
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "compiling {}", src.display());
+    Some(out)
+}

@@ -1,0 +1,357 @@
+/* Verbs conformance as an unmodified program sees it, checked against what rdma-core
+ * and kernel rxe do:
+ *   contexts  two ibv_open_device of one device share it (same GID), a QP of each
+ *             context talks to the other, each driven from its own thread;
+ *   events    comp channel and async fd follow read(2): EAGAIN with O_NONBLOCK, EINTR
+ *             on a signal, poll() readiness, ibv_destroy_cq after the acks;
+ *   attrs     comp_vector >= num_comp_vectors, cqe out of range, create flags 0,
+ *             ibv_resize_cq growing and shrinking, cmd_fd dup() + ibv_import_device.
+ * Prints one "ok: ..." line per check; exit status 0 when all pass. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CHECK(x)                                                                  \
+	do {                                                                      \
+		if (!(x)) {                                                       \
+			fprintf(stderr, "%s:%d: %s failed (errno %d: %s)\n", __FILE__, \
+				__LINE__, #x, errno, strerror(errno));            \
+			exit(1);                                                  \
+		}                                                                 \
+	} while (0)
+
+#define OK(what) printf("ok: %s\n", what), fflush(stdout)
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char buf[8192];
+};
+
+static union ibv_gid gid;
+
+static void make_side(struct side *s, struct ibv_device *dev)
+{
+	s->ctx = ibv_open_device(dev);
+	CHECK(s->ctx);
+	s->pd = ibv_alloc_pd(s->ctx);
+	CHECK(s->pd);
+	s->mr = ibv_reg_mr(s->pd, s->buf, sizeof s->buf,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(s->mr);
+	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
+	CHECK(s->cq);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	s->qp = ibv_create_qp(s->pd, &ia);
+	CHECK(s->qp);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(!ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					     IBV_QP_ACCESS_FLAGS));
+}
+
+static void connect_to(struct ibv_qp *qp, uint32_t dest)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
+		.rq_psn = 1, .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
+		.ah_attr = { .is_global = 1, .port_num = 1,
+			     .grh = { .dgid = gid, .sgid_index = 0, .hop_limit = 64 } },
+	};
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 1;
+	a.max_rd_atomic = 1;
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+					 IBV_QP_MAX_QP_RD_ATOMIC));
+}
+
+static struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long spins = 0; spins < 400000000L; spins++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (n == 1)
+			return wc;
+	}
+	fprintf(stderr, "no completion\n");
+	exit(1);
+}
+
+#define ROUNDS 200
+
+static void post_recv4k(struct side *s)
+{
+	struct ibv_sge rs = { (uintptr_t)s->buf, 4096, s->mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *rb;
+	CHECK(!ibv_post_recv(s->qp, &rw, &rb));
+}
+
+static void send4k(struct side *s, int round, int tag)
+{
+	for (int i = 0; i < 4096; i++)
+		s->buf[4096 + i] = (char)(round * 7 + i + tag);
+	struct ibv_sge ss = { (uintptr_t)s->buf + 4096, 4096, s->mr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *sb;
+	CHECK(!ibv_post_send(s->qp, &sw, &sb));
+}
+
+/* Waits for the completion with `wr_id` (the other one may come first, kept in *seen). */
+static void wait_for(struct side *s, uint64_t wr_id, int *seen)
+{
+	while (!seen[wr_id]) {
+		struct ibv_wc wc = wait_wc(s->cq);
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		seen[wc.wr_id] = 1;
+	}
+	seen[wr_id] = 0;
+}
+
+static void check4k(struct side *s, int round, int tag)
+{
+	for (int i = 0; i < 4096; i++)
+		CHECK(s->buf[i] == (char)(round * 7 + i + tag));
+}
+
+/* One side of a ping-pong of ROUNDS 4 KiB SENDs whose payload the receiver checks, run
+ * by each context's own thread. The initiator has tag 1, the responder tag 2. */
+static void *pingpong(void *arg)
+{
+	struct side *s = arg;
+	int initiator = s->buf[8191] == 'I';
+	int seen[3] = { 0 };
+	post_recv4k(s);
+	for (int r = 0; r < ROUNDS; r++) {
+		if (initiator) {
+			send4k(s, r, 1);
+			wait_for(s, 2, seen);
+			wait_for(s, 1, seen);
+			check4k(s, r, 2);
+			post_recv4k(s);
+		} else {
+			wait_for(s, 1, seen);
+			check4k(s, r, 1);
+			post_recv4k(s);
+			send4k(s, r, 2);
+			wait_for(s, 2, seen);
+		}
+	}
+	return NULL;
+}
+
+static void check_two_contexts(struct ibv_device *dev)
+{
+	static struct side a, b;
+	make_side(&a, dev);
+	make_side(&b, dev);
+	union ibv_gid ga, gb;
+	CHECK(!ibv_query_gid(a.ctx, 1, 0, &ga));
+	CHECK(!ibv_query_gid(b.ctx, 1, 0, &gb));
+	CHECK(!memcmp(&ga, &gb, sizeof ga));
+	CHECK(a.ctx != b.ctx);
+	CHECK(a.qp->qp_num != b.qp->qp_num);
+	gid = ga;
+	OK("two opens of one device share its GID table and QPN space");
+	connect_to(a.qp, b.qp->qp_num);
+	connect_to(b.qp, a.qp->qp_num);
+	a.buf[8191] = 'I';
+	b.buf[8191] = 'R';
+	pthread_t ta, tb;
+	CHECK(!pthread_create(&tb, NULL, pingpong, &b));
+	CHECK(!pthread_create(&ta, NULL, pingpong, &a));
+	CHECK(!pthread_join(ta, NULL));
+	CHECK(!pthread_join(tb, NULL));
+	OK("QPs of two contexts exchange 200 verified SENDs, one thread per context");
+	CHECK(!ibv_destroy_qp(a.qp) && !ibv_destroy_qp(b.qp));
+	CHECK(!ibv_dereg_mr(a.mr) && !ibv_dereg_mr(b.mr));
+	CHECK(!ibv_destroy_cq(a.cq) && !ibv_destroy_cq(b.cq));
+	CHECK(!ibv_dealloc_pd(a.pd) && !ibv_dealloc_pd(b.pd));
+	CHECK(!ibv_close_device(b.ctx));
+	/* The device lives on in the other context. */
+	struct ibv_pd *pd = ibv_alloc_pd(a.ctx);
+	CHECK(pd);
+	CHECK(!ibv_dealloc_pd(pd));
+	CHECK(!ibv_close_device(a.ctx));
+	OK("closing one context leaves the other working");
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+static void check_events(struct ibv_device *dev)
+{
+	static struct side s;
+	make_side(&s, dev);
+	CHECK(!ibv_query_gid(s.ctx, 1, 0, &gid));
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(s.ctx);
+	CHECK(ch);
+	struct ibv_cq *cq = ibv_create_cq(s.ctx, 16, (void *)0x1234, ch, 0);
+	CHECK(cq);
+	struct ibv_cq *ecq;
+	void *ectx;
+
+	/* Blocking by default, as the kernel's fds. */
+	CHECK(!(fcntl(ch->fd, F_GETFL) & O_NONBLOCK));
+	CHECK(!(fcntl(s.ctx->async_fd, F_GETFL) & O_NONBLOCK));
+
+	/* O_NONBLOCK: EAGAIN with nothing pending. */
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK));
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == -1 && errno == EAGAIN);
+	CHECK(!fcntl(s.ctx->async_fd, F_SETFL, fcntl(s.ctx->async_fd, F_GETFL) | O_NONBLOCK));
+	struct ibv_async_event aev;
+	errno = 0;
+	CHECK(ibv_get_async_event(s.ctx, &aev) == -1 && errno == EAGAIN);
+	OK("O_NONBLOCK event fds give EAGAIN");
+
+	/* A blocking wait is interrupted by a signal whose handler has no SA_RESTART. */
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) & ~O_NONBLOCK));
+	struct sigaction sa = { .sa_handler = on_alarm };
+	sigemptyset(&sa.sa_mask);
+	CHECK(!sigaction(SIGALRM, &sa, NULL));
+	alarm(1);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == -1 && errno == EINTR);
+	CHECK(!fcntl(s.ctx->async_fd, F_SETFL, fcntl(s.ctx->async_fd, F_GETFL) & ~O_NONBLOCK));
+	alarm(1);
+	errno = 0;
+	CHECK(ibv_get_async_event(s.ctx, &aev) == -1 && errno == EINTR);
+	OK("a signal interrupts blocking waits with EINTR");
+
+	/* Readiness: not readable before, readable after an armed CQ completes. */
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&p, 1, 0) == 0);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(s.pd, &ia);
+	CHECK(qp);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					 IBV_QP_ACCESS_FLAGS));
+	connect_to(qp, qp->qp_num); /* loopback to itself */
+	CHECK(!ibv_req_notify_cq(cq, 0));
+	struct ibv_sge sge = { (uintptr_t)s.buf, 16, s.mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *rb;
+	CHECK(!ibv_post_recv(qp, &rw, &rb));
+	struct ibv_send_wr sw = { .wr_id = 8, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *sb;
+	CHECK(!ibv_post_send(qp, &sw, &sb));
+	CHECK(poll(&p, 1, 10000) == 1 && (p.revents & POLLIN));
+	CHECK(!ibv_get_cq_event(ch, &ecq, &ectx));
+	CHECK(ecq == cq && ectx == (void *)0x1234);
+	p.revents = 0;
+	CHECK(poll(&p, 1, 0) == 0);
+	OK("the channel fd is readable exactly while an event is pending");
+	struct ibv_wc wc[4];
+	int got = 0;
+	while (got < 2) {
+		int n = ibv_poll_cq(cq, 4, wc);
+		CHECK(n >= 0);
+		got += n;
+	}
+	ibv_ack_cq_events(cq, 1);
+	CHECK(cq->comp_events_completed == 1);
+	CHECK(!ibv_destroy_qp(qp));
+	CHECK(!ibv_destroy_cq(cq));
+	CHECK(!ibv_destroy_comp_channel(ch));
+	OK("events acknowledged, CQ and channel destroyed");
+}
+
+static void check_attrs(struct ibv_device *dev)
+{
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK(ctx);
+	struct ibv_device_attr da;
+	CHECK(!ibv_query_device(ctx, &da));
+	CHECK(ctx->num_comp_vectors >= 1);
+
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0) && errno == EINVAL);
+	struct ibv_cq_init_attr_ex cx = { .cqe = 16, .comp_vector = ctx->num_comp_vectors,
+					  .wc_flags = IBV_WC_STANDARD_FLAGS };
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &cx) && errno == EINVAL);
+	cx.comp_vector = 0;
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
+	CHECK(cqx);
+	OK("create_cq: comp_vector and cqe ranges as the kernel checks them");
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd);
+	struct ibv_qp_init_attr_ex qx = {
+		.send_cq = ibv_cq_ex_to_cq(cqx), .recv_cq = ibv_cq_ex_to_cq(cqx),
+		.qp_type = IBV_QPT_RC, .pd = pd,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		.create_flags = 0,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &qx);
+	CHECK(qp);
+	CHECK(!ibv_destroy_qp(qp));
+	OK("create_qp_ex accepts IBV_QP_INIT_ATTR_CREATE_FLAGS with no flags");
+
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	CHECK(cq);
+	CHECK(!ibv_resize_cq(cq, 200) && cq->cqe >= 200);
+	CHECK(!ibv_resize_cq(cq, 4) && cq->cqe >= 4 && cq->cqe < 200);
+	errno = 0;
+	CHECK(ibv_resize_cq(cq, da.max_cqe + 1) != 0);
+	CHECK(!ibv_destroy_cq(cq));
+	CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)));
+	OK("resize_cq grows and shrinks");
+
+	int fd = dup(ctx->cmd_fd);
+	CHECK(fd >= 0);
+	errno = 0;
+	CHECK(!ibv_import_device(fd) && errno == EOPNOTSUPP);
+	close(fd);
+	OK("cmd_fd can be dup()ed; ibv_import_device is refused with EOPNOTSUPP");
+	CHECK(!ibv_dealloc_pd(pd));
+	CHECK(!ibv_close_device(ctx));
+}
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n > 0);
+	check_two_contexts(list[0]);
+	check_events(list[0]);
+	check_attrs(list[0]);
+	ibv_free_device_list(list);
+	printf("all conformance checks passed\n");
+	return 0;
+}
