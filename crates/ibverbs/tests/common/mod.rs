@@ -48,6 +48,7 @@ pub fn have(bin: &str) -> bool {
     if !found {
         let package = match bin {
             "tshark" => "tshark",
+            b if b.starts_with("fi_") => "libfabric-bin",
             b if b.starts_with("ib_") && !b.starts_with("ibv_") => "perftest",
             _ => "ibverbs-utils",
         };
@@ -74,7 +75,7 @@ pub fn free_port() -> u16 {
 
 /// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net/tcp*. Probing
 /// with a connection would consume the pingpong server's single accept.
-fn listening(port: u16) -> bool {
+pub fn listening(port: u16) -> bool {
     let want = format!(":{port:04X} ");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         std::fs::read_to_string(f)
@@ -103,7 +104,7 @@ impl Done {
     }
 }
 
-fn finish(mut child: Child, timeout: Duration) -> Done {
+pub fn finish(mut child: Child, timeout: Duration) -> Done {
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
