@@ -20,7 +20,11 @@ mod copy_crc;
 mod error;
 mod key;
 mod table;
+mod window;
 
 pub use access::AccessFlags;
 pub use error::MemError;
-pub use table::{AtomicOp, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation};
+pub use table::{
+    AtomicOp, Grantee, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation,
+};
+pub use window::{MwBind, MwType};

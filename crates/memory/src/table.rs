@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::access::AccessFlags;
 use crate::error::MemError;
 use crate::key::{KeySpace, MAX_SLOTS};
+use crate::window::Window;
 
 /// A protection domain handle (`ibv_pd`). Local to the device, never on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -23,6 +24,32 @@ pub struct MrKeys {
     /// Remote key: names the region in peers' RETH / AtomicETH. Equal to `lkey` when the
     /// region grants a remote right, 0 otherwise (rxe `rxe_mr_init`).
     pub rkey: u32,
+}
+
+/// Who accesses registered memory from the wire: the responder QP's protection domain
+/// and number (a type 2 memory window answers only the QP it was bound on). A bare
+/// [`PdId`] names no QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grantee {
+    /// The QP's protection domain.
+    pub pd: PdId,
+    /// The QP number, if known.
+    pub qpn: Option<u32>,
+}
+
+impl From<PdId> for Grantee {
+    fn from(pd: PdId) -> Self {
+        Grantee { pd, qpn: None }
+    }
+}
+
+impl From<(PdId, u32)> for Grantee {
+    fn from((pd, qpn): (PdId, u32)) -> Self {
+        Grantee {
+            pd,
+            qpn: Some(qpn),
+        }
+    }
 }
 
 /// A scatter/gather element, as `struct ibv_sge`: `length` bytes at iova `addr` of the
@@ -98,15 +125,18 @@ pub struct Rereg {
 }
 
 #[derive(Clone, Copy)]
-struct Region {
-    pd: PdId,
+pub(crate) struct Region {
+    pub(crate) pd: PdId,
     addr: *mut u8,
     /// Length in bytes; at most `isize::MAX`.
-    len: u64,
-    iova: u64,
-    access: AccessFlags,
-    lkey: u32,
+    pub(crate) len: u64,
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) lkey: u32,
     rkey: u32,
+    /// Memory windows bound to the region (rxe `num_mw`): it cannot be deregistered
+    /// while any is.
+    pub(crate) windows: u32,
 }
 
 impl Region {
@@ -115,7 +145,7 @@ impl Region {
     /// must end within the 64-bit space, start at or after `iova`, and
     /// `(va - iova) + len <= length`.
     #[inline]
-    fn translate(&self, key: u32, va: u64, len: u64) -> Result<*mut u8, MemError> {
+    pub(crate) fn translate(&self, key: u32, va: u64, len: u64) -> Result<*mut u8, MemError> {
         if len > 0 && va.checked_add(len - 1).is_none() {
             return Err(MemError::Overflow { va, len });
         }
@@ -143,16 +173,18 @@ impl Region {
     }
 }
 
-struct Slot {
-    region: Option<Region>,
+pub(crate) struct Slot {
+    pub(crate) region: Option<Region>,
+    /// A memory window, when the slot holds one instead of a region.
+    pub(crate) window: Option<Window>,
     /// Key byte of the last region in this slot, so that the next one differs.
-    last_byte: Option<u8>,
+    pub(crate) last_byte: Option<u8>,
 }
 
 #[derive(Default)]
-struct PdEntry {
+pub(crate) struct PdEntry {
     /// Memory regions registered in the PD.
-    mrs: u32,
+    pub(crate) mrs: u32,
     /// Other objects (QPs, SRQs, AHs) holding the PD, counted by [`MemoryTable::hold_pd`].
     users: u32,
 }
@@ -164,12 +196,12 @@ struct PdEntry {
 /// `&mut self`; accesses take `&self`, so the datapath may serve many QPs under a shared
 /// borrow or a read lock.
 pub struct MemoryTable {
-    keys: KeySpace,
-    slots: Vec<Slot>,
+    pub(crate) keys: KeySpace,
+    pub(crate) slots: Vec<Slot>,
     /// Free slots, reused oldest first so that a slot's keys age before reuse.
-    free: VecDeque<u32>,
+    pub(crate) free: VecDeque<u32>,
     mr_count: usize,
-    pds: HashMap<u32, PdEntry>,
+    pub(crate) pds: HashMap<u32, PdEntry>,
     next_pd: u32,
 }
 
@@ -306,6 +338,7 @@ impl MemoryTable {
             access,
             lkey: 0,
             rkey: 0,
+            windows: 0,
         })
     }
 
@@ -345,6 +378,7 @@ impl MemoryTable {
                 }
                 self.slots.push(Slot {
                     region: None,
+                    window: None,
                     last_byte: None,
                 });
                 s
@@ -384,6 +418,10 @@ impl MemoryTable {
             .get_mut(idx as usize)
             .filter(|s| s.region.is_some_and(|r| r.lkey == lkey && lkey != 0))
             .ok_or(MemError::InvalidKey { key: lkey })?;
+        if slot.region.is_some_and(|r| r.windows > 0) {
+            // rxe_dereg_mr: EINVAL while windows are bound to it.
+            return Err(MemError::InvalidArgument("memory windows are bound to the region"));
+        }
         let pd = slot.region.take().map(|r| r.pd);
         self.free.push_back(idx);
         self.mr_count -= 1;
@@ -458,7 +496,7 @@ impl MemoryTable {
 
     /// The live region named by `key`, as an lkey (`remote == false`) or an rkey.
     #[inline]
-    fn lookup(&self, key: u32, remote: bool) -> Result<&Region, MemError> {
+    pub(crate) fn lookup(&self, key: u32, remote: bool) -> Result<&Region, MemError> {
         let bad = MemError::InvalidKey { key };
         if key == 0 {
             return Err(bad);
@@ -477,19 +515,24 @@ impl MemoryTable {
     }
 
     /// Every check of rxe `lookup_mr` + `mr_check_range`, in its order: key, PD, rights,
-    /// range. Returns the host address of `va`.
+    /// range. Returns the host address of `va`. A remote key may name a memory window
+    /// instead (see [`MemoryTable::resolve_window`]).
     #[inline]
     fn resolve(
         &self,
-        pd: PdId,
+        who: Grantee,
         key: u32,
         remote: bool,
         va: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<*mut u8, MemError> {
-        let region = self.lookup(key, remote)?;
-        if region.pd != pd {
+        let region = match self.lookup(key, remote) {
+            Ok(r) => r,
+            Err(_) if remote => return self.resolve_window(who, key, va, len, need),
+            Err(e) => return Err(e),
+        };
+        if region.pd != who.pd {
             return Err(MemError::WrongPd { key });
         }
         if !region.access.contains(need) {
@@ -524,7 +567,7 @@ impl MemoryTable {
         };
         Self::sge_total_len(sges)?;
         for s in sges.iter().filter(|s| s.length > 0) {
-            self.resolve(pd, s.lkey, false, s.addr, u64::from(s.length), need)?;
+            self.resolve(pd.into(), s.lkey, false, s.addr, u64::from(s.length), need)?;
         }
         Ok(())
     }
@@ -568,7 +611,7 @@ impl MemoryTable {
                 va: s.addr,
                 len: sl,
             })?;
-            let p = self.resolve(pd, s.lkey, false, va, n as u64, need)?;
+            let p = self.resolve(pd.into(), s.lkey, false, va, n as u64, need)?;
             f(p, done, n);
             done += n;
             skip = 0;
@@ -673,7 +716,7 @@ impl MemoryTable {
     /// an addr or rkey"). Atomics are always 8 bytes, so they are always checked.
     pub fn check_remote(
         &self,
-        pd: PdId,
+        who: impl Into<Grantee>,
         rkey: u32,
         va: u64,
         len: u64,
@@ -682,18 +725,18 @@ impl MemoryTable {
         if len == 0 {
             return Ok(());
         }
-        self.resolve(pd, rkey, true, va, len, need).map(|_| ())
+        self.resolve(who.into(), rkey, true, va, len, need).map(|_| ())
     }
 
     /// Place `src` at iova `va` of the region named by `rkey` (an RDMA WRITE packet's
     /// payload); needs REMOTE_WRITE. Empty `src` is accepted unchecked (see
     /// [`MemoryTable::check_remote`]). A refused write changes nothing.
-    pub fn remote_write(&self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
+    pub fn remote_write(&self, who: impl Into<Grantee>, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
         if src.is_empty() {
             return Ok(());
         }
         let p = self.resolve(
-            pd,
+            who.into(),
             rkey,
             true,
             va,
@@ -710,7 +753,7 @@ impl MemoryTable {
     /// response's payload); needs REMOTE_READ. Empty `dst` is accepted unchecked.
     pub fn remote_read(
         &self,
-        pd: PdId,
+        who: impl Into<Grantee>,
         rkey: u32,
         va: u64,
         dst: &mut [u8],
@@ -718,7 +761,7 @@ impl MemoryTable {
         if dst.is_empty() {
             return Ok(());
         }
-        let p = self.remote_readable(pd, rkey, va, dst.len())?;
+        let p = self.remote_readable(who, rkey, va, dst.len())?;
         // SAFETY: `p..p+len` is inside a live region (readable by contract); `dst` is a
         // valid mutable slice of that length.
         unsafe { std::ptr::copy(p, dst.as_mut_ptr(), dst.len()) };
@@ -731,7 +774,7 @@ impl MemoryTable {
     /// `copy_crc`). Empty `dst` is accepted unchecked (CRC 0).
     pub fn remote_read_crc(
         &self,
-        pd: PdId,
+        who: impl Into<Grantee>,
         rkey: u32,
         va: u64,
         dst: &mut [u8],
@@ -739,7 +782,7 @@ impl MemoryTable {
         if dst.is_empty() {
             return Ok(0);
         }
-        let p = self.remote_readable(pd, rkey, va, dst.len())?;
+        let p = self.remote_readable(who, rkey, va, dst.len())?;
         // SAFETY: `p..p+len` is inside a live region (readable by the register contract)
         // and `dst`, our own slice of that length, cannot overlap registered memory that
         // the application may write.
@@ -750,12 +793,12 @@ impl MemoryTable {
     /// REMOTE_READ (the source of an RDMA READ response).
     fn remote_readable(
         &self,
-        pd: PdId,
+        who: impl Into<Grantee>,
         rkey: u32,
         va: u64,
         len: usize,
     ) -> Result<*const u8, MemError> {
-        self.resolve(pd, rkey, true, va, len as u64, AccessFlags::REMOTE_READ)
+        self.resolve(who.into(), rkey, true, va, len as u64, AccessFlags::REMOTE_READ)
             .map(|p| p.cast_const())
     }
 
@@ -769,12 +812,12 @@ impl MemoryTable {
     /// CPU users of the same word see a consistent value.
     pub fn remote_atomic(
         &self,
-        pd: PdId,
+        who: impl Into<Grantee>,
         rkey: u32,
         va: u64,
         op: AtomicOp,
     ) -> Result<u64, MemError> {
-        let p = self.resolve(pd, rkey, true, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let p = self.resolve(who.into(), rkey, true, va, 8, AccessFlags::REMOTE_ATOMIC)?;
         if va & 7 != 0 || (p as usize) & 7 != 0 {
             return Err(MemError::Misaligned { va });
         }
