@@ -822,3 +822,43 @@ pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 /// `enum ibv_qp_attr_mask` bits we read.
 pub const IBV_QP_STATE: c_int = 1 << 0;
 pub const IBV_QP_CAP: c_int = 1 << 19;
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub type_: u32,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind`.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`'s last union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+pub const IBV_WR_BIND_MW: u32 = 8;

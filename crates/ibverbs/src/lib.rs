@@ -19,6 +19,7 @@ mod errno;
 mod event;
 mod ffi;
 mod misc;
+mod mw;
 mod objects;
 mod qp;
 mod unsupported;

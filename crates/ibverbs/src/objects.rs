@@ -68,8 +68,8 @@ fn access_flags(access: c_uint) -> Result<AccessFlags, Errno> {
     {
         return Err(Errno::INVAL);
     }
-    if a.contains(AccessFlags::MW_BIND) || a.contains(AccessFlags::ON_DEMAND) {
-        // No memory windows, no on-demand paging.
+    if a.contains(AccessFlags::ON_DEMAND) {
+        // No on-demand paging.
         return Err(Errno::NOTSUP);
     }
     Ok(a)
@@ -136,8 +136,11 @@ pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return Err(Errno::INVAL);
         }
-        // SAFETY: an MR of ours, freed once (verb contract); dropping RawMr deregisters
-        // under the engine lock before the memory goes back to the caller.
+        // SAFETY: an MR of ours (verb contract); deregistering takes it away from the
+        // engine under its lock before the memory goes back to the caller, or fails
+        // (windows still bound) and leaves it registered, as rxe does.
+        unsafe { (*(mr as *mut MrBox)).inner.deregister()? };
+        // SAFETY: freed once.
         drop(unsafe { Box::from_raw(mr as *mut MrBox) });
         Ok(0)
     })

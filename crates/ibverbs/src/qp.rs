@@ -229,9 +229,8 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
             return Err(Errno::NOTSUP);
         }
-        // Send ops this QP builds with ibv_wr_*: no memory windows, local invalidate,
-        // TSO or atomic write.
-        let supported_ops = 0x7f | (1 << 9);
+        // Send ops this QP builds with ibv_wr_*: all but TSO and atomic write.
+        let supported_ops = 0x3ff;
         if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
             && a.send_ops_flags & !supported_ops != 0
         {
@@ -406,8 +405,10 @@ fn opcode(v: u32) -> Result<WrOpcode, Errno> {
         4 => WrOpcode::RdmaRead,
         5 => WrOpcode::AtomicCmpAndSwp,
         6 => WrOpcode::AtomicFetchAndAdd,
+        IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
+        IBV_WR_BIND_MW => WrOpcode::BindMw,
         9 => WrOpcode::SendWithInv,
-        // LOCAL_INV, BIND_MW, TSO, driver opcodes: no memory windows here.
+        // TSO, atomic write, driver opcodes.
         _ => return Err(Errno::NOTSUP),
     })
 }
@@ -477,7 +478,15 @@ fn send_wr_from_c(w: &ibv_send_wr) -> Result<SendWr, Errno> {
         WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => {
             wr.imm_data = u32::from_be(w.imm_data)
         }
-        WrOpcode::SendWithInv => wr.imm_data = w.imm_data,
+        // `invalidate_rkey` shares the place of `imm_data`, in host order.
+        WrOpcode::SendWithInv | WrOpcode::LocalInv => wr.imm_data = w.imm_data,
+        WrOpcode::BindMw => {
+            // SAFETY: the union member IBV_WR_BIND_MW uses (same size as the mirror).
+            let b: ibv_send_wr_bind_mw = unsafe { std::mem::transmute_copy(&w.bind_mw) };
+            // SAFETY: a window of ours named by the caller's WR (verb contract).
+            let mw = unsafe { crate::mw::MwBox::from_ptr(b.mw)? };
+            wr.bind = Some(crate::mw::mw_bind(mw.mw.rkey, b.rkey as u8, &b.bind_info)?);
+        }
         _ => {}
     }
     match op {
@@ -920,16 +929,25 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u6
 }
 
 unsafe extern "C" fn wr_bind_mw(
-    _qp: *mut ibv_qp_ex,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _i: *const c_void,
+    qp: *mut ibv_qp_ex,
+    mw: *mut c_void,
+    rkey: u32,
+    info: *const c_void,
 ) {
-    fail(_qp, Errno::NOTSUP)
+    // SAFETY: a window of ours and the caller's bind information (verb contract).
+    let bind = unsafe { crate::mw::MwBox::from_ptr(mw.cast()) }.and_then(|w| {
+        // SAFETY: as above.
+        let i = unsafe { nonnull(info as *const ibv_mw_bind_info)? };
+        crate::mw::mw_bind(w.mw.rkey, rkey as u8, i)
+    });
+    match bind {
+        Ok(b) => begin(qp, WrOpcode::BindMw, |w| w.bind = Some(b)),
+        Err(e) => fail(qp, e),
+    }
 }
 
-unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
-    fail(qp, Errno::NOTSUP)
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    begin(qp, WrOpcode::LocalInv, |w| w.imm_data = rkey)
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _h: *mut c_void, _hs: u16, _mss: u16) {

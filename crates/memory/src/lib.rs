@@ -24,7 +24,5 @@ mod window;
 
 pub use access::AccessFlags;
 pub use error::MemError;
-pub use table::{
-    AtomicOp, Grantee, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation,
-};
+pub use table::{AtomicOp, Grantee, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation};
 pub use window::{MwBind, MwType};

@@ -45,10 +45,7 @@ impl From<PdId> for Grantee {
 
 impl From<(PdId, u32)> for Grantee {
     fn from((pd, qpn): (PdId, u32)) -> Self {
-        Grantee {
-            pd,
-            qpn: Some(qpn),
-        }
+        Grantee { pd, qpn: Some(qpn) }
     }
 }
 
@@ -420,7 +417,9 @@ impl MemoryTable {
             .ok_or(MemError::InvalidKey { key: lkey })?;
         if slot.region.is_some_and(|r| r.windows > 0) {
             // rxe_dereg_mr: EINVAL while windows are bound to it.
-            return Err(MemError::InvalidArgument("memory windows are bound to the region"));
+            return Err(MemError::InvalidArgument(
+                "memory windows are bound to the region",
+            ));
         }
         let pd = slot.region.take().map(|r| r.pd);
         self.free.push_back(idx);
@@ -725,13 +724,20 @@ impl MemoryTable {
         if len == 0 {
             return Ok(());
         }
-        self.resolve(who.into(), rkey, true, va, len, need).map(|_| ())
+        self.resolve(who.into(), rkey, true, va, len, need)
+            .map(|_| ())
     }
 
     /// Place `src` at iova `va` of the region named by `rkey` (an RDMA WRITE packet's
     /// payload); needs REMOTE_WRITE. Empty `src` is accepted unchecked (see
     /// [`MemoryTable::check_remote`]). A refused write changes nothing.
-    pub fn remote_write(&self, who: impl Into<Grantee>, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
+    pub fn remote_write(
+        &self,
+        who: impl Into<Grantee>,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+    ) -> Result<(), MemError> {
         if src.is_empty() {
             return Ok(());
         }
@@ -798,8 +804,15 @@ impl MemoryTable {
         va: u64,
         len: usize,
     ) -> Result<*const u8, MemError> {
-        self.resolve(who.into(), rkey, true, va, len as u64, AccessFlags::REMOTE_READ)
-            .map(|p| p.cast_const())
+        self.resolve(
+            who.into(),
+            rkey,
+            true,
+            va,
+            len as u64,
+            AccessFlags::REMOTE_READ,
+        )
+        .map(|p| p.cast_const())
     }
 
     /// Execute an 8-byte remote atomic at iova `va` of the region named by `rkey`;

@@ -54,10 +54,14 @@ fn type1_window_grants_its_range_and_rights_only() {
     let rkey = f.t.bind_mw(f.pd, 7, b).unwrap();
     assert_eq!(rkey >> 8, mw >> 8);
     assert_eq!(rkey & 0xff, u32::from(b.key_byte));
-    f.t.remote_write(f.pd, rkey, f.base + 1024, &[5; 512]).unwrap();
+    f.t.remote_write(f.pd, rkey, f.base + 1024, &[5; 512])
+        .unwrap();
     let mut back = [0u8; 512];
     // No REMOTE_READ on the window, though the data is there.
-    assert!(f.t.remote_read(f.pd, rkey, f.base + 1024, &mut back).is_err());
+    assert!(f
+        .t
+        .remote_read(f.pd, rkey, f.base + 1024, &mut back)
+        .is_err());
     // Outside the window, inside the region.
     assert!(matches!(
         f.t.remote_write(f.pd, rkey, f.base + 1023, &[1]),
@@ -87,8 +91,20 @@ fn type1_window_grants_its_range_and_rights_only() {
 fn type2_window_answers_its_qp_until_invalidated() {
     let mut f = fixture(LW | BIND);
     let mw = f.t.alloc_mw(f.pd, MwType::Type2).unwrap();
-    assert!(f.t.bind_mw(f.pd, 3, MwBind { len: 0, ..bind(&f, mw, 0, 0, RR) }).is_err());
-    let rkey = f.t.bind_mw(f.pd, 3, bind(&f, mw, 0, 4096, RR | RW)).unwrap();
+    assert!(f
+        .t
+        .bind_mw(
+            f.pd,
+            3,
+            MwBind {
+                len: 0,
+                ..bind(&f, mw, 0, 0, RR)
+            }
+        )
+        .is_err());
+    let rkey =
+        f.t.bind_mw(f.pd, 3, bind(&f, mw, 0, 4096, RR | RW))
+            .unwrap();
     f.t.remote_write((f.pd, 3), rkey, f.base, &[9; 16]).unwrap();
     let mut back = [0u8; 16];
     f.t.remote_read((f.pd, 3), rkey, f.base, &mut back).unwrap();
@@ -101,7 +117,8 @@ fn type2_window_answers_its_qp_until_invalidated() {
     assert!(f.t.remote_read((f.pd, 3), rkey, f.base, &mut back).is_err());
     assert!(f.t.invalidate(rkey).is_err());
     let r3 = f.t.bind_mw(f.pd, 3, bind(&f, rkey, 8, 8, RR)).unwrap();
-    f.t.remote_read((f.pd, 3), r3, f.base + 8, &mut back[..8]).unwrap();
+    f.t.remote_read((f.pd, 3), r3, f.base + 8, &mut back[..8])
+        .unwrap();
     f.t.dealloc_mw(r3).unwrap();
     f.t.deregister(f.lkey).unwrap();
 }

@@ -573,15 +573,19 @@ fn device_attr(ecfg: &EngineConfig, gids: &[Gid]) -> DeviceAttr {
         hw_ver: 0,
         max_qp: 0x1_0000,
         max_qp_wr: ecfg.max_qp_wr,
-        // IBV_DEVICE_BAD_PKEY_CNTR | BAD_QKEY_CNTR | AUTO_PATH_MIG? no: SHUTDOWN_PORT |
-        // PORT_ACTIVE_EVENT | SYS_IMAGE_GUID | RC_RNR_NAK_GEN | SRQ_RESIZE, as rxe.
+        // IBV_DEVICE_BAD_PKEY_CNTR | BAD_QKEY_CNTR | SHUTDOWN_PORT | PORT_ACTIVE_EVENT |
+        // SYS_IMAGE_GUID | RC_RNR_NAK_GEN | SRQ_RESIZE | MEM_WINDOW | MEM_MGT_EXTENSIONS |
+        // MEM_WINDOW_TYPE_2B, as rxe (`RXE_DEVICE_CAP_FLAGS`).
         device_cap_flags: (1 << 0)
             | (1 << 1)
             | (1 << 7)
             | (1 << 9)
             | (1 << 10)
             | (1 << 12)
-            | (1 << 13),
+            | (1 << 13)
+            | (1 << 17)
+            | (1 << 21)
+            | (1 << 24),
         max_sge: ecfg.max_sge,
         max_sge_rd: ecfg.max_sge,
         max_cq: 0x4000,
@@ -596,7 +600,8 @@ fn device_attr(ecfg: &EngineConfig, gids: &[Gid]) -> DeviceAttr {
         atomic_cap: AtomicCap::Hca,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        // Windows and regions share the key space (2^24 slots).
+        max_mw: 0x4000,
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,

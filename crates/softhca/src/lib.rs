@@ -50,7 +50,7 @@ pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;
 pub use event::AsyncEvent;
-pub use mr::{Mr, Pd, RawMr, PAGE_SIZE};
+pub use mr::{Mr, Mw, MwBindInfo, Pd, RawMr, PAGE_SIZE};
 pub use qp::{defaults, Ah, Qp, QpInit, RemoteQp, Srq};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;

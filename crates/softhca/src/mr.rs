@@ -19,13 +19,14 @@
 //! there.
 
 use std::alloc::Layout;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::error::Error;
 use crate::qp::{Ah, Qp, QpInit, Srq};
-use crate::{AccessFlags, AddressVector, MrKeys, PdId, Sge, SrqAttr};
+use crate::{AccessFlags, AddressVector, MrKeys, MwBind, MwType, PdId, Sge, SrqAttr};
 
 /// Page size MRs are aligned to.
 pub const PAGE_SIZE: usize = 4096;
@@ -134,6 +135,7 @@ impl Pd {
             iova,
             keys,
             access,
+            registered: true,
         })
     }
 
@@ -160,6 +162,23 @@ impl Pd {
             .map_err(|e| Error::Transport(e.into()))
     }
 
+    /// Allocates a memory window (`ibv_alloc_mw`): a remote key that grants access to
+    /// part of a region once bound, with [`Mw::bind`] (type 1) or a
+    /// [`WrOpcode::BindMw`](crate::WrOpcode::BindMw) work request (type 2).
+    pub fn alloc_mw(&self, ty: MwType) -> Result<Mw, Error> {
+        let pd = self.inner.id;
+        let rkey = self
+            .inner
+            .ctx
+            .with_core_untimed(|core| core.engine.memory_mut().alloc_mw(pd, ty))?
+            .map_err(|e| Error::Transport(e.into()))?;
+        Ok(Mw {
+            pd: self.clone(),
+            ty,
+            rkey: AtomicU32::new(rkey),
+        })
+    }
+
     /// Creates a queue pair (`ibv_create_qp`), in RESET.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp, Error> {
         Qp::create(self, init)
@@ -182,17 +201,19 @@ impl Pd {
 }
 
 fn deregister(pd: &Pd, lkey: u32) {
+    if let Err(e) = try_deregister(pd, lkey) {
+        tracing::debug!(lkey, "deregister: {e}");
+    }
+}
+
+fn try_deregister(pd: &Pd, lkey: u32) -> Result<(), Error> {
     // Under the engine lock, and with no transmit in flight (packets leave with their
     // payload still in registered memory, see `datapath`): after this returns neither
     // the engine nor a `sendmmsg` can reach the memory.
-    match pd
-        .inner
+    pd.inner
         .ctx
         .with_core_no_transmit(|core| core.engine.memory_mut().deregister(lkey))
-    {
-        Ok(()) => {}
-        Err(e) => tracing::debug!(lkey, "deregister: {e}"),
-    }
+        .map_err(|e| Error::Transport(e.into()))
 }
 
 /// A memory region that owns its memory (`ibv_mr` over memory from [`Pd::reg_mr`]).
@@ -324,6 +345,8 @@ pub struct RawMr {
     iova: u64,
     keys: MrKeys,
     access: AccessFlags,
+    /// False once [`RawMr::deregister`] succeeded.
+    registered: bool,
 }
 
 // SAFETY: only keys and the address are held; the memory is the caller's, under the
@@ -371,8 +394,118 @@ impl RawMr {
     }
 }
 
+impl RawMr {
+    /// Deregisters now (`ibv_dereg_mr`), reporting a refusal: a region that memory
+    /// windows are bound to stays registered (rxe: `EINVAL`).
+    pub fn deregister(&mut self) -> Result<(), Error> {
+        if self.registered {
+            try_deregister(&self.pd, self.keys.lkey)?;
+            self.registered = false;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for RawMr {
     fn drop(&mut self) {
-        deregister(&self.pd, self.keys.lkey);
+        if self.registered {
+            deregister(&self.pd, self.keys.lkey);
+        }
+    }
+}
+
+/// What a bind grants (`struct ibv_mw_bind_info`): `len` bytes from iova `addr` of the
+/// region `mr_lkey`, with `access` (remote rights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBindInfo {
+    /// The region's lkey; `None` (with `addr` and `len` 0) unbinds.
+    pub mr_lkey: Option<u32>,
+    /// First iova.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Rights granted.
+    pub access: AccessFlags,
+}
+
+/// A memory window (`ibv_mw`). Dropping it deallocates it, bound or not.
+#[derive(Debug)]
+pub struct Mw {
+    pd: Pd,
+    ty: MwType,
+    rkey: AtomicU32,
+}
+
+impl Mw {
+    /// The window's current rkey (it changes with every bind).
+    pub fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Acquire)
+    }
+
+    /// Type 1 or type 2.
+    pub fn mw_type(&self) -> MwType {
+        self.ty
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// Records the rkey a bind gave the window (`ibv_bind_mw` sets `mw->rkey` as soon as
+    /// the bind is posted; with type 2 the application does).
+    pub fn set_rkey(&self, rkey: u32) {
+        self.rkey.store(rkey, Ordering::Release);
+    }
+
+    /// Binds a type 1 window through `qp` (`ibv_bind_mw`): posts a
+    /// [`WrOpcode::BindMw`](crate::WrOpcode::BindMw) that completes on `qp`'s send CQ in
+    /// order (with `IBV_WC_MW_BIND_ERR` if refused) and returns the new rkey, which the
+    /// window takes at once. `mr == None` with `len == 0` unbinds.
+    pub fn bind(
+        &self,
+        qp: &crate::Qp,
+        wr_id: u64,
+        flags: crate::SendFlags,
+        info: &MwBindInfo,
+    ) -> Result<u32, Error> {
+        if self.ty != MwType::Type1 {
+            return Err(Error::InvalidArgument("ibv_bind_mw takes type 1 windows"));
+        }
+        if info.mr_lkey.is_none() && (info.addr != 0 || info.len != 0) {
+            return Err(Error::InvalidArgument("a bind with no MR must be empty"));
+        }
+        let old = self.rkey();
+        let new = (old & !0xff) | u32::from((old as u8).wrapping_add(1));
+        qp.post_send(crate::SendWr {
+            wr_id,
+            opcode: crate::WrOpcode::BindMw,
+            flags,
+            bind: Some(MwBind {
+                mw_rkey: old,
+                key_byte: new as u8,
+                mr_lkey: info.mr_lkey.unwrap_or(0),
+                addr: info.addr,
+                len: info.len,
+                access: info.access,
+            }),
+            ..crate::SendWr::default()
+        })?;
+        self.set_rkey(new);
+        Ok(new)
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let rkey = self.rkey();
+        let r = self
+            .pd
+            .inner
+            .ctx
+            .with_core_always(|core| core.engine.memory_mut().dealloc_mw(rkey));
+        if let Err(e) = r {
+            tracing::debug!(rkey, "dealloc_mw: {e}");
+        }
     }
 }

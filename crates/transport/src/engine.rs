@@ -754,14 +754,16 @@ impl Engine {
         let ty = qp.init.qp_type;
         let ok = match ty {
             QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm),
+            // rxe: binds on RC and UC, local invalidation on RC only.
             QpType::Uc => matches!(
                 wr.opcode,
                 WrOpcode::Send
                     | WrOpcode::SendWithImm
                     | WrOpcode::RdmaWrite
                     | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::BindMw
             ),
-            QpType::Rc => !matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::BindMw),
+            QpType::Rc => true,
         };
         if !ok {
             return Err(E("opcode not supported on this QP type"));
@@ -802,6 +804,11 @@ impl Engine {
             return Err(TransportError::NoMemory);
         }
         let signaled = qp.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let local = if qp.state == QpState::Err {
+            None
+        } else {
+            Self::execute_local_op(&mut self.memory, qp.init.pd, n, &wr)
+        };
         let mut ctx = Ctx {
             cfg: &self.cfg,
             mem: &self.memory,
@@ -833,10 +840,34 @@ impl Engine {
             npkts: 0,
             read_next_psn: 0,
             done: false,
-            status: None,
+            status: local,
         });
         sync(qp, &mut ctx, ready, timers);
         Ok(())
+    }
+
+    /// A bind or local invalidation takes effect in the memory table when posted (a
+    /// window is usable, or revoked, no later than the WR completes); its completion
+    /// comes in order when the requester reaches it (rxe `rxe_do_local_ops`). The
+    /// status a failure completes with: `IBV_WC_MW_BIND_ERR` or `IBV_WC_LOC_QP_OP_ERR`.
+    fn execute_local_op(
+        memory: &mut MemoryTable,
+        pd: PdId,
+        qpn: u32,
+        wr: &SendWr,
+    ) -> Option<WcStatus> {
+        match wr.opcode {
+            WrOpcode::BindMw => match wr.bind.map(|b| memory.bind_mw(pd, qpn, b)) {
+                Some(Ok(_)) => None,
+                _ => Some(WcStatus::MwBindErr),
+            },
+            // The WR's `invalidate_rkey` shares `imm_data`'s place, as in `ibv_send_wr`.
+            WrOpcode::LocalInv => memory
+                .invalidate(wr.imm_data)
+                .err()
+                .map(|_| WcStatus::LocQpOpErr),
+            _ => None,
+        }
     }
 
     /// Post a receive WR. EINVAL in RESET or on an SRQ-attached QP; in ERR it completes
@@ -897,6 +928,7 @@ impl Engine {
         let Engine {
             qps, ready, timers, ..
         } = self;
+        let dqpn = h.dqpn;
         let Some(qp) = qps.get_mut(&h.dqpn) else {
             self.counters.drop_unknown_qpn += 1;
             return;
@@ -940,9 +972,44 @@ impl Engine {
                 dst: info.dst,
                 udp_len: udp_payload.len(),
             };
+            let before = ctx.completions.len();
             qp.on_request(&mut ctx, &h, payload, &meta);
+            if h.ieth.is_some() {
+                let inv = ctx
+                    .completions
+                    .iter()
+                    .enumerate()
+                    .skip(before)
+                    .find(|(_, (_, c))| c.wc_flags.contains(WcFlags::WITH_INV))
+                    .map(|(i, (_, c))| (i, c.imm_data));
+                sync(qp, &mut ctx, ready, timers);
+                if let Some((i, rkey)) = inv {
+                    self.invalidate_for_send(now, crate::deps::qpn(dqpn), i, rkey);
+                }
+                return;
+            }
         }
         sync(qp, &mut ctx, ready, timers);
+    }
+
+    /// The IETH of a SEND with invalidate, after its message completed (rxe
+    /// `invalidate_rkey` in `execute`): the window (or region) is invalidated, or the
+    /// receive completes with `IBV_WC_REM_INV_REQ_ERR` and the QP moves to ERR.
+    fn invalidate_for_send(&mut self, now: Nanos, qpn: Qpn, completion: usize, rkey: u32) {
+        if self.memory.invalidate(rkey).is_ok() {
+            return;
+        }
+        if let Some((_, c)) = self.completions.get_mut(completion) {
+            c.status = WcStatus::RemInvReqErr;
+            c.wc_flags.remove(WcFlags::WITH_INV);
+        }
+        let to_err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        if let Err(e) = self.modify_qp(now, qpn, &to_err, QpAttrMask::STATE) {
+            tracing::debug!("SEND with invalidate: moving the QP to ERR failed: {e}");
+        }
     }
 
     /// The ICRC covers the IPv4 ID, which a UDP socket does not show. A softhca peer

@@ -224,6 +224,16 @@ impl Qp {
             // Halted at a local error: it completes when it reaches the head.
             return None;
         }
+        if w.is_local_op() {
+            // Executed when posted; it takes no PSN and completes in order.
+            w.started = true;
+            w.done = true;
+            w.first_psn = self.req.next_psn;
+            self.req.send_idx += 1;
+            self.req.send_off = 0;
+            self.complete_sends(ctx);
+            return self.plan_request(ctx);
+        }
         if !w.started {
             if state != QpState::Rts {
                 // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
@@ -463,7 +473,7 @@ impl Qp {
                     // copied, and the seal hashes the headers only (see `TailCrc`).
                     let read = if in_place {
                         ctx.mem
-                            .remote_read_crc(pd, rkey, va, &mut buf[hl..hl + n])
+                            .remote_read_crc((pd, self.qpn), rkey, va, &mut buf[hl..hl + n])
                             .map(|crc| {
                                 tail_crc = Some(TailCrc {
                                     at: hl,
@@ -471,7 +481,8 @@ impl Qp {
                                 })
                             })
                     } else {
-                        ctx.mem.remote_read(pd, rkey, va, &mut buf[hl..hl + n])
+                        ctx.mem
+                            .remote_read((pd, self.qpn), rkey, va, &mut buf[hl..hl + n])
                     };
                     if let Err(_e) = read {
                         // The MR went away after the request was checked: NAK instead.

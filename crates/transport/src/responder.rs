@@ -396,7 +396,7 @@ impl Qp {
             return Ok(());
         }
         ctx.mem
-            .check_remote(self.init.pd, rkey, va, len, need)
+            .check_remote((self.init.pd, self.qpn), rkey, va, len, need)
             .map_err(|_| Fail::Nak(syndrome::NAK_REMOTE_ACCESS))
     }
 
@@ -569,7 +569,12 @@ impl Qp {
                 else {
                     return Err(Fail::Drop);
                 };
-                if n > 0 && ctx.mem.remote_write(pd, *rkey, *va, payload).is_err() {
+                if n > 0
+                    && ctx
+                        .mem
+                        .remote_write((pd, self.qpn), *rkey, *va, payload)
+                        .is_err()
+                {
                     if let Some((w, s)) = recv {
                         self.return_recv(ctx, w, s);
                     }
@@ -648,7 +653,7 @@ impl Qp {
                 };
                 let orig = ctx
                     .mem
-                    .remote_atomic(self.init.pd, rkey, va, aop)
+                    .remote_atomic((self.init.pd, self.qpn), rkey, va, aop)
                     .map_err(|_| Fail::Nak(syndrome::NAK_REMOTE_ACCESS))?;
                 self.push_res(RdRes::Atomic { psn: h.psn, orig });
                 self.resp.msn = psn_add(self.resp.msn, 1);

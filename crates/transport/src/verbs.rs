@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 pub use crate::deps::{AccessFlags, MemError, MemoryTable, MrKeys, PdId, Sge};
 pub use crate::deps::{Psn, Qpn};
+pub use softhca_memory::{MwBind, MwType};
 
 /// Virtual time in nanoseconds. The engine never reads a clock: the caller passes `now`.
 pub type Nanos = u64;
@@ -416,6 +417,8 @@ pub struct SendWr {
     pub swap: u64,
     /// Destination for UD.
     pub ud: Option<UdDest>,
+    /// The window, region, range and rights of `BindMw`.
+    pub bind: Option<MwBind>,
 }
 
 impl Default for SendWr {
@@ -431,6 +434,7 @@ impl Default for SendWr {
             compare_add: 0,
             swap: 0,
             ud: None,
+            bind: None,
         }
     }
 }

@@ -126,8 +126,15 @@ impl SendWqe {
     pub fn last_psn(&self) -> u32 {
         psn_add(self.first_psn, self.npkts.max(1) - 1)
     }
+    /// A bind or local invalidation: no packet, executed when posted.
+    pub fn is_local_op(&self) -> bool {
+        matches!(self.wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv)
+    }
     pub fn contains(&self, psn: u32) -> bool {
-        self.started && psn_diff(psn, self.first_psn) >= 0 && psn_diff(psn, self.last_psn()) <= 0
+        self.started
+            && !self.is_local_op()
+            && psn_diff(psn, self.first_psn) >= 0
+            && psn_diff(psn, self.last_psn()) <= 0
     }
 }
 
