@@ -1,7 +1,9 @@
 //! Interop through the drop-in library with the Linux kernel's Soft-RoCE (rdma_rxe):
 //! unmodified `ibv_rc_pingpong`, `ib_write_bw` and `ib_read_bw` on kernel rxe in a VM
 //! against the same unmodified binaries on softhca (LD_LIBRARY_PATH = our library),
-//! in both directions, and a tshark decode of the traffic with no malformed packet.
+//! in both directions, a memory window case (`tests/c/mw_peer.c`: a type 2 window bound
+//! on one side, written, read and invalidated by a SEND with invalidate from the other),
+//! and a tshark decode of the traffic with no malformed packet.
 //!
 //! The VM harness (`../shared/tools/rxe-vm`) needs root and boots under software
 //! emulation (about 30-40 s a boot, two boots), so this test runs only when asked:
@@ -84,9 +86,40 @@ fn boot(harness: &Path, guest: &str, host: &str) -> String {
     text
 }
 
+/// The memory window peer, built here against the system's verbs.h and carried into the
+/// guest inside its command (base64), where Debian's libibverbs and rxe provider run it.
+struct MwPeer {
+    host_bin: PathBuf,
+    unpack: String,
+}
+
+fn mw_peer() -> MwPeer {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/mw_peer.c");
+    let bin = common::compile_c(&src, "mw-peer").expect("libibverbs-dev is installed");
+    let out = Command::new("base64")
+        .arg("-w0")
+        .arg(&bin)
+        .output()
+        .expect("run base64");
+    assert!(out.status.success());
+    let b64 = String::from_utf8(out.stdout).expect("base64 is ASCII");
+    MwPeer {
+        host_bin: bin,
+        unpack: format!("echo {b64} | base64 -d > /tmp/mw_peer && chmod +x /tmp/mw_peer"),
+    }
+}
+
+const MW_PORT: u16 = 18_700;
+
 fn assert_all_passed(text: &str) {
+    assert_eq!(
+        text.matches("owner: ok").count(),
+        1,
+        "window owner:\n{text}"
+    );
+    assert_eq!(text.matches("user: ok").count(), 1, "window user:\n{text}");
     for side in ["host", "guest"] {
-        for name in ["pp", "w", "r"] {
+        for name in ["pp", "w", "r", "mw"] {
             let line = format!("{side}-{name}=0");
             assert!(text.contains(&line), "missing {line}:\n{text}");
         }
@@ -117,10 +150,18 @@ fn perftest_and_pingpong_with_kernel_rxe_both_ways() {
     let Some(h) = harness() else { return };
     let lib = common::lib_dir().display().to_string();
 
-    // Kernel rxe serves, softhca is the client.
-    let guest = programs(1, "", "guest");
+    let mw = mw_peer();
+    let mw_host = mw.host_bin.display();
+
+    // Kernel rxe serves (and owns the window), softhca is the client.
+    let guest = format!(
+        "{}; {}; timeout 120 /tmp/mw_peer owner 1 {MW_PORT}; echo guest-mw=$?",
+        programs(1, "", "guest"),
+        mw.unpack
+    );
     let host = format!(
-        "export LD_LIBRARY_PATH={lib}; {}",
+        "export LD_LIBRARY_PATH={lib}; {}; timeout 120 {mw_host} user 0 10.99.0.2 {MW_PORT}; \
+         echo host-mw=$?",
         programs(0, "10.99.0.2", "host")
     );
     assert_all_passed(&boot(&h, &guest, &host));
@@ -129,10 +170,15 @@ fn perftest_and_pingpong_with_kernel_rxe_both_ways() {
     // the namespace's side of the link for tshark.
     let pcap = std::env::temp_dir().join(format!("softhca-rxe-{}.pcap", std::process::id()));
     let _ = std::fs::remove_file(&pcap);
-    let guest = programs(1, "10.99.0.1", "guest");
+    let guest = format!(
+        "{}; {}; timeout 120 /tmp/mw_peer user 1 10.99.0.1 {MW_PORT}; echo guest-mw=$?",
+        programs(1, "10.99.0.1", "guest"),
+        mw.unpack
+    );
     let host = format!(
         "export LD_LIBRARY_PATH={lib}; tcpdump -U -i any -w {p} udp port 4791 2>/dev/null & \
-         sleep 1; {}; sleep 1; kill %1; wait",
+         sleep 1; {}; timeout 120 {mw_host} owner 0 {MW_PORT}; echo host-mw=$?; sleep 1; \
+         kill %1; wait",
         programs(0, "", "host"),
         p = pcap.display()
     );
@@ -151,5 +197,11 @@ fn perftest_and_pingpong_with_kernel_rxe_both_ways() {
     // 2 × 300 × 64 KiB at MTU 1024 is over 38,000 data packets alone.
     assert!(roce > 30_000, "tshark decoded {roce} RoCEv2 packets");
     assert_eq!(bad, 0, "malformed packets in {}", pcap.display());
+    // The SEND with invalidate crossed the wire as RC SEND_ONLY_WITH_INVALIDATE (0x17).
+    assert!(
+        count("infiniband.bth.opcode == 23") >= 1,
+        "no SEND with invalidate"
+    );
     let _ = std::fs::remove_file(&pcap);
+    let _ = std::fs::remove_file(&mw.host_bin);
 }
