@@ -506,23 +506,15 @@ pub struct Context {
     events: Arc<AsyncQueue>,
 }
 
-/// What makes two [`Config`]s the same device: its name and what chooses its addresses.
+/// Two opens are of the same device when their whole [`Config`] is the same: a part of
+/// the process that asks for other settings (another MTU, fault injection, ...) on the
+/// same address gets its own device, or "address in use", as before.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct DeviceKey {
-    name: String,
-    addrs: Vec<IpAddr>,
-    netdev: Option<String>,
-    udp_port: u16,
-}
+struct DeviceKey(Config);
 
 impl DeviceKey {
     fn of(cfg: &Config) -> DeviceKey {
-        DeviceKey {
-            name: cfg.name.clone(),
-            addrs: cfg.addrs.clone(),
-            netdev: cfg.netdev.clone(),
-            udp_port: cfg.udp_port,
-        }
+        DeviceKey(cfg.clone())
     }
 }
 
@@ -639,9 +631,10 @@ impl Context {
     /// Active MTU: `cfg.mtu` capped by the netdev MTU of every served interface, like
     /// rxe's `eth_mtu_int_to_enum` (1500 → 1024; loopback 65536 → 4096).
     ///
-    /// A device this process has open already (same name, addresses, netdev and UDP
-    /// port in `cfg`) is not opened again: the new context shares it (its GIDs, QPN space
-    /// and datapath), and the rest of `cfg` is not looked at.
+    /// A device this process has open already with the same `cfg` (as every
+    /// `ibv_open_device` of the C library has: its configuration comes from the
+    /// environment) is not opened again: the new context shares it (its GIDs, QPN space
+    /// and datapath).
     pub fn open(cfg: &Config) -> Result<Arc<Context>, Error> {
         let key = DeviceKey::of(cfg);
         let mut open = OPEN_BY_KEY.lock();

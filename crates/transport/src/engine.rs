@@ -564,11 +564,8 @@ impl Engine {
         if m.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && a.max_rd_atomic > self.cfg.max_qp_rd_atom {
             return Err(E("max_rd_atomic"));
         }
-        if m.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
-            && a.max_dest_rd_atomic > self.cfg.max_qp_rd_atom
-        {
-            return Err(E("max_dest_rd_atomic"));
-        }
+        // max_dest_rd_atomic is not checked (rxe_qp_chk_attr takes any value): the
+        // responder's queue of READ/atomic responses is bounded on its own.
         if m.contains(QpAttrMask::AV) && Path::resolve(&self.cfg, &a.ah_attr, qp.qpn).is_none() {
             return Err(E("address vector: bad sgid_index or address family"));
         }
