@@ -509,12 +509,24 @@ pub struct Context {
 /// Two opens are of the same device when their whole [`Config`] is the same: a part of
 /// the process that asks for other settings (another MTU, fault injection, ...) on the
 /// same address gets its own device, or "address in use", as before.
+/// The network namespace is part of it too: a thread that moved to another namespace
+/// serves other addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct DeviceKey(Config);
+struct DeviceKey {
+    cfg: Config,
+    netns: Option<(u64, u64)>,
+}
 
 impl DeviceKey {
     fn of(cfg: &Config) -> DeviceKey {
-        DeviceKey(cfg.clone())
+        use std::os::unix::fs::MetadataExt;
+        let netns = std::fs::metadata("/proc/thread-self/ns/net")
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        DeviceKey {
+            cfg: cfg.clone(),
+            netns,
+        }
     }
 }
 
