@@ -1285,6 +1285,14 @@ impl Endpoint {
         }
         self.cancel_retx(local);
         self.set_state(local, CmState::RepRcvd);
+        // rdma_cm arms a delayed MRA for the REP too (`cma_ib_handler`, REP_RECEIVED): a
+        // duplicate REP before our RTU is then answered with it.
+        if let Some(t) = self.cfg.delayed_mra_service_timeout {
+            if let Some(c) = self.conns.get_mut(&local) {
+                c.service_timeout = t.min(31);
+            }
+            self.set_state(local, CmState::MraRepSent);
+        }
         self.events.push_back(CmEvent::RepReceived {
             id: CmId(local),
             rep: Box::new(rep),
@@ -1583,7 +1591,7 @@ impl Endpoint {
                 return Ok(id);
             }
         }
-        Err(CmError::UnknownId(0))
+        Err(CmError::NoCommId)
     }
 
     fn form_tid(&self, local_id: CommId) -> u64 {

@@ -61,6 +61,9 @@ pub enum CmError {
     /// An endpoint command is not valid in the connection's current state.
     #[error("operation invalid in state {0:?}")]
     InvalidState(crate::endpoint::CmState),
+    /// Every local comm ID probed is in use.
+    #[error("no free local comm ID")]
+    NoCommId,
     /// A listener for this service ID already exists.
     #[error("service ID {0:#018x} is already listened on")]
     AlreadyListening(u64),

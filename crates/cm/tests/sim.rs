@@ -277,7 +277,40 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
     net.settle();
     assert!(matches!(net.take_a().as_slice(), [CmEvent::RepReceived { .. }]));
     assert_eq!(net.a.counters().tx_retries, 1);
-    assert_eq!(net.a.state(ida), Some(CmState::RepRcvd));
+    assert_eq!(net.a.state(ida), Some(CmState::MraRepSent), "MRA armed for the REP");
+
+    // A duplicate REP before our RTU gets the armed MRA (cm_dup_rep_handler).
+    let rep = net.sent(ip_b(), "REP")[0].msg;
+    let mut m = [0u8; 256];
+    mad::emit(&rep, &mut m).unwrap();
+    net.a.handle_mad(net.now, ip_b(), &m);
+    let (_, mra) = net.a.poll_transmit().unwrap();
+    let CmBody::Mra(mra) = mad::parse(&mra).unwrap().body else { panic!() };
+    assert_eq!((mra.msg_mraed, mra.service_timeout), (MsgResponse::Rep, 24));
+    assert_eq!((mra.local_comm_id, mra.remote_comm_id), (ida.0, idb.0));
+    let mut b = [0u8; 256];
+    mad::emit(
+        &CmMessage {
+            hdr: MadHeader::default(),
+            body: CmBody::Mra(mra),
+        },
+        &mut b,
+    )
+    .unwrap();
+    net.b.handle_mad(net.now, ip_a(), &b);
+    assert_eq!(
+        std::iter::from_fn(|| net.b.poll_event()).collect::<Vec<_>>(),
+        vec![CmEvent::MraReceived {
+            id: idb,
+            service_timeout: 24
+        }]
+    );
+    assert_eq!(net.b.state(idb), Some(CmState::MraRepRcvd));
+    // B's REP timer now waits conv(24) + conv(av.timeout 19) ms.
+    assert_eq!(net.b.poll_timeout(), Some(net.now + (65536 + 2048) * MS));
+    net.a.establish(net.now, ida, &[]).unwrap();
+    net.settle();
+    assert_eq!(net.take_b(), vec![CmEvent::Established { id: idb }]);
 }
 
 #[test]
