@@ -23,8 +23,7 @@ use softhca_cm::{
 };
 use softhca_io::{BindOptions, RecvBatch, RoceSocket, Transmit};
 use softhca_wire::{
-    emit_packet, parse, seal, Bth, Deth, Headers, IpPseudo, Opcode, Psn, Qpn, UdpPseudo,
-    ICRC_LEN,
+    emit_packet, parse, seal, Bth, Deth, Headers, IpPseudo, Opcode, Psn, Qpn, UdpPseudo, ICRC_LEN,
 };
 
 const ME: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
@@ -163,10 +162,7 @@ fn main() {
                     hangup = Some((id, start.elapsed() + Duration::from_millis(1500)));
                 }
                 CmEvent::ReqReceived { id, req, .. } => {
-                    println!(
-                        "probe: cma_hdr {:?}",
-                        CmaHdr::parse(&req.private_data)
-                    );
+                    println!("probe: cma_hdr {:?}", CmaHdr::parse(&req.private_data));
                     let mut a = AcceptParams::new(Qpn::new(0x99), Psn::new(0x777));
                     a.responder_resources = req.initiator_depth;
                     a.initiator_depth = req.responder_resources;

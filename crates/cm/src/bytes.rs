@@ -60,7 +60,11 @@ pub(crate) fn u24_at(buf: &[u8], at: usize) -> Result<u32, CmError> {
 #[inline]
 pub(crate) fn check_bits(field: &'static str, v: u32, bits: u8) -> Result<(), CmError> {
     if bits < 32 && v >> bits != 0 {
-        Err(CmError::FieldRange { field, value: v, bits })
+        Err(CmError::FieldRange {
+            field,
+            value: v,
+            bits,
+        })
     } else {
         Ok(())
     }

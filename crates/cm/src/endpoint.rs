@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 use softhca_wire::{Psn, Qpn};
 
 use crate::mad::{
-    self, private_data, CmBody, CmMessage, CommId, Dreq, Drep, Gid, MadHeader, Mra, MsgResponse,
+    self, private_data, CmBody, CmMessage, CommId, Drep, Dreq, Gid, MadHeader, Mra, MsgResponse,
     Rej, RejReason, Rep, Req, ReqPath, Rtu, ServiceId, SidrRep, SidrReq, SidrStatus,
     TransportService, MAD_LEN,
 };
@@ -886,7 +886,12 @@ impl Endpoint {
         match c.state {
             CmState::ReqSent | CmState::MraReqRcvd => {
                 let guid = self.cfg.ca_guid.to_be_bytes();
-                self.send_rej(id.0, RejReason::Timeout, &guid, [0; mad::private_data_len::REJ]);
+                self.send_rej(
+                    id.0,
+                    RejReason::Timeout,
+                    &guid,
+                    [0; mad::private_data_len::REJ],
+                );
                 self.remove(id.0);
             }
             CmState::ReqRcvd
@@ -1052,7 +1057,8 @@ impl Endpoint {
             let destroyed = c.destroyed;
             self.remove(id);
             if !destroyed {
-                self.events.push_back(CmEvent::TimewaitExit { id: CmId(id) });
+                self.events
+                    .push_back(CmEvent::TimewaitExit { id: CmId(id) });
             }
         }
     }

@@ -179,7 +179,11 @@ mod tests {
         want[16..20].copy_from_slice(&[10, 99, 0, 1]);
         want[32..36].copy_from_slice(&[10, 99, 0, 2]);
         assert_eq!(&pd[..36], &want);
-        assert_eq!(&pd[36..], &[0xff; 4], "user data after the header untouched");
+        assert_eq!(
+            &pd[36..],
+            &[0xff; 4],
+            "user data after the header untouched"
+        );
         assert_eq!(CmaHdr::parse(&pd).unwrap(), h);
     }
 

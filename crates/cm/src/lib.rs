@@ -37,8 +37,8 @@ pub mod ip;
 pub mod mad;
 
 pub use endpoint::{
-    AcceptParams, CmEvent, CmId, CmState, ConnectParams, Counters, Endpoint, EndpointConfig,
-    Nanos, QpAttrs, SidrReplyParams, SidrRequestParams,
+    AcceptParams, CmEvent, CmId, CmState, ConnectParams, Counters, Endpoint, EndpointConfig, Nanos,
+    QpAttrs, SidrReplyParams, SidrRequestParams,
 };
 pub use error::CmError;
 pub use ip::{CmaHdr, PortSpace};

@@ -900,9 +900,17 @@ pub fn emit(msg: &CmMessage, out: &mut [u8; MAD_LEN]) -> Result<(), CmError> {
             put(m, 28, &r.remote_comm_id.to_be_bytes())?;
             put(m, 32, &r.local_qkey.to_be_bytes())?;
             let [_, vh, vm, vl] = r.vendor_id.to_be_bytes();
-            put(m, 36, &((r.local_qpn.value() << 8) | u32::from(vh)).to_be_bytes())?;
+            put(
+                m,
+                36,
+                &((r.local_qpn.value() << 8) | u32::from(vh)).to_be_bytes(),
+            )?;
             put(m, 40, &((r.local_eecn << 8) | u32::from(vm)).to_be_bytes())?;
-            put(m, 44, &((r.starting_psn.value() << 8) | u32::from(vl)).to_be_bytes())?;
+            put(
+                m,
+                44,
+                &((r.starting_psn.value() << 8) | u32::from(vl)).to_be_bytes(),
+            )?;
             put(
                 m,
                 48,
@@ -1011,7 +1019,11 @@ fn emit_req(r: &Req, m: &mut [u8]) -> Result<(), CmError> {
     let b67 = (r.remote_cm_response_timeout << 3)
         | ((r.transport as u8) << 1)
         | u8::from(r.end_to_end_flow_control);
-    put(m, 64, &((r.remote_eecn << 8) | u32::from(b67)).to_be_bytes())?;
+    put(
+        m,
+        64,
+        &((r.remote_eecn << 8) | u32::from(b67)).to_be_bytes(),
+    )?;
     let b71 = (r.local_cm_response_timeout << 3) | r.retry_count;
     put(
         m,
@@ -1035,10 +1047,12 @@ fn emit_req(r: &Req, m: &mut [u8]) -> Result<(), CmError> {
 /// Copy `data` into a zeroed private data array of `N` bytes, or an error if it is longer.
 pub fn private_data<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
     let mut out = [0u8; N];
-    let dst = out.get_mut(..data.len()).ok_or(CmError::PrivateDataTooLong {
-        len: data.len(),
-        max: N,
-    })?;
+    let dst = out
+        .get_mut(..data.len())
+        .ok_or(CmError::PrivateDataTooLong {
+            len: data.len(),
+            max: N,
+        })?;
     dst.copy_from_slice(data);
     Ok(out)
 }

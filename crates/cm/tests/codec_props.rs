@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use softhca_cm::mad::{
-    self, CmBody, CmMessage, Dreq, Drep, Gid, MadHeader, Mra, MsgResponse, Rej, RejReason, Rep,
+    self, CmBody, CmMessage, Drep, Dreq, Gid, MadHeader, Mra, MsgResponse, Rej, RejReason, Rep,
     Req, ReqPath, Rtu, SidrRep, SidrReq, SidrStatus, TransportService,
 };
 use softhca_cm::{Endpoint, EndpointConfig, Psn, Qpn};
@@ -264,8 +264,14 @@ fn body() -> impl Strategy<Value = CmBody> {
 }
 
 fn message() -> impl Strategy<Value = CmMessage> {
-    (any::<u16>(), any::<u16>(), any::<u64>(), any::<u32>(), body()).prop_map(
-        |(status, cs, tid, am, body)| CmMessage {
+    (
+        any::<u16>(),
+        any::<u16>(),
+        any::<u64>(),
+        any::<u32>(),
+        body(),
+    )
+        .prop_map(|(status, cs, tid, am, body)| CmMessage {
             hdr: MadHeader {
                 status,
                 class_specific: cs,
@@ -273,8 +279,7 @@ fn message() -> impl Strategy<Value = CmMessage> {
                 attr_mod: am,
             },
             body,
-        },
-    )
+        })
 }
 
 const ATTRS: [u16; 12] = [

@@ -115,42 +115,66 @@ fn what_the_kernel_said() {
             .find(|m| m.src == kernel() && m.msg.body.name() == name)
             .unwrap()
     };
-    let CmBody::Req(our_req) = ours("REQ").msg.body else { panic!() };
+    let CmBody::Req(our_req) = ours("REQ").msg.body else {
+        panic!()
+    };
 
     // REP to our REQ: echoes the TID, names our comm ID, rxe's ack delay 15.
     let rep = theirs("REP");
     assert_eq!(rep.msg.hdr.tid, ours("REQ").msg.hdr.tid);
-    let CmBody::Rep(r) = rep.msg.body else { panic!() };
+    let CmBody::Rep(r) = rep.msg.body else {
+        panic!()
+    };
     assert_eq!(r.remote_comm_id, our_req.local_comm_id);
     assert_eq!(r.target_ack_delay, 15);
     assert_eq!((r.responder_resources, r.initiator_depth), (1, 1));
 
     // DREP to our DREQ.
-    let CmBody::Drep(d) = theirs("DREP").msg.body else { panic!() };
-    assert_eq!((d.local_comm_id, d.remote_comm_id), (r.local_comm_id, our_req.local_comm_id));
+    let CmBody::Drep(d) = theirs("DREP").msg.body else {
+        panic!()
+    };
+    assert_eq!(
+        (d.local_comm_id, d.remote_comm_id),
+        (r.local_comm_id, our_req.local_comm_id)
+    );
 
     // No listener: REJ 8 for the REQ, LocalCommID 0 (`cm_issue_rej`).
-    let CmBody::Rej(j) = theirs("REJ").msg.body else { panic!() };
+    let CmBody::Rej(j) = theirs("REJ").msg.body else {
+        panic!()
+    };
     assert_eq!(j.reason, RejReason::InvalidServiceId);
     assert_eq!((j.local_comm_id, j.msg_rejected), (0, MsgResponse::Req));
 
     // SIDR_REP for the SIDR_REQ; udaddy was not listening yet: status 1, unsupported.
-    let CmBody::SidrRep(s) = theirs("SIDR_REP").msg.body else { panic!() };
-    let CmBody::SidrReq(sq) = ours("SIDR_REQ").msg.body else { panic!() };
+    let CmBody::SidrRep(s) = theirs("SIDR_REP").msg.body else {
+        panic!()
+    };
+    let CmBody::SidrReq(sq) = ours("SIDR_REQ").msg.body else {
+        panic!()
+    };
     assert_eq!(s.request_id, sq.request_id);
     assert_eq!(s.service_id, service_id(PortSpace::Udp, 7174));
     assert_eq!(s.status, SidrStatus::Unsupported);
 
     // The kernel's own REQ (rping -c): what cma_connect_ib and cm_format_req put there.
-    let CmBody::Req(k) = theirs("REQ").msg.body else { panic!() };
+    let CmBody::Req(k) = theirs("REQ").msg.body else {
+        panic!()
+    };
     assert_eq!(k.service_id, service_id(PortSpace::Tcp, 7174));
     assert_eq!(
-        (k.remote_cm_response_timeout, k.local_cm_response_timeout, k.max_cm_retries),
+        (
+            k.remote_cm_response_timeout,
+            k.local_cm_response_timeout,
+            k.max_cm_retries
+        ),
         (20, 20, 15)
     );
     assert_eq!((k.retry_count, k.rnr_retry_count, k.path_mtu), (7, 7, 3));
     assert_eq!(k.pkey, 0xffff);
-    assert_eq!((k.primary.local_lid, k.primary.remote_lid), (0xffff, 0xffff));
+    assert_eq!(
+        (k.primary.local_lid, k.primary.remote_lid),
+        (0xffff, 0xffff)
+    );
     assert_eq!(k.primary.local_gid.to_ip(), kernel());
     assert_eq!(k.primary.remote_gid.to_ip(), IpAddr::from([10, 99, 0, 1]));
     assert_eq!(k.primary.hop_limit, 64);
@@ -159,7 +183,10 @@ fn what_the_kernel_said() {
     assert!(!k.primary.subnet_local);
     assert_eq!(k.alternate, mad::ReqPath::default());
     let h = CmaHdr::parse(&k.private_data).unwrap();
-    assert_eq!((h.version, h.src, h.dst), (0, kernel(), IpAddr::from([10, 99, 0, 1])));
+    assert_eq!(
+        (h.version, h.src, h.dst),
+        (0, kernel(), IpAddr::from([10, 99, 0, 1]))
+    );
     // Flow label from the ports: (sport × 31 + dport) & 0xFFFFF (cma.c,
     // `cma_get_roce_udp_flow_label`).
     assert_eq!(
@@ -168,7 +195,14 @@ fn what_the_kernel_said() {
     );
 
     // The kernel's RTU for our REP.
-    let CmBody::Rtu(t) = theirs("RTU").msg.body else { panic!() };
-    let CmBody::Rep(our_rep) = ours("REP").msg.body else { panic!() };
-    assert_eq!((t.local_comm_id, t.remote_comm_id), (k.local_comm_id, our_rep.local_comm_id));
+    let CmBody::Rtu(t) = theirs("RTU").msg.body else {
+        panic!()
+    };
+    let CmBody::Rep(our_rep) = ours("REP").msg.body else {
+        panic!()
+    };
+    assert_eq!(
+        (t.local_comm_id, t.remote_comm_id),
+        (k.local_comm_id, our_rep.local_comm_id)
+    );
 }

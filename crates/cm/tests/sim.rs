@@ -47,7 +47,10 @@ struct Net {
 
 impl Net {
     fn new() -> Net {
-        Net::with(EndpointConfig::new(GUID_A, 0x1111_2222_3333_4444), EndpointConfig::new(GUID_B, 0x5555_6666_7777_8888))
+        Net::with(
+            EndpointConfig::new(GUID_A, 0x1111_2222_3333_4444),
+            EndpointConfig::new(GUID_B, 0x5555_6666_7777_8888),
+        )
     }
 
     fn with(ca: EndpointConfig, cb: EndpointConfig) -> Net {
@@ -166,7 +169,10 @@ fn req_received(evs: &[CmEvent]) -> (CmId, mad::Req) {
 /// A connects, B accepts, A sends RTU: both ESTABLISHED. Returns (A's id, B's id).
 fn establish(net: &mut Net) -> (CmId, CmId) {
     let _ = net.b.listen(rping_sid());
-    let ida = net.a.connect(net.now, &connect_params(rping_sid())).unwrap();
+    let ida = net
+        .a
+        .connect(net.now, &connect_params(rping_sid()))
+        .unwrap();
     net.settle();
     let (idb, req) = req_received(&net.take_b());
     let mut ap = AcceptParams::new(Qpn::new(0x22), Psn::new(0xb0b0b));
@@ -208,19 +214,36 @@ fn connect_accept_rtu_then_disconnect_and_timewait() {
         ip_b(),
         "cma_hdr carries the addresses"
     );
-    let CmBody::Rep(p) = net.sent(ip_b(), "REP")[0].msg.body else { panic!() };
+    let CmBody::Rep(p) = net.sent(ip_b(), "REP")[0].msg.body else {
+        panic!()
+    };
     assert_eq!((p.local_comm_id, p.remote_comm_id), (idb.0, ida.0));
-    assert_eq!(net.sent(ip_b(), "REP")[0].msg.hdr.tid, req.hdr.tid, "REP echoes the REQ TID");
-    let CmBody::Rtu(t) = net.sent(ip_a(), "RTU")[0].msg.body else { panic!() };
+    assert_eq!(
+        net.sent(ip_b(), "REP")[0].msg.hdr.tid,
+        req.hdr.tid,
+        "REP echoes the REQ TID"
+    );
+    let CmBody::Rtu(t) = net.sent(ip_a(), "RTU")[0].msg.body else {
+        panic!()
+    };
     assert_eq!((t.local_comm_id, t.remote_comm_id), (ida.0, idb.0));
     assert_eq!(&t.private_data[..3], b"rtu");
 
     // QP attributes: PSNs cross over, resources swap, the MTU is the REQ's.
     let qa = net.a.qp_attrs(ida).unwrap();
     let qb = net.b.qp_attrs(idb).unwrap();
-    assert_eq!((qa.remote_qpn, qb.remote_qpn), (Qpn::new(0x22), Qpn::new(0x11)));
-    assert_eq!((qa.sq_psn, qa.rq_psn), (Psn::new(0xb0b0b), Psn::new(0xa0a0a)));
-    assert_eq!((qb.sq_psn, qb.rq_psn), (Psn::new(0xa0a0a), Psn::new(0xb0b0b)));
+    assert_eq!(
+        (qa.remote_qpn, qb.remote_qpn),
+        (Qpn::new(0x22), Qpn::new(0x11))
+    );
+    assert_eq!(
+        (qa.sq_psn, qa.rq_psn),
+        (Psn::new(0xb0b0b), Psn::new(0xa0a0a))
+    );
+    assert_eq!(
+        (qb.sq_psn, qb.rq_psn),
+        (Psn::new(0xa0a0a), Psn::new(0xb0b0b))
+    );
     assert_eq!((qb.responder_resources, qb.initiator_depth), (2, 4));
     assert_eq!((qa.responder_resources, qa.initiator_depth), (4, 2));
     assert_eq!(qb.path_mtu, 3);
@@ -229,7 +252,9 @@ fn connect_accept_rtu_then_disconnect_and_timewait() {
     let t0 = net.now;
     net.a.disconnect(net.now, ida, &[]).unwrap();
     net.settle();
-    let CmBody::Dreq(d) = net.sent(ip_a(), "DREQ")[0].msg.body else { panic!() };
+    let CmBody::Dreq(d) = net.sent(ip_a(), "DREQ")[0].msg.body else {
+        panic!()
+    };
     assert_eq!(d.remote_qpn, Qpn::new(0x22));
     assert!(matches!(net.take_b().as_slice(), [CmEvent::DreqReceived { id, .. }] if *id == idb));
     assert_eq!(net.b.state(idb), Some(CmState::DreqRcvd));
@@ -272,12 +297,23 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
     assert_eq!(reqs[0].msg, reqs[1].msg, "a retransmission is the same MAD");
     let (idb, _) = req_received(&net.take_b());
     net.b
-        .accept(net.now, idb, &AcceptParams::new(Qpn::new(0x22), Psn::new(1)))
+        .accept(
+            net.now,
+            idb,
+            &AcceptParams::new(Qpn::new(0x22), Psn::new(1)),
+        )
         .unwrap();
     net.settle();
-    assert!(matches!(net.take_a().as_slice(), [CmEvent::RepReceived { .. }]));
+    assert!(matches!(
+        net.take_a().as_slice(),
+        [CmEvent::RepReceived { .. }]
+    ));
     assert_eq!(net.a.counters().tx_retries, 1);
-    assert_eq!(net.a.state(ida), Some(CmState::MraRepSent), "MRA armed for the REP");
+    assert_eq!(
+        net.a.state(ida),
+        Some(CmState::MraRepSent),
+        "MRA armed for the REP"
+    );
 
     // A duplicate REP before our RTU gets the armed MRA (cm_dup_rep_handler).
     let rep = net.sent(ip_b(), "REP")[0].msg;
@@ -285,7 +321,9 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
     mad::emit(&rep, &mut m).unwrap();
     net.a.handle_mad(net.now, ip_b(), &m);
     let (_, mra) = net.a.poll_transmit().unwrap();
-    let CmBody::Mra(mra) = mad::parse(&mra).unwrap().body else { panic!() };
+    let CmBody::Mra(mra) = mad::parse(&mra).unwrap().body else {
+        panic!()
+    };
     assert_eq!((mra.msg_mraed, mra.service_timeout), (MsgResponse::Rep, 24));
     assert_eq!((mra.local_comm_id, mra.remote_comm_id), (ida.0, idb.0));
     let mut b = [0u8; 256];
@@ -327,7 +365,11 @@ fn lost_rep_is_retransmitted_and_taken_once() {
     net.settle();
     let (idb, _) = req_received(&net.take_b());
     net.b
-        .accept(net.now, idb, &AcceptParams::new(Qpn::new(0x22), Psn::new(1)))
+        .accept(
+            net.now,
+            idb,
+            &AcceptParams::new(Qpn::new(0x22), Psn::new(1)),
+        )
         .unwrap();
     net.settle();
     assert!(net.take_a().is_empty());
@@ -361,12 +403,21 @@ fn duplicate_req_while_consumer_thinks_gets_the_armed_mra() {
     let ida = net.a.connect(0, &connect_params(rping_sid())).unwrap();
     net.settle();
     let (idb, _) = req_received(&net.take_b());
-    assert_eq!(net.b.state(idb), Some(CmState::MraReqSent), "MRA armed as rdma_cm does");
-    assert!(net.sent(ip_b(), "MRA").is_empty(), "but not sent until a duplicate");
+    assert_eq!(
+        net.b.state(idb),
+        Some(CmState::MraReqSent),
+        "MRA armed as rdma_cm does"
+    );
+    assert!(
+        net.sent(ip_b(), "MRA").is_empty(),
+        "but not sent until a duplicate"
+    );
     net.advance(); // the REQ retransmission at 6144 ms
     let mras = net.sent(ip_b(), "MRA");
     assert_eq!(mras.len(), 1);
-    let CmBody::Mra(m) = mras[0].msg.body else { panic!() };
+    let CmBody::Mra(m) = mras[0].msg.body else {
+        panic!()
+    };
     assert_eq!((m.msg_mraed, m.service_timeout), (MsgResponse::Req, 24));
     assert_eq!(m.remote_comm_id, ida.0);
     assert_eq!(net.b.counters().rx_duplicates, 1);
@@ -383,20 +434,32 @@ fn duplicate_req_while_consumer_thinks_gets_the_armed_mra() {
     assert_eq!(net.a.poll_timeout(), Some(6144 * MS + (65536 + 2048) * MS));
     // The consumer accepts late; the connection completes.
     net.b
-        .accept(net.now, idb, &AcceptParams::new(Qpn::new(0x22), Psn::new(1)))
+        .accept(
+            net.now,
+            idb,
+            &AcceptParams::new(Qpn::new(0x22), Psn::new(1)),
+        )
         .unwrap();
     net.settle();
-    assert!(matches!(net.take_a().as_slice(), [CmEvent::RepReceived { .. }]));
+    assert!(matches!(
+        net.take_a().as_slice(),
+        [CmEvent::RepReceived { .. }]
+    ));
 }
 
 #[test]
 fn no_listener_gets_rej_invalid_service_id() {
     let mut net = Net::new();
-    let ida = net.a.connect(0, &connect_params(service_id(PortSpace::Tcp, 9))).unwrap();
+    let ida = net
+        .a
+        .connect(0, &connect_params(service_id(PortSpace::Tcp, 9)))
+        .unwrap();
     net.settle();
     let rejs = net.sent(ip_b(), "REJ");
     assert_eq!(rejs.len(), 1);
-    let CmBody::Rej(r) = rejs[0].msg.body else { panic!() };
+    let CmBody::Rej(r) = rejs[0].msg.body else {
+        panic!()
+    };
     assert_eq!(r.reason, RejReason::InvalidServiceId);
     assert_eq!(r.reason.to_u16(), 8);
     assert_eq!(r.msg_rejected, MsgResponse::Req);
@@ -491,7 +554,9 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     // Again while B is in timewait: DREP with the same private data.
     net.b.handle_mad(net.now, ip_a(), &m);
     let (_, d) = net.b.poll_transmit().unwrap();
-    let CmBody::Drep(d) = mad::parse(&d).unwrap().body else { panic!() };
+    let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
+        panic!()
+    };
     assert_eq!((d.local_comm_id, d.remote_comm_id), (idb.0, ida.0));
     assert_eq!(&d.private_data[..3], b"bye");
     // After timewait B has forgotten it; a stray DREQ still gets a DREP (cm_issue_drep).
@@ -499,7 +564,9 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     net.b.handle_mad(net.now, ip_a(), &m);
     let (dst, d) = net.b.poll_transmit().unwrap();
     assert_eq!(dst, ip_a());
-    let CmBody::Drep(d) = mad::parse(&d).unwrap().body else { panic!() };
+    let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
+        panic!()
+    };
     assert_eq!((d.local_comm_id, d.remote_comm_id), (idb.0, ida.0));
     assert_eq!(net.b.counters().rx_duplicates, 2);
 }
@@ -606,7 +673,10 @@ fn sidr_request_and_reply() {
     // No listener: status 1 (unsupported), as cm_sidr_req_handler answers.
     let id2 = net
         .a
-        .sidr_request(net.now, &SidrRequestParams::new(ip_b(), service_id(PortSpace::Udp, 1)))
+        .sidr_request(
+            net.now,
+            &SidrRequestParams::new(ip_b(), service_id(PortSpace::Udp, 1)),
+        )
         .unwrap();
     net.settle();
     match net.take_a().as_slice() {
@@ -628,13 +698,21 @@ fn lost_sidr_req_is_retried_every_4096_ms() {
         n += 1;
         s.msg.body.name() == "SIDR_REQ" && n <= 2
     });
-    net.a.sidr_request(0, &SidrRequestParams::new(ip_b(), sid)).unwrap();
+    net.a
+        .sidr_request(0, &SidrRequestParams::new(ip_b(), sid))
+        .unwrap();
     net.settle();
     net.advance();
     net.advance();
     let reqs = net.sent(ip_a(), "SIDR_REQ");
-    assert_eq!(reqs.iter().map(|s| s.at / MS).collect::<Vec<_>>(), vec![0, 4096, 8192]);
-    assert!(matches!(net.take_b().as_slice(), [CmEvent::SidrReqReceived { .. }]));
+    assert_eq!(
+        reqs.iter().map(|s| s.at / MS).collect::<Vec<_>>(),
+        vec![0, 4096, 8192]
+    );
+    assert!(matches!(
+        net.take_b().as_slice(),
+        [CmEvent::SidrReqReceived { .. }]
+    ));
 }
 
 #[test]
@@ -659,11 +737,17 @@ fn req_flood_is_bounded() {
     assert_eq!(b.connection_count(), 8);
     let c = b.counters();
     assert_eq!((c.req_over_limit, c.rx_mads), (992, 1000));
-    assert!(b.poll_transmit().is_none(), "a flood is dropped, not answered");
-    let ids: Vec<CmId> = std::iter::from_fn(|| b.poll_event()).map(|e| e.id()).collect();
+    assert!(
+        b.poll_transmit().is_none(),
+        "a flood is dropped, not answered"
+    );
+    let ids: Vec<CmId> = std::iter::from_fn(|| b.poll_event())
+        .map(|e| e.id())
+        .collect();
     assert_eq!(ids.len(), 8);
     // Answering one frees a slot for the next retransmission.
-    b.reject(0, ids[0], RejReason::ConsumerDefined, &[]).unwrap();
+    b.reject(0, ids[0], RejReason::ConsumerDefined, &[])
+        .unwrap();
     assert_eq!(b.connection_count(), 7);
     a.handle_timeout(6144 * MS);
     let mut taken = 0;
@@ -673,7 +757,11 @@ fn req_flood_is_bounded() {
     }
     assert!(taken >= 999);
     assert_eq!(b.connection_count(), 8);
-    assert_eq!(b.counters().rx_duplicates, 7, "the 7 pending ones are recognised");
+    assert_eq!(
+        b.counters().rx_duplicates,
+        7,
+        "the 7 pending ones are recognised"
+    );
 }
 
 #[test]
@@ -702,7 +790,9 @@ fn destroy_sends_what_the_kernel_sends() {
     let (idb, _) = req_received(&net.take_b());
     net.a.destroy(net.now, ida);
     net.settle();
-    let CmBody::Rej(r) = net.sent(ip_a(), "REJ")[0].msg.body else { panic!() };
+    let CmBody::Rej(r) = net.sent(ip_a(), "REJ")[0].msg.body else {
+        panic!()
+    };
     assert_eq!(r.reason, RejReason::Timeout);
     assert_eq!(&r.ari[..8], &GUID_A.to_be_bytes());
     assert!(matches!(net.take_b().as_slice(), [CmEvent::Rejected { id, .. }] if *id == idb));
@@ -711,7 +801,10 @@ fn destroy_sends_what_the_kernel_sends() {
     let (ida, idb) = establish(&mut net);
     net.a.destroy(net.now, ida);
     net.settle();
-    assert!(matches!(net.take_b().as_slice(), [CmEvent::DreqReceived { .. }]));
+    assert!(matches!(
+        net.take_b().as_slice(),
+        [CmEvent::DreqReceived { .. }]
+    ));
     net.b.disconnect(net.now, idb, &[]).unwrap();
     net.settle();
     while net.advance() {}
