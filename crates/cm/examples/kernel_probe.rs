@@ -11,6 +11,15 @@
 //! 4. We listen on 0x0000000001061C06 and accept the guest's rping client → kernel RTU;
 //!    its data goes to a QPN nobody serves, so it gives up and sends DREQ → our DREP.
 //!
+//! `--scenario 2` (guest: `rping -s` on ports 7174 and 7175, `udaddy -s`) instead:
+//!
+//! 1. REQ to rping, sent twice back to back → kernel MRA (the duplicate finds the REQ in
+//!    MRA_REQ_SENT, armed by rdma_cm) and REP; we send RTU.
+//! 2. A second REQ from the same QPN while the first connection lives → kernel REJ 10
+//!    (stale) and a kernel DREQ for the first connection → our DREP.
+//! 3. REQ to port 7175 naming a GID the kernel does not have → kernel REJ 12 (invalid GID).
+//! 4. SIDR_REQ to udaddy → kernel SIDR_REP with its QPN and Q_Key 0x01234567.
+//!
 //! Prints every CM MAD in and out, decoded, and a summary; exits after `--secs` (45).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -54,11 +63,15 @@ fn describe(m: &[u8]) -> String {
 }
 
 fn main() {
-    let secs: u64 = std::env::args()
-        .skip_while(|a| a != "--secs")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(45);
+    let arg = |name: &str, default: u64| -> u64 {
+        std::env::args()
+            .skip_while(|a| a != name)
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let secs = arg("--secs", 45);
+    let scenario = arg("--scenario", 1);
     let sock = RoceSocket::bind_with(
         SocketAddr::new(ME.into(), PORT),
         BindOptions {
@@ -81,6 +94,7 @@ fn main() {
     let mut step = 0;
     let mut seen: Vec<String> = Vec::new();
     let mut hangup = None;
+    let mut duplicate_next_req = false;
     let flow = |sport| UdpPseudo {
         ip: IpPseudo::V4 {
             src: ME,
@@ -94,34 +108,47 @@ fn main() {
     while start.elapsed() < Duration::from_secs(secs) {
         let t = start.elapsed();
         // The scripted active side.
-        if step == 0 && t > Duration::from_secs(4) {
+        let rping = |qpn: u32, port: u16, sport: u16| {
             let mut p = ConnectParams::new(
                 ME.into(),
                 PEER.into(),
-                service_id(PortSpace::Tcp, 7174),
-                Qpn::new(0x77),
-                Psn::new(0x12345),
+                service_id(PortSpace::Tcp, port),
+                Qpn::new(qpn),
+                Psn::new(0x12345 + qpn),
             );
             p.responder_resources = 1;
             p.initiator_depth = 1;
-            p.private_data = cma_pd(0xd001);
-            let id = ep.connect(now(), &p).unwrap();
-            println!("probe: connect rping server as {id:?}");
+            p.private_data = cma_pd(sport);
+            p
+        };
+        if scenario == 1 {
+            if step == 0 && t > Duration::from_secs(4) {
+                let id = ep.connect(now(), &rping(0x77, 7174, 0xd001)).unwrap();
+                println!("probe: connect rping server as {id:?}");
+                step = 1;
+            } else if step == 1 && t > Duration::from_secs(7) {
+                ep.connect(now(), &rping(0x78, 9999, 0xd002)).unwrap();
+                let mut s = SidrRequestParams::new(PEER.into(), service_id(PortSpace::Udp, 7174));
+                s.private_data = cma_pd(0xd003);
+                ep.sidr_request(now(), &s).unwrap();
+                step = 2;
+            }
+        } else if step == 0 && t > Duration::from_secs(6) {
+            ep.connect(now(), &rping(0x77, 7174, 0xd011)).unwrap();
+            duplicate_next_req = true;
             step = 1;
-        } else if step == 1 && t > Duration::from_secs(7) {
-            let mut p = ConnectParams::new(
-                ME.into(),
-                PEER.into(),
-                service_id(PortSpace::Tcp, 9999),
-                Qpn::new(0x78),
-                Psn::new(0x54321),
-            );
-            p.private_data = cma_pd(0xd002);
+        } else if step == 2 && t > Duration::from_secs(9) {
+            // Same QPN and GUID as the live connection: stale.
+            ep.connect(now(), &rping(0x77, 7174, 0xd012)).unwrap();
+            let mut p = rping(0x79, 7175, 0xd013);
+            p.remote_gid = softhca_cm::Gid::from_ip(Ipv4Addr::new(10, 99, 0, 9).into());
             ep.connect(now(), &p).unwrap();
+            step = 3;
+        } else if step == 3 && t > Duration::from_secs(14) {
             let mut s = SidrRequestParams::new(PEER.into(), service_id(PortSpace::Udp, 7174));
-            s.private_data = cma_pd(0xd003);
+            s.private_data = cma_pd(0xd014);
             ep.sidr_request(now(), &s).unwrap();
-            step = 2;
+            step = 4;
         }
         if let Some((id, at)) = hangup {
             if t >= at {
@@ -158,8 +185,12 @@ fn main() {
             match ev {
                 CmEvent::RepReceived { id, .. } => {
                     ep.establish(now(), id, &[]).unwrap();
-                    // Give the server time to see ESTABLISHED, then hang up.
-                    hangup = Some((id, start.elapsed() + Duration::from_millis(1500)));
+                    if scenario == 1 {
+                        // Give the server time to see ESTABLISHED, then hang up.
+                        hangup = Some((id, start.elapsed() + Duration::from_millis(1500)));
+                    } else {
+                        step = 2;
+                    }
                 }
                 CmEvent::ReqReceived { id, req, .. } => {
                     println!("probe: cma_hdr {:?}", CmaHdr::parse(&req.private_data));
@@ -196,14 +227,22 @@ fn main() {
             let d = describe(&m);
             println!("probe: -> {dst} {d}");
             seen.push(format!("out {}", d.split(' ').next().unwrap_or("")));
-            sock.send(&[Transmit {
-                dst: SocketAddr::new(dst, PORT),
-                src_ip: None,
-                contents: &buf[..n],
-                pieces: &[],
-                segment_size: None,
-            }])
-            .unwrap();
+            let copies = if duplicate_next_req && d.starts_with("REQ") {
+                duplicate_next_req = false;
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                sock.send(&[Transmit {
+                    dst: SocketAddr::new(dst, PORT),
+                    src_ip: None,
+                    contents: &buf[..n],
+                    pieces: &[],
+                    segment_size: None,
+                }])
+                .unwrap();
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
