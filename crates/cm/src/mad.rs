@@ -1169,6 +1169,73 @@ mod tests {
         assert_eq!(parse(&m).unwrap(), msg);
     }
 
+    fn bytes_of(body: CmBody) -> [u8; 256] {
+        let mut m = [0u8; 256];
+        let msg = CmMessage {
+            hdr: MadHeader::default(),
+            body,
+        };
+        emit(&msg, &mut m).unwrap();
+        assert_eq!(parse(&m).unwrap(), msg);
+        m
+    }
+
+    #[test]
+    fn other_messages_land_at_ibta_offsets() {
+        let m = bytes_of(CmBody::Rej(Rej {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            msg_rejected: MsgResponse::Rep,
+            ari_len: 8,
+            reason: RejReason::StaleConn,
+            ari: [0x11; 72],
+            private_data: [0x22; 148],
+        }));
+        assert_eq!(&m[16..18], &[0, 0x12]);
+        assert_eq!(&m[32..36], &[0x40, 8 << 1, 0, 10]);
+        assert_eq!((m[36], m[107], m[108], m[255]), (0x11, 0x11, 0x22, 0x22));
+
+        let m = bytes_of(CmBody::Mra(Mra {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            msg_mraed: MsgResponse::Other,
+            service_timeout: 24,
+            private_data: [0x33; 222],
+        }));
+        assert_eq!(&m[32..35], &[0x80, 24 << 3, 0x33]);
+
+        let m = bytes_of(CmBody::Dreq(Dreq {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            remote_qpn: Qpn::new(0xabcdef),
+            private_data: [0x44; 220],
+        }));
+        assert_eq!(&m[28..37], &[0, 0, 0, 2, 0xab, 0xcd, 0xef, 0, 0x44]);
+
+        let m = bytes_of(CmBody::SidrReq(SidrReq {
+            request_id: 7,
+            pkey: 0xffff,
+            service_id: 0x0000_0000_0111_1c06,
+            private_data: [0x55; 216],
+        }));
+        assert_eq!(&m[24..41], &[0, 0, 0, 7, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 1, 0x11, 0x1c, 6, 0x55]);
+
+        let m = bytes_of(CmBody::SidrRep(SidrRep {
+            request_id: 7,
+            status: SidrStatus::Reject,
+            add_info_len: 3,
+            vendor_id: 0xa1b2c3,
+            qpn: Qpn::new(0x123456),
+            service_id: 9,
+            qkey: 0x0123_4567,
+            add_info: [0x66; 72],
+            private_data: [0x77; 136],
+        }));
+        assert_eq!(&m[28..36], &[2, 3, 0xa1, 0xb2, 0x12, 0x34, 0x56, 0xc3]);
+        assert_eq!(&m[44..49], &[0x01, 0x23, 0x45, 0x67, 0x66]);
+        assert_eq!((m[119], m[120]), (0x66, 0x77));
+    }
+
     #[test]
     fn rej_reason_numbers_match_the_kernel() {
         assert_eq!(RejReason::NoQp.to_u16(), 1);

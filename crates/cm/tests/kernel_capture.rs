@@ -42,9 +42,9 @@ struct Mad {
     msg: mad::CmMessage,
 }
 
-fn cm_mads() -> Vec<Mad> {
+fn cm_mads(capture: &[u8]) -> Vec<Mad> {
     let mut out = Vec::new();
-    for frame in pcap_frames(CAPTURE) {
+    for frame in pcap_frames(capture) {
         let (pseudo, udp) = parse_ip_udp(&frame[ETHERNET_LEN..]).unwrap();
         // Both directions carry a valid ICRC: the kernel accepted ours, and we check theirs.
         assert!(verify(&pseudo, udp), "ICRC");
@@ -73,7 +73,7 @@ fn kernel() -> IpAddr {
 
 #[test]
 fn every_cm_mad_reencodes_bit_for_bit() {
-    let mads = cm_mads();
+    let mads = cm_mads(CAPTURE);
     let names: Vec<(bool, &str)> = mads
         .iter()
         .map(|m| (m.src == kernel(), m.msg.body.name()))
@@ -104,7 +104,7 @@ fn every_cm_mad_reencodes_bit_for_bit() {
 
 #[test]
 fn what_the_kernel_said() {
-    let mads = cm_mads();
+    let mads = cm_mads(CAPTURE);
     let ours = |name: &str| {
         mads.iter()
             .find(|m| m.src != kernel() && m.msg.body.name() == name)
