@@ -206,3 +206,79 @@ fn what_the_kernel_said() {
         (k.local_comm_id, our_rep.local_comm_id)
     );
 }
+
+/// Second session (`kernel_probe --scenario 2`; guest: `rping -s` on 7174 and 7175).
+const CAPTURE_2: &[u8] = include_bytes!("data/kernel-cm-2.pcap");
+
+#[test]
+fn second_capture_reencodes_bit_for_bit() {
+    let mads = cm_mads(CAPTURE_2);
+    let names: Vec<(bool, &str)> = mads
+        .iter()
+        .map(|m| (m.src == kernel(), m.msg.body.name()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (false, "REQ"),
+            (false, "REQ"),
+            (true, "MRA"),
+            (true, "REP"),
+            (false, "RTU"),
+            (false, "REQ"),
+            (false, "REQ"),
+            (true, "REJ"),
+            (true, "DREQ"),
+            (false, "DREP"),
+            (true, "REJ"),
+            (false, "SIDR_REQ"),
+            (true, "SIDR_REP"),
+        ]
+    );
+    for m in &mads {
+        let mut out = [0u8; 256];
+        mad::emit(&m.msg, &mut out).unwrap();
+        assert_eq!(out, m.bytes, "{} from {}", m.msg.body.name(), m.src);
+    }
+}
+
+#[test]
+fn kernel_mra_stale_dreq_and_invalid_gid() {
+    let mads = cm_mads(CAPTURE_2);
+    let from_kernel: Vec<&Mad> = mads.iter().filter(|m| m.src == kernel()).collect();
+    let ours: Vec<&Mad> = mads.iter().filter(|m| m.src != kernel()).collect();
+    let CmBody::Req(req1) = ours[0].msg.body else { panic!() };
+    assert_eq!(ours[0].bytes, ours[1].bytes, "the REQ sent twice");
+
+    // The duplicate REQ found the connection in MRA_REQ_SENT (rdma_cm's
+    // `ib_send_cm_mra(IB_CM_MRA_FLAG_DELAY | 24)`): MRA for the REQ, timeout 24.
+    let CmBody::Mra(mra) = from_kernel[0].msg.body else { panic!() };
+    assert_eq!(mra.msg_mraed, MsgResponse::Req);
+    assert_eq!(mra.service_timeout, 24);
+    assert_eq!(mra.remote_comm_id, req1.local_comm_id);
+    assert_eq!(from_kernel[0].msg.hdr.tid, ours[0].msg.hdr.tid);
+    let CmBody::Rep(rep) = from_kernel[1].msg.body else { panic!() };
+    assert_eq!(rep.local_comm_id, mra.local_comm_id);
+
+    // A second REQ from the same QPN and CA GUID while the first lives: REJ 10 for it
+    // and a DREQ for the first connection, naming our QPN (`cm_match_req`).
+    let CmBody::Req(req2) = ours[3].msg.body else { panic!() };
+    assert_eq!(req2.local_qpn, req1.local_qpn);
+    let CmBody::Rej(stale) = from_kernel[2].msg.body else { panic!() };
+    assert_eq!(stale.reason, RejReason::StaleConn);
+    assert_eq!((stale.local_comm_id, stale.remote_comm_id), (0, req2.local_comm_id));
+    let CmBody::Dreq(dreq) = from_kernel[3].msg.body else { panic!() };
+    assert_eq!(
+        (dreq.local_comm_id, dreq.remote_comm_id, dreq.remote_qpn),
+        (rep.local_comm_id, req1.local_comm_id, req1.local_qpn)
+    );
+
+    // A REQ naming a GID the kernel does not have: REJ 12 with the port's GID 0 as ARI.
+    let CmBody::Req(req3) = ours[4].msg.body else { panic!() };
+    assert_eq!(req3.primary.remote_gid.to_ip(), IpAddr::from([10, 99, 0, 9]));
+    let CmBody::Rej(badgid) = from_kernel[4].msg.body else { panic!() };
+    assert_eq!(badgid.reason, RejReason::InvalidGid);
+    assert_eq!(badgid.remote_comm_id, req3.local_comm_id);
+    assert_eq!(badgid.ari_len, 16);
+    assert_eq!(&badgid.ari[..2], &[0xfe, 0x80], "GID 0: the link-local one");
+}
