@@ -20,6 +20,10 @@
 //! 3. REQ to port 7175 naming a GID the kernel does not have → kernel REJ 12 (invalid GID).
 //! 4. SIDR_REQ to udaddy → kernel SIDR_REP with its QPN and Q_Key 0x01234567.
 //!
+//! `--scenario 3` (guest: `udaddy -b 10.99.0.2`, then `udaddy -s 10.99.0.1`): SIDR_REQ to
+//! the guest's udaddy → kernel SIDR_REP with its QPN and Q_Key 0x01234567; the guest's
+//! udaddy client's SIDR_REQ → our SIDR_REP.
+//!
 //! Prints every CM MAD in and out, decoded, and a summary; exits after `--secs` (45).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -90,6 +94,7 @@ fn main() {
         .as_nanos() as u64;
     let mut ep = Endpoint::new(EndpointConfig::new(0x0266_55ff_fe00_0001, seed));
     ep.listen(service_id(PortSpace::Tcp, 7174)).unwrap();
+    ep.listen(service_id(PortSpace::Udp, 7174)).unwrap();
     let mut psn = 0u32;
     let mut step = 0;
     let mut seen: Vec<String> = Vec::new();
@@ -132,6 +137,13 @@ fn main() {
                 s.private_data = cma_pd(0xd003);
                 ep.sidr_request(now(), &s).unwrap();
                 step = 2;
+            }
+        } else if scenario == 3 {
+            if step == 0 && t > Duration::from_secs(5) {
+                let mut s = SidrRequestParams::new(PEER.into(), service_id(PortSpace::Udp, 7174));
+                s.private_data = cma_pd(0xd021);
+                ep.sidr_request(now(), &s).unwrap();
+                step = 1;
             }
         } else if step == 0 && t > Duration::from_secs(6) {
             ep.connect(now(), &rping(0x77, 7174, 0xd011)).unwrap();
@@ -198,6 +210,16 @@ fn main() {
                     a.responder_resources = req.initiator_depth;
                     a.initiator_depth = req.responder_resources;
                     ep.accept(now(), id, &a).unwrap();
+                }
+                CmEvent::SidrReqReceived { id, req, .. } => {
+                    println!("probe: cma_hdr {:?}", CmaHdr::parse(&req.private_data));
+                    let p = softhca_cm::SidrReplyParams {
+                        status: softhca_cm::SidrStatus::Success,
+                        qpn: Qpn::new(0x9a),
+                        qkey: RDMA_UDP_QKEY,
+                        private_data: Vec::new(),
+                    };
+                    ep.sidr_reply(now(), id, &p).unwrap();
                 }
                 CmEvent::DreqReceived { id, .. } => {
                     ep.disconnect(now(), id, &[]).unwrap();

@@ -3,8 +3,8 @@
 //! answers say what its cm.c/cma.c put on the wire.
 //!
 //! The capture was made with the `kernel_probe` example on the host side of
-//! `shared/tools/rxe-vm` (10.99.0.1; kernel 6.1 rxe at 10.99.0.2 running `rping -s`,
-//! `udaddy -s`, `rping -c -a 10.99.0.1`), with `tcpdump -i tap0 udp port 4791`:
+//! `shared/tools/rxe-vm` (10.99.0.1; kernel 6.1 rxe at 10.99.0.2 running `rping -s` and
+//! `rping -c -a 10.99.0.1`), with `tcpdump -i tap0 udp port 4791`:
 //! our REQ → kernel REP → our RTU → our DREQ → kernel DREP; our REQ to a port nobody
 //! listens on → kernel REJ 8; our SIDR_REQ → kernel SIDR_REP; kernel REQ → our REP →
 //! kernel RTU (then the kernel's RC sends to the QPN we faked, which nobody answers).
@@ -145,7 +145,8 @@ fn what_the_kernel_said() {
     assert_eq!(j.reason, RejReason::InvalidServiceId);
     assert_eq!((j.local_comm_id, j.msg_rejected), (0, MsgResponse::Req));
 
-    // SIDR_REP for the SIDR_REQ; udaddy was not listening yet: status 1, unsupported.
+    // SIDR_REP for the SIDR_REQ; nothing listened on UDP 7174 (udaddy had been started
+    // with `-s`, which names the server for a client): status 1, unsupported.
     let CmBody::SidrRep(s) = theirs("SIDR_REP").msg.body else {
         panic!()
     };
@@ -281,4 +282,60 @@ fn kernel_mra_stale_dreq_and_invalid_gid() {
     assert_eq!(badgid.remote_comm_id, req3.local_comm_id);
     assert_eq!(badgid.ari_len, 16);
     assert_eq!(&badgid.ari[..2], &[0xfe, 0x80], "GID 0: the link-local one");
+}
+
+/// Third session (`kernel_probe --scenario 3`; guest: `udaddy -b 10.99.0.2`, then
+/// `udaddy -s 10.99.0.1 -C 1`).
+const CAPTURE_3: &[u8] = include_bytes!("data/kernel-cm-3.pcap");
+
+#[test]
+fn sidr_both_ways_with_the_kernel() {
+    let mads = cm_mads(CAPTURE_3);
+    let names: Vec<(bool, &str)> = mads
+        .iter()
+        .map(|m| (m.src == kernel(), m.msg.body.name()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (false, "SIDR_REQ"),
+            (true, "SIDR_REP"),
+            (true, "SIDR_REQ"),
+            (false, "SIDR_REP"),
+        ]
+    );
+    for m in &mads {
+        let mut out = [0u8; 256];
+        mad::emit(&m.msg, &mut out).unwrap();
+        assert_eq!(out, m.bytes, "{} from {}", m.msg.body.name(), m.src);
+    }
+    // udaddy's answer: success, its UD QPN, rdma_cm's UD Q_Key (`cma_send_sidr_rep`).
+    let CmBody::SidrRep(rep) = mads[1].msg.body else { panic!() };
+    let CmBody::SidrReq(req) = mads[0].msg.body else { panic!() };
+    assert_eq!(rep.request_id, req.request_id);
+    assert_eq!(rep.status, SidrStatus::Success);
+    assert_eq!(rep.qkey, softhca_cm::ip::RDMA_UDP_QKEY);
+    assert_ne!(rep.qpn, Qpn::new(0));
+    assert_eq!(mads[1].msg.hdr.tid, mads[0].msg.hdr.tid);
+
+    // The kernel's SIDR_REQ: cma_hdr first, service ID of UDP port 7174.
+    let CmBody::SidrReq(k) = mads[2].msg.body else { panic!() };
+    assert_eq!((k.service_id, k.pkey), (service_id(PortSpace::Udp, 7174), 0xffff));
+    let h = CmaHdr::parse(&k.private_data).unwrap();
+    assert_eq!((h.version, h.src, h.dst), (0, kernel(), IpAddr::from([10, 99, 0, 1])));
+
+    // Our SIDR_REP was understood: udaddy's first datagram goes to the QPN and Q_Key we
+    // named.
+    let CmBody::SidrRep(ours) = mads[3].msg.body else { panic!() };
+    let data: Vec<_> = pcap_frames(CAPTURE_3)
+        .into_iter()
+        .filter_map(|f| {
+            let (_, udp) = parse_ip_udp(&f[ETHERNET_LEN..]).ok()?;
+            let (h, _) = parse(udp).ok()?;
+            (h.bth.opcode != Opcode::UD_SEND_ONLY).then_some(h)
+        })
+        .collect();
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0].bth.dest_qp, ours.qpn);
+    assert_eq!(data[0].deth.unwrap().qkey, ours.qkey);
 }
