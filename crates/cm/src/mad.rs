@@ -1218,7 +1218,10 @@ mod tests {
             service_id: 0x0000_0000_0111_1c06,
             private_data: [0x55; 216],
         }));
-        assert_eq!(&m[24..41], &[0, 0, 0, 7, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 1, 0x11, 0x1c, 6, 0x55]);
+        assert_eq!(
+            &m[24..41],
+            &[0, 0, 0, 7, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 1, 0x11, 0x1c, 6, 0x55]
+        );
 
         let m = bytes_of(CmBody::SidrRep(SidrRep {
             request_id: 7,

@@ -248,36 +248,58 @@ fn kernel_mra_stale_dreq_and_invalid_gid() {
     let mads = cm_mads(CAPTURE_2);
     let from_kernel: Vec<&Mad> = mads.iter().filter(|m| m.src == kernel()).collect();
     let ours: Vec<&Mad> = mads.iter().filter(|m| m.src != kernel()).collect();
-    let CmBody::Req(req1) = ours[0].msg.body else { panic!() };
+    let CmBody::Req(req1) = ours[0].msg.body else {
+        panic!()
+    };
     assert_eq!(ours[0].bytes, ours[1].bytes, "the REQ sent twice");
 
     // The duplicate REQ found the connection in MRA_REQ_SENT (rdma_cm's
     // `ib_send_cm_mra(IB_CM_MRA_FLAG_DELAY | 24)`): MRA for the REQ, timeout 24.
-    let CmBody::Mra(mra) = from_kernel[0].msg.body else { panic!() };
+    let CmBody::Mra(mra) = from_kernel[0].msg.body else {
+        panic!()
+    };
     assert_eq!(mra.msg_mraed, MsgResponse::Req);
     assert_eq!(mra.service_timeout, 24);
     assert_eq!(mra.remote_comm_id, req1.local_comm_id);
     assert_eq!(from_kernel[0].msg.hdr.tid, ours[0].msg.hdr.tid);
-    let CmBody::Rep(rep) = from_kernel[1].msg.body else { panic!() };
+    let CmBody::Rep(rep) = from_kernel[1].msg.body else {
+        panic!()
+    };
     assert_eq!(rep.local_comm_id, mra.local_comm_id);
 
     // A second REQ from the same QPN and CA GUID while the first lives: REJ 10 for it
     // and a DREQ for the first connection, naming our QPN (`cm_match_req`).
-    let CmBody::Req(req2) = ours[3].msg.body else { panic!() };
+    let CmBody::Req(req2) = ours[3].msg.body else {
+        panic!()
+    };
     assert_eq!(req2.local_qpn, req1.local_qpn);
-    let CmBody::Rej(stale) = from_kernel[2].msg.body else { panic!() };
+    let CmBody::Rej(stale) = from_kernel[2].msg.body else {
+        panic!()
+    };
     assert_eq!(stale.reason, RejReason::StaleConn);
-    assert_eq!((stale.local_comm_id, stale.remote_comm_id), (0, req2.local_comm_id));
-    let CmBody::Dreq(dreq) = from_kernel[3].msg.body else { panic!() };
+    assert_eq!(
+        (stale.local_comm_id, stale.remote_comm_id),
+        (0, req2.local_comm_id)
+    );
+    let CmBody::Dreq(dreq) = from_kernel[3].msg.body else {
+        panic!()
+    };
     assert_eq!(
         (dreq.local_comm_id, dreq.remote_comm_id, dreq.remote_qpn),
         (rep.local_comm_id, req1.local_comm_id, req1.local_qpn)
     );
 
     // A REQ naming a GID the kernel does not have: REJ 12 with the port's GID 0 as ARI.
-    let CmBody::Req(req3) = ours[4].msg.body else { panic!() };
-    assert_eq!(req3.primary.remote_gid.to_ip(), IpAddr::from([10, 99, 0, 9]));
-    let CmBody::Rej(badgid) = from_kernel[4].msg.body else { panic!() };
+    let CmBody::Req(req3) = ours[4].msg.body else {
+        panic!()
+    };
+    assert_eq!(
+        req3.primary.remote_gid.to_ip(),
+        IpAddr::from([10, 99, 0, 9])
+    );
+    let CmBody::Rej(badgid) = from_kernel[4].msg.body else {
+        panic!()
+    };
     assert_eq!(badgid.reason, RejReason::InvalidGid);
     assert_eq!(badgid.remote_comm_id, req3.local_comm_id);
     assert_eq!(badgid.ari_len, 16);
@@ -310,8 +332,12 @@ fn sidr_both_ways_with_the_kernel() {
         assert_eq!(out, m.bytes, "{} from {}", m.msg.body.name(), m.src);
     }
     // udaddy's answer: success, its UD QPN, rdma_cm's UD Q_Key (`cma_send_sidr_rep`).
-    let CmBody::SidrRep(rep) = mads[1].msg.body else { panic!() };
-    let CmBody::SidrReq(req) = mads[0].msg.body else { panic!() };
+    let CmBody::SidrRep(rep) = mads[1].msg.body else {
+        panic!()
+    };
+    let CmBody::SidrReq(req) = mads[0].msg.body else {
+        panic!()
+    };
     assert_eq!(rep.request_id, req.request_id);
     assert_eq!(rep.status, SidrStatus::Success);
     assert_eq!(rep.qkey, softhca_cm::ip::RDMA_UDP_QKEY);
@@ -319,14 +345,24 @@ fn sidr_both_ways_with_the_kernel() {
     assert_eq!(mads[1].msg.hdr.tid, mads[0].msg.hdr.tid);
 
     // The kernel's SIDR_REQ: cma_hdr first, service ID of UDP port 7174.
-    let CmBody::SidrReq(k) = mads[2].msg.body else { panic!() };
-    assert_eq!((k.service_id, k.pkey), (service_id(PortSpace::Udp, 7174), 0xffff));
+    let CmBody::SidrReq(k) = mads[2].msg.body else {
+        panic!()
+    };
+    assert_eq!(
+        (k.service_id, k.pkey),
+        (service_id(PortSpace::Udp, 7174), 0xffff)
+    );
     let h = CmaHdr::parse(&k.private_data).unwrap();
-    assert_eq!((h.version, h.src, h.dst), (0, kernel(), IpAddr::from([10, 99, 0, 1])));
+    assert_eq!(
+        (h.version, h.src, h.dst),
+        (0, kernel(), IpAddr::from([10, 99, 0, 1]))
+    );
 
     // Our SIDR_REP was understood: udaddy's first datagram goes to the QPN and Q_Key we
     // named.
-    let CmBody::SidrRep(ours) = mads[3].msg.body else { panic!() };
+    let CmBody::SidrRep(ours) = mads[3].msg.body else {
+        panic!()
+    };
     let data: Vec<_> = pcap_frames(CAPTURE_3)
         .into_iter()
         .filter_map(|f| {
