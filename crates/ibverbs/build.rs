@@ -40,6 +40,7 @@ const NODES: &[&str] = &[
     "IBVERBS_1.13",
     "IBVERBS_1.14",
     "IBVERBS_PRIVATE_34",
+    "SOFTHCA_PRIVATE_1",
 ];
 
 fn parse_exports(text: &str) -> Vec<Export> {
@@ -93,9 +94,10 @@ fn version_script(exports: &[Export]) -> String {
         if i == NODES.len() - 1 {
             let _ = writeln!(s, "  local: *;");
         }
-        // IBVERBS_PRIVATE_34 stands alone, like rdma-core's map; the public nodes chain.
+        // The private nodes stand alone, like rdma-core's IBVERBS_PRIVATE_34; the public
+        // nodes chain.
         match parent {
-            Some(p) if !node.starts_with("IBVERBS_PRIVATE") => {
+            Some(p) if !node.contains("PRIVATE") => {
                 let _ = writeln!(s, "}} {p};");
             }
             _ => s.push_str("};\n"),

@@ -21,5 +21,6 @@ pub(crate) use crate::objects::{
 pub(crate) use crate::qp::{
     ibv_create_qp, ibv_create_srq, ibv_destroy_qp, ibv_destroy_srq, ibv_modify_qp, ibv_modify_srq,
     ibv_qp_to_qp_ex, ibv_query_qp, ibv_query_qp_data_in_order, ibv_query_srq,
+    softhca_create_gsi_qp,
 };
 pub(crate) use crate::unsupported::*;

@@ -89,6 +89,8 @@ fn cap_to_c(c: &QpCap) -> ibv_qp_cap {
 
 /// What both `ibv_create_qp` and `create_qp_ex` need.
 struct CreateArgs {
+    /// The device's GSI QP (QPN 1) rather than a numbered one.
+    gsi: bool,
     pd: *mut ibv_pd,
     qp_context: *mut c_void,
     send_cq: *mut ibv_cq,
@@ -125,7 +127,11 @@ fn create(a: CreateArgs) -> Result<*mut QpBox, Errno> {
         cap: cap_from_c(cap),
         sq_sig_all: a.sq_sig_all != 0,
     };
-    let inner = pd.inner.create_qp(&init)?;
+    let inner = if a.gsi {
+        pd.inner.create_gsi_qp(&init)?
+    } else {
+        pd.inner.create_qp(&init)?
+    };
     // Providers report the capacities they granted back in init_attr.cap.
     if let Ok((_, ia)) = inner.query() {
         *cap = cap_to_c(&ia.cap);
@@ -194,6 +200,7 @@ pub(crate) unsafe extern "C" fn ibv_create_qp(
         // SAFETY: the caller's attributes.
         let a = unsafe { nonnull_mut(attr)? };
         create(CreateArgs {
+            gsi: false,
             pd,
             qp_context: a.qp_context,
             send_cq: a.send_cq,
@@ -237,6 +244,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             return Err(Errno::NOTSUP);
         }
         let p = create(CreateArgs {
+            gsi: false,
             pd: a.pd,
             qp_context: a.qp_context,
             send_cq: a.send_cq,
@@ -247,6 +255,31 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             sq_sig_all: a.sq_sig_all,
         })?;
         Ok(p.cast())
+    })
+}
+
+/// softhca's private verb for its librdmacm: the device's GSI QP (QPN 1, UD), on which
+/// CM MADs to and from QP 1 travel (Q_Key 0x80010000), as the kernel's MAD layer owns
+/// it for ib_cm. One per device: `EBUSY` if it exists.
+pub(crate) unsafe extern "C" fn softhca_create_gsi_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard_ptr("softhca_create_gsi_qp", || {
+        // SAFETY: the caller's attributes.
+        let a = unsafe { nonnull_mut(attr)? };
+        create(CreateArgs {
+            gsi: true,
+            pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        })
+        .map(|p| p.cast())
     })
 }
 

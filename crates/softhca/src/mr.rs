@@ -184,6 +184,12 @@ impl Pd {
         Qp::create(self, init)
     }
 
+    /// Creates the device's GSI QP (QPN 1, UD): connection management MADs to QP 1
+    /// arrive on it and leave from it. One per device; `Busy` if it exists.
+    pub fn create_gsi_qp(&self, init: &QpInit<'_>) -> Result<Qp, Error> {
+        Qp::create_gsi(self, init)
+    }
+
     /// Creates a shared receive queue (`ibv_create_srq`).
     pub fn create_srq(&self, attr: SrqAttr) -> Result<Srq, Error> {
         Srq::create(self, attr)

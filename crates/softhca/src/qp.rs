@@ -93,6 +93,15 @@ fn qpn_u32(q: Qpn) -> u32 {
 
 impl Qp {
     pub(crate) fn create(pd: &Pd, init: &QpInit<'_>) -> Result<Qp, Error> {
+        Self::create_numbered(pd, init, false)
+    }
+
+    /// The device's GSI QP (QPN 1), through which connection management MADs travel.
+    pub(crate) fn create_gsi(pd: &Pd, init: &QpInit<'_>) -> Result<Qp, Error> {
+        Self::create_numbered(pd, init, true)
+    }
+
+    fn create_numbered(pd: &Pd, init: &QpInit<'_>, gsi: bool) -> Result<Qp, Error> {
         let ctx = pd.context();
         if !Arc::ptr_eq(&init.send_cq.inner.ctx, ctx) || !Arc::ptr_eq(&init.recv_cq.inner.ctx, ctx)
         {
@@ -113,7 +122,11 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
         };
         let qpn = ctx.with_core_untimed(|core| {
-            let qpn = core.engine.create_qp(&attr)?;
+            let qpn = if gsi {
+                core.engine.create_gsi_qp(&attr)?
+            } else {
+                core.engine.create_qp(&attr)?
+            };
             core.own(EventObject::Qp(qpn.value()), ctx);
             Ok::<_, Error>(qpn)
         })??;

@@ -845,3 +845,52 @@ fn second_open_shares_the_device() {
     let c = Context::open(&cfg).unwrap();
     assert!(c.same_device(&b));
 }
+
+/// The GSI QP: QP 1 of each device, UD with the GSI Q_Key, carries a 256-byte MAD from
+/// one device's QP 1 to the other's (BTH DestQP 1, DETH SrcQP 1), as CM MADs travel.
+#[test]
+fn gsi_qp_is_qp_1_and_carries_mads() {
+    const GSI_QKEY: u32 = 0x8001_0000;
+    let gsi = |ctx: std::sync::Arc<Context>| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.create_gsi_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
+        let mr = pd.reg_mr(8192, ALL_ACCESS).unwrap();
+        Side {
+            ctx,
+            pd,
+            cq,
+            qp,
+            mr,
+        }
+    };
+    let a = gsi(open("127.0.1.61"));
+    let b = gsi(open("127.0.1.62"));
+    assert_eq!((a.qp.qpn(), b.qp.qpn()), (1, 1));
+    // One per device.
+    assert!(a.pd.create_gsi_qp(&QpInit::new(QpType::Ud, &a.cq)).is_err());
+    // Other QPs never take QPN 1.
+    let other = side(a.ctx.clone(), QpType::Ud, 64);
+    assert!(other.qp.qpn() > 1);
+    a.qp.ready_ud(GSI_QKEY, 0).unwrap();
+    b.qp.ready_ud(GSI_QKEY, 0).unwrap();
+    let mad = pattern(256, 3);
+    a.mr.write(0, &mad).unwrap();
+    b.qp.post_recv(recv_wr(1, b.mr.sge(0, 40 + 256))).unwrap();
+    let ah =
+        a.pd.create_ah(AddressVector {
+            dgid: b.ctx.gids()[0],
+            sgid_index: 0,
+            ..AddressVector::default()
+        })
+        .unwrap();
+    let mut wr = send_wr(2, WrOpcode::Send, a.mr.sge(0, 256));
+    wr.ud = Some(ah.ud_dest(b.qp.qpn(), GSI_QKEY));
+    a.qp.post_send(wr).unwrap();
+    let c = one(&b.cq);
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!((c.byte_len, c.src_qp), (40 + 256, 1));
+    let mut got = vec![0; 256];
+    b.mr.read(40, &mut got).unwrap();
+    assert_eq!(got, mad);
+}

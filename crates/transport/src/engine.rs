@@ -251,6 +251,21 @@ const MAX_ID_PEERS: usize = 4096;
 /// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
 const FIRST_QPN: u32 = 0x11;
 
+/// The general services QP (IBTA 3.5.4): connection management MADs arrive at QP 1.
+pub const GSI_QPN: u32 = 1;
+
+/// Where QP numbers start: a per-device random point of the 24-bit space, so that a
+/// restarted process does not reuse the QPNs a peer still remembers in timewait (the
+/// CM's stale-connection check is keyed on the QPN).
+fn first_qpn(seed: u64) -> u32 {
+    // splitmix64 of the seed: any bits of the device's random seed will do.
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    FIRST_QPN + (z % u64::from(0x00ff_ffff - FIRST_QPN)) as u32
+}
+
 macro_rules! ctx {
     ($s:ident, $now:expr) => {
         Ctx {
@@ -317,12 +332,13 @@ fn same_ip(a: IpAddr, b: IpAddr) -> bool {
 impl Engine {
     /// A new engine.
     pub fn new(cfg: EngineConfig) -> Self {
+        let next_qpn = first_qpn(cfg.seed);
         Engine {
             memory: MemoryTable::new(cfg.seed ^ 0x5eed_cafe_f00d_d00d),
             cfg,
             counters: Counters::default(),
             qps: HashMap::default(),
-            next_qpn: FIRST_QPN,
+            next_qpn,
             cqs: HashMap::default(),
             next_cq: 1,
             srqs: HashMap::default(),
@@ -499,6 +515,22 @@ impl Engine {
 
     /// Create a QP in RESET. QPNs start at 0x11 like rxe.
     pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, TransportError> {
+        let init = self.admit_qp(init)?;
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = (qpn + 1) & 0x00ff_ffff;
+            if qpn < FIRST_QPN {
+                qpn = FIRST_QPN;
+            }
+        }
+        self.next_qpn = ((qpn + 1) & 0x00ff_ffff).max(FIRST_QPN);
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(crate::deps::qpn(qpn))
+    }
+
+    /// The checks of a QP's creation attributes, with its SRQ counted and its
+    /// capabilities rounded as rxe does.
+    fn admit_qp(&mut self, init: &QpInitAttr) -> Result<QpInitAttr, TransportError> {
         if !self.cqs.contains_key(&init.send_cq.0) || !self.cqs.contains_key(&init.recv_cq.0) {
             return Err(TransportError::InvalidArgument("no such cq"));
         }
@@ -526,16 +558,21 @@ impl Engine {
         init.cap.max_recv_wr = init.cap.max_recv_wr.max(1);
         init.cap.max_send_sge = init.cap.max_send_sge.max(1);
         init.cap.max_recv_sge = init.cap.max_recv_sge.max(1);
-        let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) {
-            qpn = (qpn + 1) & 0x00ff_ffff;
-            if qpn < FIRST_QPN {
-                qpn = FIRST_QPN;
-            }
+        Ok(init)
+    }
+
+    /// Create the device's GSI QP (`IB_QPT_GSI`, QPN 1): a UD QP through which CM MADs
+    /// are sent and received. One per device: [`TransportError::Busy`] if it exists.
+    pub fn create_gsi_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, TransportError> {
+        if init.qp_type != QpType::Ud {
+            return Err(TransportError::InvalidArgument("the GSI QP is a UD QP"));
         }
-        self.next_qpn = ((qpn + 1) & 0x00ff_ffff).max(FIRST_QPN);
-        self.qps.insert(qpn, Qp::new(qpn, init));
-        Ok(crate::deps::qpn(qpn))
+        if self.qps.contains_key(&GSI_QPN) {
+            return Err(TransportError::Busy);
+        }
+        let init = self.admit_qp(init)?;
+        self.qps.insert(GSI_QPN, Qp::new(GSI_QPN, init));
+        Ok(crate::deps::qpn(GSI_QPN))
     }
 
     fn check_attr_values(&self, qp: &Qp, a: &QpAttr, m: QpAttrMask) -> Result<(), TransportError> {
