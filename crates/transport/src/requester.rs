@@ -4,10 +4,15 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::engine::{EngineConfig, TailCrc};
-use crate::packet::{op, PktHdr, DEFAULT_PKEY};
+use softhca_wire::{
+    crc32_extend, pad_count, Aeth, AtomicAckEth, AtomicEth, Bth, Deth, Headers, NakCode, Opcode,
+    Position, Reth, Transport,
+};
+
+use crate::config::EngineConfig;
+use crate::datagram::{External, TailCrc};
 use crate::path::Path;
-use crate::qp::{psn_add, psn_diff, Ctx, Qp, RespOut};
+use crate::qp::{Ctx, Qp, RespOut, SendWqe};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::timers::ack_timeout_ns;
 use crate::verbs::*;
@@ -32,17 +37,6 @@ pub(crate) enum TxSource {
 /// hundred bytes costs less than the kernel's walk over three iovecs instead of one.
 const IN_PLACE_MIN: usize = 512;
 
-/// A packet payload left in registered memory by a zero-copy build: the host address
-/// of its first byte and its length. It stays readable until its MR is deregistered
-/// (see [`crate::Engine::poll_transmit_gather`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct External {
-    /// Host address (an address, not a pointer, so that transmit lists stay `Send`).
-    pub addr: usize,
-    /// Bytes.
-    pub len: usize,
-}
-
 /// What [`Qp::build_placed`] wrote: `in_buf` bytes of `buf`; with `external`, the
 /// packet is `buf[..head]`, then the external payload, then `buf[head..in_buf]` (pad).
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +52,8 @@ pub(crate) struct Built {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxPlan {
     pub source: TxSource,
-    pub hdr: PktHdr,
+    /// The packet's headers, its BTH pad count set for `payload_len`.
+    pub hdr: Headers,
     pub payload_len: usize,
     pub src: IpAddr,
     pub dst: SocketAddr,
@@ -67,16 +62,16 @@ pub(crate) struct TxPlan {
 
 impl TxPlan {
     pub fn wire_len(&self) -> usize {
-        crate::packet::packet_len(self.hdr.opcode, self.payload_len)
+        self.hdr.packet_len(self.payload_len)
     }
 }
 
-fn tr_prefix(ty: QpType) -> u8 {
-    match ty {
-        QpType::Rc => op::RC,
-        QpType::Uc => op::UC,
-        QpType::Ud => op::UD,
-    }
+/// Headers for a packet to `dqpn` with this opcode and PSN (default P_Key, pad count
+/// for `payload_len`); the caller adds the extension headers the opcode carries.
+fn headers(opcode: Opcode, dqpn: u32, psn: Psn, payload_len: usize) -> Headers {
+    let mut h = Headers::new(Bth::new(opcode, Qpn::new(dqpn), psn));
+    h.bth.pad_count = pad_count(payload_len);
+    h
 }
 
 impl Qp {
@@ -104,7 +99,7 @@ impl Qp {
         {
             return 0;
         }
-        psn_diff(self.req.next_psn, self.req.una).max(0) as u32
+        self.req.next_psn.diff(self.req.una).max(0) as u32
     }
 
     /// Nothing to send but ACKs (no request packet, no READ or atomic response).
@@ -137,7 +132,7 @@ impl Qp {
             // answer and the ACK of the request it answers: a ping-pong's every step),
             // and reach a peer's GRO socket as one datagram. The kernel's cost per
             // datagram, not our work, is most of a small message's latency here.
-            let lone_ack = self.resp.out.len() == 1 && p.hdr.opcode == op::RC | op::ACK;
+            let lone_ack = self.resp.out.len() == 1 && p.hdr.bth.opcode == Opcode::RC_ACKNOWLEDGE;
             if lone_ack && !self.ack_behind {
                 if let Some(r) = self.plan_request(ctx) {
                     if r.wire_len() >= p.wire_len() {
@@ -156,17 +151,12 @@ impl Qp {
     fn plan_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.resp.out.front()?;
         let mtu = self.mtu(ctx.cfg);
-        let mut hdr = PktHdr {
-            pkey: DEFAULT_PKEY,
-            dqpn: self.attr.dest_qp_num,
-            ..PktHdr::default()
-        };
-        let mut payload_len = 0;
-        match item {
-            RespOut::Ack { psn, syndrome, msn } => {
-                hdr.opcode = op::RC | op::ACK;
-                hdr.psn = psn;
-                hdr.aeth = Some((syndrome, msn));
+        let dqpn = self.attr.dest_qp_num;
+        let (hdr, payload_len) = match item {
+            RespOut::Ack { psn, aeth } => {
+                let mut h = headers(Opcode::RC_ACKNOWLEDGE, dqpn, psn, 0);
+                h.aeth = Some(aeth);
+                (h, 0)
             }
             RespOut::Read {
                 psn,
@@ -177,26 +167,21 @@ impl Qp {
             } => {
                 let n = remaining.min(mtu);
                 let last = n == remaining;
-                hdr.opcode = match (first, last) {
-                    (true, true) => op::READ_RESP_ONLY,
-                    (true, false) => op::READ_RESP_FIRST,
-                    (false, true) => op::READ_RESP_LAST,
-                    (false, false) => op::READ_RESP_MIDDLE,
-                };
+                let op = Opcode::read_response(Position::from_ends(first, last));
+                let mut h = headers(op, dqpn, psn, n as usize);
                 if first || last {
-                    hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
+                    h.aeth = Some(Aeth::ack(msn, Aeth::CREDITS_INVALID));
                 }
-                hdr.psn = psn;
-                payload_len = n as usize;
+                (h, n as usize)
             }
             RespOut::AtomicAck { psn, orig, msn } => {
-                hdr.opcode = op::ATOMIC_ACK;
-                hdr.psn = psn;
-                hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
-                hdr.atomic_ack = Some(orig);
+                let mut h = headers(Opcode::RC_ATOMIC_ACKNOWLEDGE, dqpn, psn, 0);
+                h.aeth = Some(Aeth::ack(msn, Aeth::CREDITS_INVALID));
+                h.atomic_ack_eth = Some(AtomicAckEth { orig });
+                (h, 0)
             }
-        }
-        let path = *self.path.for_psn(hdr.psn);
+        };
+        let path = *self.path.for_psn(hdr.bth.psn);
         Some(TxPlan {
             source: TxSource::Responder,
             hdr,
@@ -211,178 +196,37 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_wait.is_some() {
             return None;
         }
-        let ty = self.init.qp_type;
-        let mtu = self.mtu(ctx.cfg);
         let idx = self.req.send_idx;
-        let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
-        let rd_inflight = self.req.rd_atomic_inflight;
-        let unacked = psn_diff(self.req.next_psn, self.req.una);
-        let state = self.state;
-        let qkey = self.attr.qkey;
-        let w = self.req.sq.get_mut(idx)?;
+        let w = self.req.sq.get(idx)?;
         if w.status.is_some() {
             // Halted at a local error: it completes when it reaches the head.
             return None;
         }
         if !w.started {
-            if state != QpState::Rts {
-                // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
-                return None;
-            }
-            if ty == QpType::Rc {
-                if unacked >= MAX_UNACKED_PSNS {
-                    return None;
-                }
-                if !ctx
-                    .budget
-                    .allows(self.reported_inflight, unacked.max(0) as u32)
-                {
-                    ctx.budget.hit = true;
-                    return None;
-                }
-                if w.is_rd_atomic() && rd_inflight >= max_rd {
-                    return None;
-                }
-                // IBV_SEND_FENCE: wait for every earlier READ/atomic to complete.
-                if w.wr.flags.contains(SendFlags::FENCE) && rd_inflight > 0 {
-                    return None;
-                }
-            }
-            if ty == QpType::Ud && w.len > mtu {
-                // rxe: a UD message must fit one packet.
-                w.status = Some(WcStatus::LocQpOpErr);
-                return None;
-            }
-            if let Payload::Sges(sges) = &w.wr.payload {
-                // Check every lkey before the first packet leaves (rxe reports a bad
-                // lkey as IBV_WC_LOC_PROT_ERR on that WQE). READ and atomic results
-                // are written locally, so they need LOCAL_WRITE.
-                if ctx
-                    .mem
-                    .validate_sges(self.init.pd, sges, w.is_rd_atomic())
-                    .is_err()
-                {
-                    w.status = Some(WcStatus::LocProtErr);
-                    return None;
-                }
-            }
-            let npkts = w.psns_at(mtu);
-            w.started = true;
-            w.sent_at = ctx.now;
-            w.first_psn = self.req.next_psn;
-            w.read_next_psn = w.first_psn;
-            w.npkts = npkts;
-            self.req.next_psn = psn_add(self.req.next_psn, npkts);
-            if w.is_rd_atomic() {
-                self.req.rd_atomic_inflight += 1;
-            }
+            self.start_wqe(ctx, idx)?;
         }
-        let w = &self.req.sq[idx];
+        let ty = self.init.qp_type;
+        let mtu = self.mtu(ctx.cfg);
+        let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
-        let psn = psn_add(w.first_psn, (off / mtu) as u32);
-        let mut hdr = PktHdr {
-            pkey: DEFAULT_PKEY,
-            dqpn: self.attr.dest_qp_num,
-            psn,
-            ..PktHdr::default()
-        };
-        let pre = tr_prefix(ty);
-        let mut payload_len = 0usize;
-        let mut last = true;
-        match w.wr.opcode {
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
-                let n = w.len.saturating_sub(off).min(mtu);
-                let first = off == 0;
-                last = off + n >= w.len;
-                let (imm, inv) = (
-                    w.wr.opcode == WrOpcode::SendWithImm,
-                    w.wr.opcode == WrOpcode::SendWithInv,
-                );
-                hdr.opcode = pre
-                    | match (first, last) {
-                        (true, true) if imm => op::SEND_ONLY_IMM,
-                        (true, true) if inv => op::SEND_ONLY_INV,
-                        (true, true) => op::SEND_ONLY,
-                        (true, false) => op::SEND_FIRST,
-                        (false, false) => op::SEND_MIDDLE,
-                        (false, true) if imm => op::SEND_LAST_IMM,
-                        (false, true) if inv => op::SEND_LAST_INV,
-                        (false, true) => op::SEND_LAST,
-                    };
-                if last {
-                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED);
-                    if imm {
-                        hdr.imm = Some(w.wr.imm_data);
-                    }
-                    if inv {
-                        hdr.ieth = Some(w.wr.imm_data);
-                    }
-                }
-                payload_len = n as usize;
-            }
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-                let n = w.len.saturating_sub(off).min(mtu);
-                let first = off == 0;
-                last = off + n >= w.len;
-                let imm = w.wr.opcode == WrOpcode::RdmaWriteWithImm;
-                // EngineConfig::split_rc_writes: every packet an RDMA WRITE Only for its
-                // own part, so that all of them are the same size (one GSO batch).
-                let split = ty == QpType::Rc && !imm && ctx.cfg.split_rc_writes;
-                hdr.opcode = pre
-                    | match (first, last) {
-                        _ if split => op::WRITE_ONLY,
-                        (true, true) if imm => op::WRITE_ONLY_IMM,
-                        (true, true) => op::WRITE_ONLY,
-                        (true, false) => op::WRITE_FIRST,
-                        (false, false) => op::WRITE_MIDDLE,
-                        (false, true) if imm => op::WRITE_LAST_IMM,
-                        (false, true) => op::WRITE_LAST,
-                    };
-                if split {
-                    hdr.reth = Some((w.wr.remote_addr.wrapping_add(off), w.wr.rkey, n as u32));
-                } else if first {
-                    hdr.reth = Some((w.wr.remote_addr, w.wr.rkey, w.len as u32));
-                }
-                if last {
-                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED) && imm;
-                    if imm {
-                        hdr.imm = Some(w.wr.imm_data);
-                    }
-                }
-                payload_len = n as usize;
-            }
-            WrOpcode::RdmaRead => {
-                // A retransmitted READ resumes at the first missing response
-                // (IBTA 9.7.5.2.x): the request names the remaining range.
-                hdr.opcode = op::READ_REQUEST;
-                hdr.reth = Some((
-                    w.wr.remote_addr.wrapping_add(off),
-                    w.wr.rkey,
-                    w.len.saturating_sub(off) as u32,
-                ));
-            }
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
-                let cas = w.wr.opcode == WrOpcode::AtomicCmpAndSwp;
-                hdr.opcode = if cas { op::CMP_SWAP } else { op::FETCH_ADD };
-                hdr.atomic = Some(if cas {
-                    (w.wr.remote_addr, w.wr.rkey, w.wr.swap, w.wr.compare_add)
-                } else {
-                    (w.wr.remote_addr, w.wr.rkey, w.wr.compare_add, 0)
-                });
-            }
-            WrOpcode::LocalInv | WrOpcode::BindMw => return None,
-        }
+        let psn = w.first_psn.add((off / mtu) as u32);
+        let split = ty == QpType::Rc && ctx.cfg.split_rc_writes;
+        let (mut hdr, payload_len, last) =
+            w.request_at(ty.transport(), off, mtu, split, self.attr.dest_qp_num, psn)?;
         let (src, dst, sport) = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
             let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
-            hdr.dqpn = ud.remote_qpn & 0x00ff_ffff;
+            hdr.bth.dest_qp = Qpn::new(ud.remote_qpn);
             // IBTA 10.2.4: a WR Q_Key with the high bit set means "use the QP's Q_Key".
-            let qk = if ud.remote_qkey & 0x8000_0000 != 0 {
-                qkey
+            let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                self.attr.qkey
             } else {
                 ud.remote_qkey
             };
-            hdr.deth = Some((qk, self.qpn));
+            hdr.deth = Some(Deth {
+                qkey,
+                src_qp: Qpn::new(self.qpn),
+            });
             (path.src, path.dst, path.sport)
         } else {
             let p = self.path.for_psn(psn);
@@ -391,9 +235,9 @@ impl Qp {
         if ty == QpType::Rc {
             // Coalesced ACKs: ask on the last packet of a message, and periodically in
             // long ones, and when the window is about to close.
-            hdr.ack_req = last
+            hdr.bth.ack_req = last
                 || self.req.pkts_since_ack_req + 1 >= ACK_EVERY
-                || psn_diff(psn, self.req.una) + 1 >= MAX_UNACKED_PSNS;
+                || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
             source: TxSource::Requester,
@@ -403,6 +247,65 @@ impl Qp {
             dst,
             sport,
         })
+    }
+
+    /// Give WQE `idx` its PSNs, if the window, the device budget, the READ/atomic limit
+    /// and fences let it start now; None if it must wait or failed a local check (then
+    /// its status says why).
+    fn start_wqe(&mut self, ctx: &mut Ctx<'_>, idx: usize) -> Option<()> {
+        if self.state != QpState::Rts {
+            // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
+            return None;
+        }
+        let ty = self.init.qp_type;
+        let mtu = self.mtu(ctx.cfg);
+        let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
+        let rd_inflight = self.req.rd_atomic_inflight;
+        let unacked = self.req.next_psn.diff(self.req.una);
+        let reported = self.reported_inflight;
+        let pd = self.init.pd;
+        let w = self.req.sq.get_mut(idx)?;
+        if ty == QpType::Rc {
+            if unacked >= MAX_UNACKED_PSNS {
+                return None;
+            }
+            if !ctx.budget.allows(reported, unacked.max(0) as u32) {
+                ctx.budget.hit = true;
+                return None;
+            }
+            if w.is_rd_atomic() && rd_inflight >= max_rd {
+                return None;
+            }
+            // IBV_SEND_FENCE: wait for every earlier READ/atomic to complete.
+            if w.wr.flags.contains(SendFlags::FENCE) && rd_inflight > 0 {
+                return None;
+            }
+        }
+        if ty == QpType::Ud && w.len > mtu {
+            // rxe: a UD message must fit one packet.
+            w.status = Some(WcStatus::LocQpOpErr);
+            return None;
+        }
+        if let Payload::Sges(sges) = &w.wr.payload {
+            // Check every lkey before the first packet leaves (rxe reports a bad
+            // lkey as IBV_WC_LOC_PROT_ERR on that WQE). READ and atomic results
+            // are written locally, so they need LOCAL_WRITE.
+            if ctx.mem.validate_sges(pd, sges, w.is_rd_atomic()).is_err() {
+                w.status = Some(WcStatus::LocProtErr);
+                return None;
+            }
+        }
+        let npkts = w.psns_at(mtu);
+        w.started = true;
+        w.sent_at = ctx.now;
+        w.first_psn = self.req.next_psn;
+        w.read_next_psn = w.first_psn;
+        w.npkts = npkts;
+        self.req.next_psn = self.req.next_psn.add(npkts);
+        if w.is_rd_atomic() {
+            self.req.rd_atomic_inflight += 1;
+        }
+        Some(())
     }
 
     /// Write the planned packet (headers, payload, pad; no ICRC) into `buf` and advance.
@@ -418,9 +321,9 @@ impl Qp {
         buf: &mut [u8],
         in_place: bool,
     ) -> Option<Built> {
-        let hl = crate::packet::emit(buf, &plan.hdr, plan.payload_len)?;
+        let hl = plan.hdr.emit(buf).ok()?;
         let n = plan.payload_len;
-        let pad = crate::packet::pad_count(n);
+        let pad = usize::from(plan.hdr.bth.pad_count);
         if buf.len() < hl + n + pad {
             return None;
         }
@@ -467,7 +370,7 @@ impl Qp {
                             .map(|crc| {
                                 tail_crc = Some(TailCrc {
                                     at: hl,
-                                    crc: crate::packet::extend_crc_zeros(crc, pad),
+                                    crc: crc32_extend(crc, [0u8; 3].get(..pad).unwrap_or_default()),
                                 })
                             })
                     } else {
@@ -477,9 +380,8 @@ impl Qp {
                         // The MR went away after the request was checked: NAK instead.
                         self.resp.out.pop_front();
                         self.resp.out.push_front(RespOut::Ack {
-                            psn: plan.hdr.psn,
-                            syndrome: crate::packet::syndrome::NAK_REMOTE_ACCESS,
-                            msn: self.resp.msn,
+                            psn: plan.hdr.bth.psn,
+                            aeth: Aeth::nak(self.resp.msn, NakCode::RemoteAccessError),
                         });
                         return None;
                     }
@@ -534,7 +436,7 @@ impl Qp {
                 first,
                 ..
             } => {
-                *psn = psn_add(*psn, 1);
+                *psn = psn.next();
                 *va = va.wrapping_add(n);
                 *remaining -= n;
                 *first = false;
@@ -557,9 +459,9 @@ impl Qp {
         };
         // A READ request occupies the PSNs of all its responses.
         let next = if w.wr.opcode == WrOpcode::RdmaRead {
-            psn_add(w.last_psn(), 1)
+            w.last_psn().next()
         } else {
-            psn_add(plan.hdr.psn, 1)
+            plan.hdr.bth.psn.next()
         };
         let whole = match w.wr.opcode {
             WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => true,
@@ -589,10 +491,10 @@ impl Qp {
                 }
             }
         }
-        if psn_diff(next, self.req.max_sent) > 0 || ty != QpType::Rc {
+        if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }
-        if plan.hdr.ack_req {
+        if plan.hdr.bth.ack_req {
             self.req.pkts_since_ack_req = 0;
         } else {
             self.req.pkts_since_ack_req += 1;
@@ -606,14 +508,14 @@ impl Qp {
     }
 
     /// Rewind the send position to `psn` (go-back-N).
-    pub fn rewind_to(&mut self, psn: u32, mtu: u64) {
+    pub fn rewind_to(&mut self, psn: Psn, mtu: u64) {
         self.req.probe_next.clear();
         for (i, w) in self.req.sq.iter().enumerate() {
             if w.contains(psn) {
                 self.req.send_idx = i;
                 self.req.send_off = match w.wr.opcode {
                     WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
-                    _ => u64::from(psn_diff(psn, w.first_psn) as u32) * mtu,
+                    _ => u64::from(psn.diff(w.first_psn) as u32) * mtu,
                 };
                 return;
             }
@@ -628,7 +530,7 @@ impl Qp {
     ///
     /// Returns whether a retransmission started (not a repeated signal, not out of
     /// retries).
-    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) -> bool {
+    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: Psn, cause: LossCause) -> bool {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return false;
         };
@@ -689,7 +591,7 @@ impl Qp {
     /// where it was. Why: each READ with a hole is then asked again once, in one pass,
     /// without replaying the READs between them (going back N) and without waiting one
     /// reorder delay per hole (one at a time).
-    pub(crate) fn rerequest_reads(&mut self, ctx: &mut Ctx<'_>, more: &[(usize, u32)]) {
+    pub(crate) fn rerequest_reads(&mut self, ctx: &mut Ctx<'_>, more: &[(usize, Psn)]) {
         let Some(&resume) = self.req.probe_next.back() else {
             return; // went back N instead: that covers every hole
         };
@@ -699,7 +601,7 @@ impl Qp {
                 continue;
             };
             if idx > self.req.send_idx && idx < resume.0 {
-                let off = u64::from(psn_diff(psn, w.first_psn) as u32) * mtu;
+                let off = u64::from(psn.diff(w.first_psn) as u32) * mtu;
                 // In order, before the resume position (always last).
                 let at = self.req.probe_next.len() - 1;
                 self.req.probe_next.insert(at, (idx, off));
@@ -720,11 +622,100 @@ impl Qp {
     }
 
     /// Whether `psn` lies in a READ that was sent and still misses responses.
-    fn is_read_at(&self, psn: u32) -> bool {
+    fn is_read_at(&self, psn: Psn) -> bool {
         self.req
             .sq
             .iter()
             .find(|w| w.contains(psn))
             .is_some_and(|w| w.wr.opcode == WrOpcode::RdmaRead && !w.done)
+    }
+}
+
+impl SendWqe {
+    /// The request packet at byte `off` of this WQE (PSN `psn`, to `dqpn`): its headers,
+    /// payload length, and whether it is the message's last packet. With `split`, an
+    /// RDMA WRITE without immediate goes as WRITE Only packets (see
+    /// [`EngineConfig::split_rc_writes`]). None for opcodes that send nothing.
+    fn request_at(
+        &self,
+        tr: Transport,
+        off: u64,
+        mtu: u64,
+        split: bool,
+        dqpn: u32,
+        psn: Psn,
+    ) -> Option<(Headers, usize, bool)> {
+        let wr = &self.wr;
+        let n = self.len.saturating_sub(off).min(mtu);
+        let (first, last) = (off == 0, off + n >= self.len);
+        let pos = Position::from_ends(first, last);
+        match wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
+                let imm = wr.opcode == WrOpcode::SendWithImm;
+                let inv = wr.opcode == WrOpcode::SendWithInv;
+                let op = Opcode::send(tr, pos, imm && last, inv && last)?;
+                let mut h = headers(op, dqpn, psn, n as usize);
+                if last {
+                    h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED);
+                    h.imm_dt = imm.then_some(wr.imm_data);
+                    h.ieth = inv.then_some(wr.imm_data);
+                }
+                Some((h, n as usize, last))
+            }
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+                let imm = wr.opcode == WrOpcode::RdmaWriteWithImm;
+                // Every packet an RDMA WRITE Only for its own part, so that all of them
+                // are the same size (one GSO batch).
+                let split = split && !imm;
+                let pos = if split { Position::Only } else { pos };
+                let mut h = headers(Opcode::write(tr, pos, imm && last)?, dqpn, psn, n as usize);
+                if split {
+                    h.reth = Some(Reth {
+                        va: wr.remote_addr.wrapping_add(off),
+                        rkey: wr.rkey,
+                        dma_len: n as u32,
+                    });
+                } else if first {
+                    h.reth = Some(Reth {
+                        va: wr.remote_addr,
+                        rkey: wr.rkey,
+                        dma_len: self.len as u32,
+                    });
+                }
+                if last {
+                    h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED) && imm;
+                    h.imm_dt = imm.then_some(wr.imm_data);
+                }
+                Some((h, n as usize, last))
+            }
+            WrOpcode::RdmaRead => {
+                // A retransmitted READ resumes at the first missing response
+                // (IBTA 9.7.5.2.x): the request names the remaining range.
+                let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, dqpn, psn, 0);
+                h.reth = Some(Reth {
+                    va: wr.remote_addr.wrapping_add(off),
+                    rkey: wr.rkey,
+                    dma_len: self.len.saturating_sub(off) as u32,
+                });
+                Some((h, 0, true))
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                let cas = wr.opcode == WrOpcode::AtomicCmpAndSwp;
+                let op = if cas {
+                    Opcode::RC_COMPARE_SWAP
+                } else {
+                    Opcode::RC_FETCH_ADD
+                };
+                let mut h = headers(op, dqpn, psn, 0);
+                h.atomic_eth = Some(AtomicEth {
+                    va: wr.remote_addr,
+                    rkey: wr.rkey,
+                    swap_add: if cas { wr.swap } else { wr.compare_add },
+                    compare: if cas { wr.compare_add } else { 0 },
+                });
+                Some((h, 0, true))
+            }
+            WrOpcode::LocalInv | WrOpcode::BindMw => None,
+        }
     }
 }

@@ -8,8 +8,9 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::counters::Counters;
-use crate::engine::EngineConfig;
-use crate::packet::PktHdr;
+use softhca_wire::{Aeth, Headers};
+
+use crate::config::EngineConfig;
 use crate::path::Path;
 use crate::recovery::GoBackN;
 use crate::verbs::*;
@@ -97,11 +98,11 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// When that was (a round-trip sample when it completes, see `Requester::srtt`).
     pub sent_at: Nanos,
-    pub first_psn: u32,
+    pub first_psn: Psn,
     /// PSNs the WQE occupies (READ: response packets).
     pub npkts: u32,
     /// READ: next response PSN expected.
-    pub read_next_psn: u32,
+    pub read_next_psn: Psn,
     /// All packets sent once (UC/UD: this completes the WQE).
     pub done: bool,
     /// Error found by the requester itself (local errors), reported when it reaches the head.
@@ -123,11 +124,11 @@ impl SendWqe {
             _ => self.len.div_ceil(mtu).max(1) as u32,
         }
     }
-    pub fn last_psn(&self) -> u32 {
-        psn_add(self.first_psn, self.npkts.max(1) - 1)
+    pub fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.max(1) - 1)
     }
-    pub fn contains(&self, psn: u32) -> bool {
-        self.started && psn_diff(psn, self.first_psn) >= 0 && psn_diff(psn, self.last_psn()) <= 0
+    pub fn contains(&self, psn: Psn) -> bool {
+        self.started && psn.diff(self.first_psn) >= 0 && psn.diff(self.last_psn()) <= 0
     }
 }
 
@@ -140,17 +141,17 @@ pub(crate) struct Requester {
     /// Byte offset of that packet within the WQE.
     pub send_off: u64,
     /// PSN given to the next WQE that starts.
-    pub next_psn: u32,
+    pub next_psn: Psn,
     /// Oldest unacknowledged PSN.
-    pub una: u32,
+    pub una: Psn,
     /// One past the highest PSN sent.
-    pub max_sent: u32,
+    pub max_sent: Psn,
     /// READ/atomic WQEs started and not completed.
     pub rd_atomic_inflight: u32,
     pub retry_left: u8,
     pub rnr_left: u8,
     /// RNR NAK received: sending paused until this time, then resume from the PSN.
-    pub rnr_wait: Option<(Nanos, u32)>,
+    pub rnr_wait: Option<(Nanos, Psn)>,
     /// Retransmit deadline.
     pub rto: Option<Nanos>,
     /// Retransmit timeouts in a row without forward progress: each doubles the next
@@ -175,7 +176,7 @@ pub(crate) struct Requester {
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
     /// `completer::on_read_response`); counted into `una` when the gap fills.
-    pub read_early: VecDeque<u32>,
+    pub read_early: VecDeque<Psn>,
     /// When to resend from the missing READ response if the gap has not filled.
     pub read_gap_at: Option<Nanos>,
     /// SQD: notify when drained.
@@ -201,20 +202,20 @@ pub(crate) enum InMsg {
 /// A READ/atomic responder resource (IBTA 9.7.5.1: kept to answer duplicates).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RdRes {
-    Read { first_psn: u32, last_psn: u32 },
-    Atomic { psn: u32, orig: u64 },
+    Read { first_psn: Psn, last_psn: Psn },
+    Atomic { psn: Psn, orig: u64 },
 }
 
 /// Something the responder has to send, in order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RespOut {
+    /// ACK, NAK or RNR NAK: the AETH carries the MSN as of when it was queued.
     Ack {
-        psn: u32,
-        syndrome: u8,
-        msn: u32,
+        psn: Psn,
+        aeth: Aeth,
     },
     Read {
-        psn: u32,
+        psn: Psn,
         rkey: u32,
         va: u64,
         remaining: u64,
@@ -222,7 +223,7 @@ pub(crate) enum RespOut {
         msn: u32,
     },
     AtomicAck {
-        psn: u32,
+        psn: Psn,
         orig: u64,
         msn: u32,
     },
@@ -231,7 +232,7 @@ pub(crate) enum RespOut {
 /// Responder state (receive side).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
-    pub epsn: u32,
+    pub epsn: Psn,
     pub msn: u32,
     /// A PSN-sequence or RNR NAK was sent for `epsn` (IBTA C9-88: one NAK per error).
     pub nak_sent: bool,
@@ -245,7 +246,7 @@ pub(crate) struct Responder {
     /// fills (see `responder::OOO_MAX`), in PSN order (so a duplicate is a binary
     /// search and the drain pops from the front); empty (no allocation) on an in-order
     /// path.
-    pub ooo: VecDeque<(PktHdr, Vec<u8>)>,
+    pub ooo: VecDeque<(Headers, Vec<u8>)>,
     /// Payload bytes in `ooo`.
     pub ooo_bytes: usize,
     /// When to NAK the gap in front of `ooo` if it has not filled by then (or, after
@@ -293,15 +294,6 @@ pub(crate) struct Qp {
     pub timer_gen: u64,
 }
 
-/// Serial-number PSN arithmetic (24 bits, IBTA 9.7.1).
-pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
-    a.wrapping_add(n) & 0x00ff_ffff
-}
-/// `a - b` as a signed distance in the 24-bit PSN space.
-pub(crate) fn psn_diff(a: u32, b: u32) -> i32 {
-    (a.wrapping_sub(b) << 8) as i32 >> 8
-}
-
 impl Qp {
     pub fn new(qpn: u32, init: QpInitAttr) -> Qp {
         let attr = QpAttr {
@@ -329,7 +321,7 @@ impl Qp {
     }
 
     pub fn qpn_t(&self) -> Qpn {
-        crate::deps::qpn(self.qpn)
+        Qpn::new(self.qpn)
     }
 
     /// The MTU packets of this QP use: min(path MTU, device MTU); UD uses the device MTU.
