@@ -181,7 +181,9 @@ impl Qp {
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
         };
-        let w = &self.req.sq[idx];
+        let Some(w) = self.req.sq.get(idx) else {
+            return;
+        };
         if w.done
             || w.first_psn != psn
             || !matches!(
@@ -196,7 +198,9 @@ impl Qp {
         }
         let orig = h.atomic_ack_eth.map_or(0, |a| a.orig);
         let pd = self.init.pd;
-        let w = &mut self.req.sq[idx];
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return;
+        };
         // verbs: the original value lands in the local buffer in host byte order.
         if let Payload::Sges(sges) = &w.wr.payload {
             if ctx.mem.scatter(pd, sges, 0, &orig.to_ne_bytes()).is_err() {
@@ -213,7 +217,9 @@ impl Qp {
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
         };
-        let w = &self.req.sq[idx];
+        let Some(w) = self.req.sq.get(idx) else {
+            return;
+        };
         if w.wr.opcode != WrOpcode::RdmaRead || w.done {
             return;
         }
@@ -274,7 +280,9 @@ impl Qp {
         if !self.place_read(ctx, idx, h, payload) {
             return; // malformed response: ignore, the timer recovers
         }
-        let w = &mut self.req.sq[idx];
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return;
+        };
         w.read_next_psn = psn.next();
         if psn == w.last_psn() {
             w.done = true;
@@ -363,9 +371,10 @@ impl Qp {
                         // Re-request each READ with a hole, from its first missing
                         // response, and nothing else (see `rerequest_reads`). If that
                         // is lost too, the quiet timer notices (see `MAX_QUIET_RESENDS`).
-                        let (_, from) = holes[0];
-                        if self.retransmit_from(ctx, from, LossCause::ReadHole) {
-                            self.rerequest_reads(ctx, &holes[1..]);
+                        if let Some((&(_, from), more)) = holes.split_first() {
+                            if self.retransmit_from(ctx, from, LossCause::ReadHole) {
+                                self.rerequest_reads(ctx, more);
+                            }
                         }
                     }
                     _ => {

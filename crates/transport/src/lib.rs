@@ -16,6 +16,10 @@
 //! (receive side), `recovery` (loss recovery policy), `path` (path choice), `timers`,
 //! [`counters`].
 #![warn(missing_docs)]
+// Byte and queue access goes through `get`/`get_mut`: a malformed packet or a stale
+// index drops a packet, never panics the datapath.
+#![deny(clippy::indexing_slicing)]
+#![cfg_attr(test, allow(clippy::indexing_slicing))]
 
 mod completer;
 mod config;

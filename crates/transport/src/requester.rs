@@ -37,6 +37,14 @@ pub(crate) enum TxSource {
 /// hundred bytes costs less than the kernel's walk over three iovecs instead of one.
 const IN_PLACE_MIN: usize = 512;
 
+/// Where a request packet's payload goes in a zero-copy build.
+enum InPlace {
+    /// Left in registered memory.
+    Left(External),
+    /// Copied into the transmit buffer (inline data, or it spans SGEs).
+    Copy,
+}
+
 /// What [`Qp::build_placed`] wrote: `in_buf` bytes of `buf`; with `external`, the
 /// packet is `buf[..head]`, then the external payload, then `buf[head..in_buf]` (pad).
 #[derive(Debug, Clone, Copy)]
@@ -324,59 +332,35 @@ impl Qp {
         let hl = plan.hdr.emit(buf).ok()?;
         let n = plan.payload_len;
         let pad = usize::from(plan.hdr.bth.pad_count);
-        if buf.len() < hl + n + pad {
-            return None;
-        }
-        let pd = self.init.pd;
+        let body = buf.get_mut(hl..hl + n + pad)?;
         if in_place && n >= IN_PLACE_MIN && plan.source == TxSource::Requester {
-            let idx = self.req.send_idx;
-            let off = self.req.send_off as usize;
-            let w = self.req.sq.get_mut(idx)?;
-            if let Payload::Sges(sges) = &w.wr.payload {
-                match ctx.mem.gather_in_place(pd, sges, off, n) {
-                    Ok(Some(p)) => {
-                        buf[hl..hl + pad].fill(0);
-                        self.advance_request(ctx, plan);
-                        ctx.counters.sent_pkts += 1;
-                        return Some(Built {
-                            in_buf: hl + pad,
-                            head: hl,
-                            external: Some(External {
-                                addr: p as usize,
-                                len: n,
-                            }),
-                            tail_crc: None,
-                        });
-                    }
-                    Ok(None) => {} // spans SGEs: copied below
-                    Err(_) => {
-                        // As `gather` below: IBV_WC_LOC_PROT_ERR (rxe `copy_data`).
-                        w.status = Some(WcStatus::LocProtErr);
-                        return None;
-                    }
-                }
+            if let InPlace::Left(external) = self.payload_in_place(ctx, n)? {
+                // The pad follows the headers in the buffer; the payload stays put.
+                body.get_mut(..pad)?.fill(0);
+                self.advance_request(ctx, plan);
+                ctx.counters.sent_pkts += 1;
+                return Some(Built {
+                    in_buf: hl + pad,
+                    head: hl,
+                    external: Some(external),
+                    tail_crc: None,
+                });
             }
         }
+        let (payload, pad_bytes) = body.split_at_mut(n);
         let mut tail_crc = None;
         match plan.source {
             TxSource::Responder => {
-                if let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() {
-                    // Built for a gathered transmit (`in_place`), the packet is sealed
-                    // later (`Engine::set_late_seal`): the payload is CRC'd as it is
-                    // copied, and the seal hashes the headers only (see `TailCrc`).
-                    let read = if in_place {
-                        ctx.mem
-                            .remote_read_crc(pd, rkey, va, &mut buf[hl..hl + n])
-                            .map(|crc| {
-                                tail_crc = Some(TailCrc {
-                                    at: hl,
-                                    crc: crc32_extend(crc, [0u8; 3].get(..pad).unwrap_or_default()),
-                                })
-                            })
-                    } else {
-                        ctx.mem.remote_read(pd, rkey, va, &mut buf[hl..hl + n])
-                    };
-                    if let Err(_e) = read {
+                match self.copy_read_response(ctx, payload, in_place) {
+                    Ok(crc) => {
+                        // The pad's zeros extend the CRC taken while copying.
+                        let zeros = [0u8; 3];
+                        tail_crc = crc.map(|c| TailCrc {
+                            at: hl,
+                            crc: crc32_extend(c, zeros.get(..pad).unwrap_or_default()),
+                        });
+                    }
+                    Err(_) => {
                         // The MR went away after the request was checked: NAK instead.
                         self.resp.out.pop_front();
                         self.resp.out.push_front(RespOut::Ack {
@@ -389,32 +373,11 @@ impl Qp {
                 self.advance_response(n as u64);
             }
             TxSource::Requester => {
-                let idx = self.req.send_idx;
-                let off = self.req.send_off;
-                let w = self.req.sq.get_mut(idx)?;
-                match &w.wr.payload {
-                    _ if n == 0 => {}
-                    Payload::Inline(b) => {
-                        let s = b.get(off as usize..off as usize + n)?;
-                        buf[hl..hl + n].copy_from_slice(s);
-                    }
-                    Payload::Sges(sges) => {
-                        if ctx
-                            .mem
-                            .gather(pd, sges, off as usize, &mut buf[hl..hl + n])
-                            .is_err()
-                        {
-                            // rxe: a bad lkey found while copying completes the WQE
-                            // with IBV_WC_LOC_PROT_ERR.
-                            w.status = Some(WcStatus::LocProtErr);
-                            return None;
-                        }
-                    }
-                }
+                self.copy_request(ctx, payload)?;
                 self.advance_request(ctx, plan);
             }
         }
-        buf[hl + n..hl + n + pad].fill(0);
+        pad_bytes.fill(0);
         ctx.counters.sent_pkts += 1;
         Some(Built {
             in_buf: hl + n + pad,
@@ -422,6 +385,69 @@ impl Qp {
             external: None,
             tail_crc,
         })
+    }
+
+    /// Whether the next `n` payload bytes of the WQE being sent lie in one SGE and can
+    /// stay in registered memory; None after a bad lkey (the WQE records it: rxe
+    /// `copy_data` completes it with IBV_WC_LOC_PROT_ERR).
+    fn payload_in_place(&mut self, ctx: &mut Ctx<'_>, n: usize) -> Option<InPlace> {
+        let pd = self.init.pd;
+        let off = self.req.send_off as usize;
+        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        let Payload::Sges(sges) = &w.wr.payload else {
+            return Some(InPlace::Copy);
+        };
+        match ctx.mem.gather_in_place(pd, sges, off, n) {
+            Ok(Some(p)) => Some(InPlace::Left(External {
+                addr: p as usize,
+                len: n,
+            })),
+            Ok(None) => Some(InPlace::Copy), // spans SGEs
+            Err(_) => {
+                w.status = Some(WcStatus::LocProtErr);
+                None
+            }
+        }
+    }
+
+    /// Copy the next READ response payload out of the responder's memory into
+    /// `payload` (nothing for an ACK). Built for a gathered transmit (`with_crc`), the
+    /// packet is sealed later (`Engine::set_late_seal`): the payload is CRC'd as it is
+    /// copied, and the seal hashes the headers only (see `TailCrc`).
+    fn copy_read_response(
+        &self,
+        ctx: &Ctx<'_>,
+        payload: &mut [u8],
+        with_crc: bool,
+    ) -> Result<Option<u32>, MemError> {
+        let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() else {
+            return Ok(None);
+        };
+        let pd = self.init.pd;
+        if with_crc {
+            ctx.mem.remote_read_crc(pd, rkey, va, payload).map(Some)
+        } else {
+            ctx.mem.remote_read(pd, rkey, va, payload).map(|()| None)
+        }
+    }
+
+    /// Copy the next payload bytes of the WQE being sent into `payload`; None after a
+    /// bad lkey (rxe: IBV_WC_LOC_PROT_ERR on the WQE, recorded here).
+    fn copy_request(&mut self, ctx: &Ctx<'_>, payload: &mut [u8]) -> Option<()> {
+        let pd = self.init.pd;
+        let off = self.req.send_off as usize;
+        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        match &w.wr.payload {
+            _ if payload.is_empty() => {}
+            Payload::Inline(b) => payload.copy_from_slice(b.get(off..off + payload.len())?),
+            Payload::Sges(sges) => {
+                if ctx.mem.gather(pd, sges, off, payload).is_err() {
+                    w.status = Some(WcStatus::LocProtErr);
+                    return None;
+                }
+            }
+        }
+        Some(())
     }
 
     fn advance_response(&mut self, n: u64) {
@@ -669,19 +695,12 @@ impl SendWqe {
                 let split = split && !imm;
                 let pos = if split { Position::Only } else { pos };
                 let mut h = headers(Opcode::write(tr, pos, imm && last)?, dqpn, psn, n as usize);
-                if split {
-                    h.reth = Some(Reth {
-                        va: wr.remote_addr.wrapping_add(off),
-                        rkey: wr.rkey,
-                        dma_len: n as u32,
-                    });
-                } else if first {
-                    h.reth = Some(Reth {
-                        va: wr.remote_addr,
-                        rkey: wr.rkey,
-                        dma_len: self.len as u32,
-                    });
-                }
+                // Split, each packet names its own part; else the First names it all.
+                h.reth = (split || first).then(|| Reth {
+                    va: wr.remote_addr.wrapping_add(if split { off } else { 0 }),
+                    rkey: wr.rkey,
+                    dma_len: if split { n } else { self.len } as u32,
+                });
                 if last {
                     h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED) && imm;
                     h.imm_dt = imm.then_some(wr.imm_data);

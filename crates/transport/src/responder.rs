@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use softhca_wire::{Aeth, AethKind, Headers, NakCode, Opcode};
+use softhca_wire::{self as wire, Aeth, AethKind, Headers, NakCode, Opcode};
 
 use softhca_memory::AtomicOp;
 
@@ -141,47 +141,13 @@ impl Qp {
         }
     }
 
+    /// An RC request: rxe `check_psn` sorts it as early, duplicate or expected; the
+    /// expected one executes, then the kept requests its arrival lets through.
     fn on_rc(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
         self.resp.last_rx_at = ctx.now;
         let d = h.bth.psn.diff(self.resp.epsn);
         if d > 0 {
-            ctx.counters.out_of_seq_request += 1;
-            // Reordering tolerance. IBTA C9-88 has the responder NAK the first
-            // out-of-sequence packet and drop until the expected one comes, which is
-            // right on an in-order fabric; but a UDP path can reorder (ECMP, bonding,
-            // VMs, the fault testbed's jitter), and then every reordering costs a
-            // go-back-N of the whole window: at 20 us of jitter a WRITE stream fell to
-            // 0.02 Gb/s. So a packet that arrives a little early is kept (bounded per
-            // QP and per device) and executed when the gap before it fills; the NAK
-            // goes out only once the gap is OOO_NAK_AFTER packets old (a loss, not a
-            // reordering) or nothing more can be kept. The requester sees the standard
-            // protocol: ACKs, and at most one sequence NAK per gap.
-            let epsn = self.resp.epsn;
-            let kept = d < OOO_WINDOW
-                && self.resp.ooo.len() < OOO_MAX
-                && ctx.budget.ooo_bytes + payload.len() <= DEVICE_OOO_BYTES
-                && match self
-                    .resp
-                    .ooo
-                    .binary_search_by(|(k, _)| k.bth.psn.diff(epsn).cmp(&d))
-                {
-                    Ok(_) => true, // a duplicate of one already kept
-                    Err(i) => {
-                        // Accounted into budget.ooo_bytes by the engine's sync after
-                        // this packet (within one packet, the check above may lag).
-                        self.resp.ooo.insert(i, (*h, payload.to_vec()));
-                        self.resp.ooo_bytes += payload.len();
-                        ctx.counters.ooo_buffered += 1;
-                        true
-                    }
-                };
-            if !self.resp.nak_sent {
-                if !kept || d >= OOO_NAK_AFTER {
-                    self.nak_gap(ctx);
-                } else if self.resp.gap_nak_at.is_none() {
-                    self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
-                }
-            }
+            self.on_early(ctx, h, payload, d);
             return;
         }
         if d < 0 {
@@ -203,7 +169,52 @@ impl Qp {
         self.resp.nak_at = 0;
         self.resp.nak_repeats = 0;
         self.in_order(ctx, h, payload);
-        // Execute the kept packets the gap was holding back, in PSN order.
+        self.run_kept(ctx);
+    }
+
+    /// A request `d` PSNs ahead of the expected one.
+    ///
+    /// Reordering tolerance. IBTA C9-88 has the responder NAK the first out-of-sequence
+    /// packet and drop until the expected one comes, which is right on an in-order
+    /// fabric; but a UDP path can reorder (ECMP, bonding, VMs, the fault testbed's
+    /// jitter), and then every reordering costs a go-back-N of the whole window. So a
+    /// packet that arrives a little early is kept (bounded per QP and per device) and
+    /// executed when the gap before it fills; the NAK goes out only once the gap is
+    /// OOO_NAK_AFTER packets old (a loss, not a reordering) or nothing more can be
+    /// kept. The requester sees the standard protocol: ACKs, and at most one sequence
+    /// NAK per gap.
+    fn on_early(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], d: i32) {
+        ctx.counters.out_of_seq_request += 1;
+        let epsn = self.resp.epsn;
+        let kept = d < OOO_WINDOW
+            && self.resp.ooo.len() < OOO_MAX
+            && ctx.budget.ooo_bytes + payload.len() <= DEVICE_OOO_BYTES
+            && match self
+                .resp
+                .ooo
+                .binary_search_by(|(k, _)| k.bth.psn.diff(epsn).cmp(&d))
+            {
+                Ok(_) => true, // a duplicate of one already kept
+                Err(i) => {
+                    // Accounted into budget.ooo_bytes by the engine's sync after
+                    // this packet (within one packet, the check above may lag).
+                    self.resp.ooo.insert(i, (*h, payload.to_vec()));
+                    self.resp.ooo_bytes += payload.len();
+                    ctx.counters.ooo_buffered += 1;
+                    true
+                }
+            };
+        if !self.resp.nak_sent {
+            if !kept || d >= OOO_NAK_AFTER {
+                self.nak_gap(ctx);
+            } else if self.resp.gap_nak_at.is_none() {
+                self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+            }
+        }
+    }
+
+    /// Execute the kept requests the gap was holding back, in PSN order.
+    fn run_kept(&mut self, ctx: &mut Ctx<'_>) {
         while !self.resp.ooo.is_empty() && self.state != QpState::Err {
             let epsn = self.resp.epsn;
             // Kept packets the in-order path has passed (their PSNs arrived again and
@@ -808,43 +819,35 @@ impl Qp {
 /// `ibv_wc_read_...`/rdma-core's GRH parsing finds the source GID.
 pub(crate) fn grh_bytes(meta: &RxMeta) -> [u8; 40] {
     let mut g = [0u8; 40];
-    let udp_total = meta.udp_len + 8;
-    match (meta.src, meta.dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = &mut g[20..40];
-            ip[0] = 0x45;
-            let tot = (udp_total + 20) as u16;
-            ip[2..4].copy_from_slice(&tot.to_be_bytes());
-            ip[6] = 0x40; // DF
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
-            let mut sum: u32 = 0;
-            for c in ip.chunks(2) {
-                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-            }
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let udp_total = meta.udp_len + wire::UDP_LEN;
+    let to_v6 = |a: IpAddr| match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    // Both headers fit their part of `g`: emit cannot fail.
+    let _ = match (meta.src, meta.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => wire::Ipv4Header {
+            tos: 0,
+            total_len: (udp_total + wire::IPV4_LEN) as u16,
+            id: 0,
+            flags_frag: wire::Ipv4Header::DF,
+            ttl: 64,
+            protocol: wire::IP_PROTOCOL_UDP,
+            checksum: 0,
+            src,
+            dst,
         }
-        (s, d) => {
-            let s6 = match s {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            let d6 = match d {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            g[0] = 0x60;
-            g[4..6].copy_from_slice(&(udp_total as u16).to_be_bytes());
-            g[6] = 17;
-            g[7] = 64;
-            g[8..24].copy_from_slice(&s6.octets());
-            g[24..40].copy_from_slice(&d6.octets());
+        .emit(g.split_at_mut(20).1),
+        (s, d) => wire::Ipv6Header {
+            traffic_class: 0,
+            flow_label: 0,
+            payload_len: udp_total as u16,
+            next_header: wire::IP_PROTOCOL_UDP,
+            hop_limit: 64,
+            src: to_v6(s),
+            dst: to_v6(d),
         }
-    }
+        .emit(&mut g),
+    };
     g
 }

@@ -51,7 +51,7 @@ pub(crate) fn rnr_timer_ns(code: u8) -> Nanos {
         5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
         245_760, 327_680, 491_520,
     ];
-    US[usize::from(code & 31)] * 1000
+    US.get(usize::from(code & 31)).map_or(0, |us| us * 1000)
 }
 
 /// Least wait before a loss is presumed from silence (`completer::quiet_deadline`,
