@@ -272,7 +272,8 @@ impl Qp {
             }
             return;
         }
-        // A READ response implicitly acknowledges every earlier request (IBTA C9-...).
+        // A READ response implicitly acknowledges every earlier request (an implied
+        // ACK, as rxe `check_ack` takes it).
         let first_psn = w.first_psn;
         if !self.ack_through(ctx, first_psn.sub(1)) {
             return;

@@ -3,15 +3,12 @@
 
 use std::collections::VecDeque;
 
-use crate::engine::{sync, Engine, Parts};
+use crate::engine::{sync, Engine, Parts, FIRST_QPN};
 use crate::error::TransportError;
 use crate::path::Path;
 use crate::qp::state::modify_is_ok;
 use crate::qp::{Ctx, Qp, Srq};
 use crate::verbs::*;
-
-/// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
-pub(crate) const FIRST_QPN: u32 = 0x11;
 
 impl Engine {
     /// Create a completion queue.

@@ -8,7 +8,6 @@ use rustc_hash::FxHashMap as HashMap;
 use softhca_wire::{self as wire, UdpPseudo};
 
 use crate::config::EngineConfig;
-use crate::control::FIRST_QPN;
 use crate::counters::Counters;
 use crate::datagram::{seal_packet, DatagramInfo, Transmit, TxPiece};
 use crate::error::TransportError;
@@ -68,6 +67,9 @@ pub struct Engine {
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
 }
+
+/// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
+pub(crate) const FIRST_QPN: u32 = 0x11;
 
 /// The engine split for handling one event: the tables a QP is found in and put back
 /// on, and the context its logic runs in. Built by [`Engine::parts`] alone.

@@ -72,3 +72,40 @@ impl LossRecovery for GoBackN {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_back_n_ignores_repeated_gaps_until_progress_or_a_lost_resend() {
+        let mut r = GoBackN::default();
+        let p = Psn::new(100);
+        assert!(!r.in_progress());
+        assert_eq!(r.on_loss(p, LossCause::Gap), Some(p));
+        assert!(r.in_progress());
+        // The tail of the old flight reports the same gap again: no second resend.
+        assert_eq!(r.on_loss(p, LossCause::Gap), None);
+        assert_eq!(r.on_loss(p, LossCause::ReadHole), None);
+        // A NAK or a timeout for it always resends.
+        assert_eq!(r.on_loss(p, LossCause::NakSeq), Some(p));
+        assert_eq!(r.on_loss(p, LossCause::Timeout), Some(p));
+        // Progress up to the PSN itself does not end the retransmission; past it does.
+        r.on_progress(p);
+        assert!(r.in_progress());
+        r.on_progress(p.next());
+        assert!(!r.in_progress());
+        assert_eq!(r.on_loss(p, LossCause::Gap), Some(p));
+        r.on_retransmission_lost();
+        assert_eq!(r.on_loss(p, LossCause::Gap), Some(p));
+    }
+
+    #[test]
+    fn progress_compares_across_the_psn_wrap() {
+        let mut r = GoBackN::default();
+        let p = Psn::MAX;
+        assert_eq!(r.on_loss(p, LossCause::Timeout), Some(p));
+        r.on_progress(Psn::new(1));
+        assert!(!r.in_progress());
+    }
+}

@@ -671,3 +671,34 @@ pub enum AsyncEvent {
     /// SRQ error.
     SrqErr(SrqId),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_attr_apply_copies_only_the_masked_fields() {
+        let mut a = QpAttr::default();
+        let new = QpAttr {
+            qp_state: QpState::Rts,
+            rq_psn: 0x1ab_cdef,
+            sq_psn: 0x200_0001,
+            dest_qp_num: 0xff00_0012,
+            timeout: 14,
+            qkey: 7,
+            ..QpAttr::default()
+        };
+        a.apply(
+            &new,
+            QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::DEST_QPN | QpAttrMask::TIMEOUT,
+        );
+        // The state is the caller's to move; PSNs and the QPN keep their 24 bits.
+        assert_eq!(a.qp_state, QpState::Reset);
+        assert_eq!(a.rq_psn, 0xab_cdef);
+        assert_eq!(a.dest_qp_num, 0x12);
+        assert_eq!(a.timeout, 14);
+        assert_eq!((a.sq_psn, a.qkey), (0, 0));
+        a.apply(&new, QpAttrMask::SQ_PSN);
+        assert_eq!(a.sq_psn, 1);
+    }
+}

@@ -31,7 +31,7 @@ pub(crate) struct Ctx<'a> {
 ///
 /// Why: each QP may have `MAX_UNACKED_PSNS` (1024) in flight, so 1024 QPs could put
 /// 4 GiB on the wire at once; the peer's socket buffer (16 MiB) overflowed, go-back-N
-/// resent whole windows, and QPs starved into RETRY_EXC_ERR (issue 4's 1024-QP test).
+/// resent whole windows, and QPs starved into RETRY_EXC_ERR (a 1024-QP WRITE test).
 /// A NIC bounds this with its hardware queues and congestion control (DCQCN); a socket
 /// transport bounds it here: 2048 PSNs is 8 MiB at MTU 4096, within one socket buffer.
 pub(crate) const DEVICE_MAX_INFLIGHT_PSNS: u32 = 2048;
@@ -155,7 +155,7 @@ pub(crate) struct Requester {
     /// Retransmit deadline.
     pub rto: Option<Nanos>,
     /// Retransmit timeouts in a row without forward progress: each doubles the next
-    /// timeout, up to [`crate::requester::MAX_RTO_BACKOFF`] doublings.
+    /// timeout, up to `requester::MAX_RTO_BACKOFF` doublings.
     pub rto_backoff: u8,
     /// A timeout or response holes in READs re-request only those READs (see
     /// `Qp::retransmit_from`): once the request being sent has left, sending goes on
@@ -425,5 +425,26 @@ pub(crate) fn wc_opcode(op: WrOpcode) -> WcOpcode {
         WrOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
         WrOpcode::LocalInv => WcOpcode::LocalInv,
         WrOpcode::BindMw => WcOpcode::BindMw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_counts_a_qps_own_share_once() {
+        let mut b = Budget {
+            inflight: DEVICE_MAX_INFLIGHT_PSNS - 10,
+            ..Budget::default()
+        };
+        // This QP reported 10 of those: it may grow to just under the device cap.
+        assert!(b.allows(10, 19));
+        assert!(!b.allows(10, 20));
+        // Another QP, with nothing in flight, may not start.
+        assert!(b.allows(0, 9));
+        assert!(!b.allows(0, 10));
+        b.inflight = 0;
+        assert!(b.allows(0, DEVICE_MAX_INFLIGHT_PSNS - 1));
     }
 }
