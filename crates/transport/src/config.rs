@@ -29,8 +29,7 @@ pub struct EngineConfig {
     /// Why: a GSO batch holds equal-sized packets (the last may be shorter), and a
     /// WRITE First is 16 bytes longer than the Middles (its RETH), so a classic
     /// 64 KiB WRITE leaves as two batches, two skbs on each side. As Only packets it
-    /// leaves as one, which measured +15-30 % WRITE bandwidth on loopback (64 KiB,
-    /// 1 QP). The peer sees valid single-packet WRITEs in PSN order: the same bytes
+    /// leaves as one. The peer sees valid single-packet WRITEs in PSN order: the same bytes
     /// land at the same places, each packet's range is checked against the rkey, and
     /// the ACKs are the same (AckReq on the WR's last packet). What differs: a WRITE
     /// that runs past the end of the remote MR has its in-bounds packets placed
