@@ -5,9 +5,8 @@
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use softhca_wire::{self as wire, Aeth, AethKind, Headers, NakCode, Opcode};
-
 use softhca_memory::AtomicOp;
+use softhca_wire::{self as wire, Aeth, AethKind, Headers, NakCode, Opcode};
 
 use crate::qp::{Ctx, InMsg, Qp, RdRes, RespOut};
 use crate::timers::{quiet_wait, rtt_update};

@@ -6,11 +6,10 @@ pub mod state;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
-
-use crate::counters::Counters;
 use softhca_wire::{Aeth, Headers};
 
 use crate::config::EngineConfig;
+use crate::counters::Counters;
 use crate::path::Path;
 use crate::recovery::GoBackN;
 use crate::verbs::*;
