@@ -218,9 +218,15 @@ impl Qp {
         let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
         let psn = w.first_psn.add((off / mtu) as u32);
-        let split = ty == QpType::Rc && ctx.cfg.split_rc_writes;
-        let (mut hdr, payload_len, last) =
-            w.request_at(ty.transport(), off, mtu, split, self.attr.dest_qp_num, psn)?;
+        let at = PacketAt {
+            tr: ty.transport(),
+            off,
+            mtu,
+            split: ty == QpType::Rc && ctx.cfg.split_rc_writes,
+            dqpn: self.attr.dest_qp_num,
+            psn,
+        };
+        let (mut hdr, payload_len, last) = w.request_at(&at)?;
         let (src, dst, sport) = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
             let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
@@ -657,84 +663,120 @@ impl Qp {
     }
 }
 
+/// Where a request packet sits in its WQE, and what shapes it.
+#[derive(Debug, Clone, Copy)]
+struct PacketAt {
+    /// The QP's transport.
+    tr: Transport,
+    /// Byte offset of the packet in the message.
+    off: u64,
+    /// Path MTU in bytes.
+    mtu: u64,
+    /// RC RDMA WRITEs go as WRITE Only packets ([`EngineConfig::split_rc_writes`]).
+    split: bool,
+    /// Destination QPN.
+    dqpn: u32,
+    /// The packet's PSN.
+    psn: Psn,
+}
+
+/// A request packet, decided: its headers, payload length, and whether it ends the
+/// message.
+type Request = (Headers, usize, bool);
+
 impl SendWqe {
-    /// The request packet at byte `off` of this WQE (PSN `psn`, to `dqpn`): its headers,
-    /// payload length, and whether it is the message's last packet. With `split`, an
-    /// RDMA WRITE without immediate goes as WRITE Only packets (see
-    /// [`EngineConfig::split_rc_writes`]). None for opcodes that send nothing.
-    fn request_at(
-        &self,
-        tr: Transport,
-        off: u64,
-        mtu: u64,
-        split: bool,
-        dqpn: u32,
-        psn: Psn,
-    ) -> Option<(Headers, usize, bool)> {
-        let wr = &self.wr;
-        let n = self.len.saturating_sub(off).min(mtu);
-        let (first, last) = (off == 0, off + n >= self.len);
-        let pos = Position::from_ends(first, last);
-        match wr.opcode {
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
-                let imm = wr.opcode == WrOpcode::SendWithImm;
-                let inv = wr.opcode == WrOpcode::SendWithInv;
-                let op = Opcode::send(tr, pos, imm && last, inv && last)?;
-                let mut h = headers(op, dqpn, psn, n as usize);
-                if last {
-                    h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED);
-                    h.imm_dt = imm.then_some(wr.imm_data);
-                    h.ieth = inv.then_some(wr.imm_data);
-                }
-                Some((h, n as usize, last))
-            }
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-                let imm = wr.opcode == WrOpcode::RdmaWriteWithImm;
-                // Every packet an RDMA WRITE Only for its own part, so that all of them
-                // are the same size (one GSO batch).
-                let split = split && !imm;
-                let pos = if split { Position::Only } else { pos };
-                let mut h = headers(Opcode::write(tr, pos, imm && last)?, dqpn, psn, n as usize);
-                // Split, each packet names its own part; else the First names it all.
-                h.reth = (split || first).then(|| Reth {
-                    va: wr.remote_addr.wrapping_add(if split { off } else { 0 }),
-                    rkey: wr.rkey,
-                    dma_len: if split { n } else { self.len } as u32,
-                });
-                if last {
-                    h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED) && imm;
-                    h.imm_dt = imm.then_some(wr.imm_data);
-                }
-                Some((h, n as usize, last))
-            }
-            WrOpcode::RdmaRead => {
-                // A retransmitted READ resumes at the first missing response
-                // (IBTA 9.7.5.2.x): the request names the remaining range.
-                let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, dqpn, psn, 0);
-                h.reth = Some(Reth {
-                    va: wr.remote_addr.wrapping_add(off),
-                    rkey: wr.rkey,
-                    dma_len: self.len.saturating_sub(off) as u32,
-                });
-                Some((h, 0, true))
-            }
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
-                let cas = wr.opcode == WrOpcode::AtomicCmpAndSwp;
-                let op = if cas {
-                    Opcode::RC_COMPARE_SWAP
-                } else {
-                    Opcode::RC_FETCH_ADD
-                };
-                let mut h = headers(op, dqpn, psn, 0);
-                h.atomic_eth = Some(AtomicEth {
-                    va: wr.remote_addr,
-                    rkey: wr.rkey,
-                    swap_add: if cas { wr.swap } else { wr.compare_add },
-                    compare: if cas { wr.compare_add } else { 0 },
-                });
-                Some((h, 0, true))
-            }
+    /// The request packet `at` this WQE; None for opcodes that send nothing.
+    fn request_at(&self, at: &PacketAt) -> Option<Request> {
+        match self.wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => self.plan_send(at),
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => self.plan_write(at),
+            WrOpcode::RdmaRead => Some(self.plan_read(at)),
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => Some(self.plan_atomic(at)),
             WrOpcode::LocalInv | WrOpcode::BindMw => None,
         }
+    }
+
+    /// The payload length of the packet `at`, and whether it is the first and the last.
+    fn segment(&self, at: &PacketAt) -> (u64, bool, bool) {
+        let n = self.len.saturating_sub(at.off).min(at.mtu);
+        (n, at.off == 0, at.off + n >= self.len)
+    }
+
+    /// A SEND packet: immediate data or the rkey to invalidate, and the solicited
+    /// event bit, ride on the last one.
+    fn plan_send(&self, at: &PacketAt) -> Option<Request> {
+        let wr = &self.wr;
+        let (n, first, last) = self.segment(at);
+        let imm = wr.opcode == WrOpcode::SendWithImm;
+        let inv = wr.opcode == WrOpcode::SendWithInv;
+        let pos = Position::from_ends(first, last);
+        let op = Opcode::send(at.tr, pos, imm && last, inv && last)?;
+        let mut h = headers(op, at.dqpn, at.psn, n as usize);
+        if last {
+            h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED);
+            h.imm_dt = imm.then_some(wr.imm_data);
+            h.ieth = inv.then_some(wr.imm_data);
+        }
+        Some((h, n as usize, last))
+    }
+
+    /// An RDMA WRITE packet: the First (or every packet, split) carries the RETH.
+    fn plan_write(&self, at: &PacketAt) -> Option<Request> {
+        let wr = &self.wr;
+        let (n, first, last) = self.segment(at);
+        let imm = wr.opcode == WrOpcode::RdmaWriteWithImm;
+        // Every packet an RDMA WRITE Only for its own part, so that all of them are
+        // the same size (one GSO batch).
+        let split = at.split && !imm;
+        let pos = if split {
+            Position::Only
+        } else {
+            Position::from_ends(first, last)
+        };
+        let op = Opcode::write(at.tr, pos, imm && last)?;
+        let mut h = headers(op, at.dqpn, at.psn, n as usize);
+        // Split, each packet names its own part; else the First names it all.
+        h.reth = (split || first).then(|| Reth {
+            va: wr.remote_addr.wrapping_add(if split { at.off } else { 0 }),
+            rkey: wr.rkey,
+            dma_len: if split { n } else { self.len } as u32,
+        });
+        if last {
+            h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED) && imm;
+            h.imm_dt = imm.then_some(wr.imm_data);
+        }
+        Some((h, n as usize, last))
+    }
+
+    /// An RDMA READ request. A retransmitted READ resumes at the first missing response
+    /// (IBTA 9.7.5.2.x): the request names the remaining range.
+    fn plan_read(&self, at: &PacketAt) -> Request {
+        let wr = &self.wr;
+        let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, at.dqpn, at.psn, 0);
+        h.reth = Some(Reth {
+            va: wr.remote_addr.wrapping_add(at.off),
+            rkey: wr.rkey,
+            dma_len: self.len.saturating_sub(at.off) as u32,
+        });
+        (h, 0, true)
+    }
+
+    /// A CmpSwap or FetchAdd request.
+    fn plan_atomic(&self, at: &PacketAt) -> Request {
+        let wr = &self.wr;
+        let cas = wr.opcode == WrOpcode::AtomicCmpAndSwp;
+        let op = if cas {
+            Opcode::RC_COMPARE_SWAP
+        } else {
+            Opcode::RC_FETCH_ADD
+        };
+        let mut h = headers(op, at.dqpn, at.psn, 0);
+        h.atomic_eth = Some(AtomicEth {
+            va: wr.remote_addr,
+            rkey: wr.rkey,
+            swap_add: if cas { wr.swap } else { wr.compare_add },
+            compare: if cas { wr.compare_add } else { 0 },
+        });
+        (h, 0, true)
     }
 }
