@@ -4,8 +4,9 @@
 
 use smallvec::SmallVec;
 
-use crate::packet::{op, syndrome, PktHdr};
-use crate::qp::{psn_add, psn_diff, wc_opcode, Ctx, Qp};
+use softhca_wire::{AethKind, Headers, NakCode};
+
+use crate::qp::{wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
 use crate::timers::{ack_timeout_ns, quiet_wait, rnr_timer_ns, rtt_update};
@@ -26,28 +27,29 @@ const MAX_QUIET_RESENDS: u8 = 2;
 
 impl Qp {
     /// A response packet (ACK, ATOMIC ACKNOWLEDGE, READ RESPONSE) for this QP's requester.
-    pub fn on_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+    pub fn on_response(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
         self.req.quiet_from = ctx.now;
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
             ctx.counters.drop_bad_state += 1;
             return;
         }
-        let psn = h.psn;
+        let psn = h.bth.psn;
         // Only PSNs in [una, max_sent) can be answered; older ones are stale duplicates.
-        if psn_diff(psn, self.req.una) < 0 || psn_diff(psn, self.req.max_sent) >= 0 {
+        if psn.is_before(self.req.una) || psn.diff(self.req.max_sent) >= 0 {
             return;
         }
         let una_before = self.req.una;
-        match h.opcode {
-            op::ACK => self.on_ack(ctx, h),
-            op::ATOMIC_ACK => self.on_atomic_ack(ctx, h),
-            op::READ_RESP_FIRST
-            | op::READ_RESP_MIDDLE
-            | op::READ_RESP_LAST
-            | op::READ_RESP_ONLY => self.on_read_response(ctx, h, payload),
-            _ => ctx.counters.drop_bad_opcode += 1,
+        let op = h.bth.opcode;
+        if op.is_ack() {
+            self.on_ack(ctx, h);
+        } else if op.is_atomic_ack() {
+            self.on_atomic_ack(ctx, h);
+        } else if op.is_read_response() {
+            self.on_read_response(ctx, h, payload);
+        } else {
+            ctx.counters.drop_bad_opcode += 1;
         }
-        if psn_diff(self.req.una, una_before) > 0 {
+        if self.req.una.is_after(una_before) {
             // Forward progress restores the retry budgets (rxe resets them on every
             // good response) and restarts the retransmit timer.
             self.req.retry_left = self.attr.retry_cnt;
@@ -56,7 +58,7 @@ impl Qp {
             self.req.quiet_resends = 0;
             self.req.recovery.on_progress(self.req.una);
             self.req.rto =
-                if psn_diff(self.req.max_sent, self.req.una) > 0 && self.req.rnr_wait.is_none() {
+                if self.req.max_sent.is_after(self.req.una) && self.req.rnr_wait.is_none() {
                     self.rto_deadline(ctx.now)
                 } else {
                     None
@@ -68,31 +70,31 @@ impl Qp {
     /// Everything up to and including `last` is acknowledged. A READ/atomic in that
     /// range still missing its response lost it (responses precede later ACKs): resend
     /// from there. Returns false when such a loss was found.
-    fn ack_through(&mut self, ctx: &mut Ctx<'_>, last: u32) -> bool {
-        let mut una = psn_add(last, 1);
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, last: Psn) -> bool {
+        let mut una = last.next();
         let mut loss = None;
         for w in self.req.sq.iter_mut() {
-            if !w.started || psn_diff(w.first_psn, last) > 0 {
+            if !w.started || w.first_psn.is_after(last) {
                 break;
             }
             if w.done || w.status.is_some() {
                 continue;
             }
             if w.is_rd_atomic() {
-                if psn_diff(w.read_next_psn, last) > 0 {
+                if w.read_next_psn.is_after(last) {
                     break; // responses so far cover `last`
                 }
                 una = w.read_next_psn;
                 loss = Some(w.read_next_psn);
                 break;
             }
-            if psn_diff(w.last_psn(), last) <= 0 {
+            if !w.last_psn().is_after(last) {
                 w.done = true;
             } else {
                 break;
             }
         }
-        if psn_diff(una, self.req.una) > 0 {
+        if una.is_after(self.req.una) {
             self.req.una = una;
         }
         if let Some(p) = loss {
@@ -102,16 +104,16 @@ impl Qp {
         true
     }
 
-    fn on_ack(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr) {
-        let Some((syn, _msn)) = h.aeth else { return };
-        let psn = h.psn;
-        match syn & syndrome::TYPE_MASK {
-            syndrome::TYPE_ACK => {
+    fn on_ack(&mut self, ctx: &mut Ctx<'_>, h: &Headers) {
+        let Some(aeth) = h.aeth else { return };
+        let psn = h.bth.psn;
+        match aeth.kind() {
+            AethKind::Ack { .. } => {
                 self.ack_through(ctx, psn);
             }
-            syndrome::TYPE_RNR => {
+            AethKind::RnrNak { timer } => {
                 // An RNR NAK acknowledges everything before its PSN (IBTA 9.7.5.1.x).
-                if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
+                if !self.ack_through(ctx, psn.sub(1)) {
                     return;
                 }
                 ctx.counters.rcvd_rnr_err += 1;
@@ -126,40 +128,47 @@ impl Qp {
                 ctx.counters.rnr_nak_retry_err += 1;
                 let mtu = self.mtu(ctx.cfg);
                 self.rewind_to(psn, mtu);
-                self.req.rnr_wait = Some((ctx.now + rnr_timer_ns(syn & 0x1f), psn));
+                self.req.rnr_wait = Some((ctx.now + rnr_timer_ns(timer), psn));
                 self.req.rto = None;
             }
-            syndrome::TYPE_NAK => {
-                if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
-                    return;
-                }
-                match syn {
-                    syndrome::NAK_PSN_SEQ => {
-                        ctx.counters.rcvd_seq_err += 1;
-                        if self.req.rnr_wait.is_none() {
-                            self.retransmit_from(ctx, psn, LossCause::NakSeq);
-                        }
-                    }
-                    syndrome::NAK_INVALID_REQUEST => {
-                        ctx.counters.rcvd_invalid_request_naks += 1;
-                        self.fail_wqe_at(psn, WcStatus::RemInvReqErr);
-                    }
-                    syndrome::NAK_REMOTE_ACCESS => {
-                        ctx.counters.rcvd_remote_access_err_naks += 1;
-                        self.fail_wqe_at(psn, WcStatus::RemAccessErr);
-                    }
-                    _ => {
-                        ctx.counters.rcvd_remote_op_err_naks += 1;
-                        self.fail_wqe_at(psn, WcStatus::RemOpErr);
-                    }
+            AethKind::Nak(code) => self.on_nak(ctx, psn, Some(code)),
+            // A NAK with an undefined code (011x_xxxx) is a remote operational error.
+            AethKind::Reserved(s) if s & 0xe0 == 0x60 => self.on_nak(ctx, psn, None),
+            AethKind::Reserved(_) => {}
+        }
+    }
+
+    /// A NAK (IBTA 9.7.5.2.4): everything before its PSN is acknowledged; a sequence
+    /// error resends from it, the others fail the WQE holding it. `None`: a code IBTA
+    /// does not define, taken as a remote operational error.
+    fn on_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, code: Option<NakCode>) {
+        if !self.ack_through(ctx, psn.sub(1)) {
+            return;
+        }
+        match code {
+            Some(NakCode::PsnSequenceError) => {
+                ctx.counters.rcvd_seq_err += 1;
+                if self.req.rnr_wait.is_none() {
+                    self.retransmit_from(ctx, psn, LossCause::NakSeq);
                 }
             }
-            _ => {}
+            Some(NakCode::InvalidRequest) => {
+                ctx.counters.rcvd_invalid_request_naks += 1;
+                self.fail_wqe_at(psn, WcStatus::RemInvReqErr);
+            }
+            Some(NakCode::RemoteAccessError) => {
+                ctx.counters.rcvd_remote_access_err_naks += 1;
+                self.fail_wqe_at(psn, WcStatus::RemAccessErr);
+            }
+            Some(NakCode::RemoteOperationalError | NakCode::InvalidRdRequest) | None => {
+                ctx.counters.rcvd_remote_op_err_naks += 1;
+                self.fail_wqe_at(psn, WcStatus::RemOpErr);
+            }
         }
     }
 
     /// The WQE holding `psn` failed (reported when it reaches the head).
-    fn fail_wqe_at(&mut self, psn: u32, status: WcStatus) {
+    fn fail_wqe_at(&mut self, psn: Psn, status: WcStatus) {
         if let Some(w) = self.req.sq.iter_mut().find(|w| w.contains(psn)) {
             if w.status.is_none() {
                 w.status = Some(status);
@@ -167,12 +176,14 @@ impl Qp {
         }
     }
 
-    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr) {
-        let psn = h.psn;
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, h: &Headers) {
+        let psn = h.bth.psn;
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
         };
-        let w = &self.req.sq[idx];
+        let Some(w) = self.req.sq.get(idx) else {
+            return;
+        };
         if w.done
             || w.first_psn != psn
             || !matches!(
@@ -182,12 +193,14 @@ impl Qp {
         {
             return;
         }
-        if !self.ack_through(ctx, psn_add(psn, 0xff_ffff)) {
+        if !self.ack_through(ctx, psn.sub(1)) {
             return;
         }
-        let orig = h.atomic_ack.unwrap_or_default();
+        let orig = h.atomic_ack_eth.map_or(0, |a| a.orig);
         let pd = self.init.pd;
-        let w = &mut self.req.sq[idx];
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return;
+        };
         // verbs: the original value lands in the local buffer in host byte order.
         if let Payload::Sges(sges) = &w.wr.payload {
             if ctx.mem.scatter(pd, sges, 0, &orig.to_ne_bytes()).is_err() {
@@ -195,16 +208,18 @@ impl Qp {
             }
         }
         w.done = true;
-        w.read_next_psn = psn_add(psn, 1);
-        self.req.una = psn_add(psn, 1);
+        w.read_next_psn = psn.next();
+        self.req.una = psn.next();
     }
 
-    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
-        let psn = h.psn;
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
+        let psn = h.bth.psn;
         let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
             return;
         };
-        let w = &self.req.sq[idx];
+        let Some(w) = self.req.sq.get(idx) else {
+            return;
+        };
         if w.wr.opcode != WrOpcode::RdmaRead || w.done {
             return;
         }
@@ -213,7 +228,7 @@ impl Qp {
             // first one a connection gets when it starts with a window of READs.
             self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
         }
-        let d = psn_diff(psn, w.read_next_psn);
+        let d = psn.diff(w.read_next_psn);
         if d < 0 {
             return; // duplicate response
         }
@@ -235,7 +250,7 @@ impl Qp {
             let slot = self
                 .req
                 .read_early
-                .binary_search_by(|&p| psn_diff(p, una).cmp(&psn_diff(psn, una)));
+                .binary_search_by(|&p| p.diff(una).cmp(&psn.diff(una)));
             // Kept in PSN order: a duplicate is found by binary search, the drain
             // pops from the front.
             if let Err(i) = slot {
@@ -252,41 +267,44 @@ impl Qp {
         if early {
             // A response went missing: go back to it.
             let from = w.read_next_psn;
-            if self.ack_through(ctx, psn_add(w.first_psn, 0xff_ffff)) {
+            if self.ack_through(ctx, w.first_psn.sub(1)) {
                 self.retransmit_from(ctx, from, LossCause::Gap);
             }
             return;
         }
-        // A READ response implicitly acknowledges every earlier request (IBTA C9-...).
+        // A READ response implicitly acknowledges every earlier request (an implied
+        // ACK, as rxe `check_ack` takes it).
         let first_psn = w.first_psn;
-        if !self.ack_through(ctx, psn_add(first_psn, 0xff_ffff)) {
+        if !self.ack_through(ctx, first_psn.sub(1)) {
             return;
         }
         if !self.place_read(ctx, idx, h, payload) {
             return; // malformed response: ignore, the timer recovers
         }
-        let w = &mut self.req.sq[idx];
-        w.read_next_psn = psn_add(psn, 1);
+        let Some(w) = self.req.sq.get_mut(idx) else {
+            return;
+        };
+        w.read_next_psn = psn.next();
         if psn == w.last_psn() {
             w.done = true;
         }
-        self.req.una = psn_add(psn, 1);
+        self.req.una = psn.next();
         self.drain_read_early(ctx);
     }
 
     /// Writes one READ response's data where it belongs in WQE `idx`; false if the
     /// response does not fit the WQE (length or opcode), then nothing is written.
-    fn place_read(&mut self, ctx: &mut Ctx<'_>, idx: usize, h: &PktHdr, payload: &[u8]) -> bool {
+    fn place_read(&mut self, ctx: &mut Ctx<'_>, idx: usize, h: &Headers, payload: &[u8]) -> bool {
         let mtu = self.mtu(ctx.cfg);
         let pd = self.init.pd;
         let Some(w) = self.req.sq.get_mut(idx) else {
             return false;
         };
-        let off = u64::from(psn_diff(h.psn, w.first_psn) as u32) * mtu;
-        let is_last = h.psn == w.last_psn();
+        let off = u64::from(h.bth.psn.diff(w.first_psn) as u32) * mtu;
+        let is_last = h.bth.psn == w.last_psn();
         let n = payload.len() as u64;
         let len_ok = if is_last { off + n == w.len } else { n == mtu };
-        let op_ok = matches!(h.opcode, op::READ_RESP_LAST | op::READ_RESP_ONLY) == is_last;
+        let op_ok = h.bth.opcode.ends_message() == is_last;
         if !len_ok || !op_ok {
             return false;
         }
@@ -307,7 +325,7 @@ impl Qp {
                 .req
                 .read_early
                 .front()
-                .is_some_and(|&p| psn_diff(p, una) < 0)
+                .is_some_and(|&p| p.is_before(una))
             {
                 self.req.read_early.pop_front();
             }
@@ -326,11 +344,11 @@ impl Qp {
                 break;
             }
             self.req.read_early.pop_front();
-            w.read_next_psn = psn_add(una, 1);
+            w.read_next_psn = una.next();
             if una == w.last_psn() {
                 w.done = true;
             }
-            self.req.una = psn_add(una, 1);
+            self.req.una = una.next();
             ctx.counters.ooo_placed += 1;
         }
         if self.req.read_early.is_empty() {
@@ -354,9 +372,10 @@ impl Qp {
                         // Re-request each READ with a hole, from its first missing
                         // response, and nothing else (see `rerequest_reads`). If that
                         // is lost too, the quiet timer notices (see `MAX_QUIET_RESENDS`).
-                        let (_, from) = holes[0];
-                        if self.retransmit_from(ctx, from, LossCause::ReadHole) {
-                            self.rerequest_reads(ctx, &holes[1..]);
+                        if let Some((&(_, from), more)) = holes.split_first() {
+                            if self.retransmit_from(ctx, from, LossCause::ReadHole) {
+                                self.rerequest_reads(ctx, more);
+                            }
                         }
                     }
                     _ => {
@@ -383,31 +402,31 @@ impl Qp {
 
     /// The READs with responses missing in front of the last one placed: (sq index,
     /// first missing PSN), in order. None when something else is missing there too.
-    fn read_holes(&self) -> Option<SmallVec<[(usize, u32); 8]>> {
+    fn read_holes(&self) -> Option<SmallVec<[(usize, Psn); 8]>> {
         let &max = self.req.read_early.back()?;
         let una = self.req.una;
-        let placed = |p: u32| {
+        let placed = |p: Psn| {
             self.req
                 .read_early
-                .binary_search_by(|&q| psn_diff(q, una).cmp(&psn_diff(p, una)))
+                .binary_search_by(|&q| q.diff(una).cmp(&p.diff(una)))
                 .is_ok()
         };
         let mut holes = SmallVec::new();
         for (i, w) in self.req.sq.iter().enumerate() {
-            if !w.started || psn_diff(w.first_psn, max) > 0 {
+            if !w.started || w.first_psn.is_after(max) {
                 break;
             }
-            if w.done || psn_diff(w.last_psn(), una) < 0 {
+            if w.done || w.last_psn().is_before(una) {
                 continue;
             }
             if w.wr.opcode != WrOpcode::RdmaRead {
                 return None;
             }
             let mut p = w.read_next_psn;
-            while psn_diff(p, w.last_psn()) <= 0 && placed(p) {
-                p = psn_add(p, 1);
+            while !p.is_after(w.last_psn()) && placed(p) {
+                p = p.next();
             }
-            if psn_diff(p, w.last_psn()) <= 0 && psn_diff(p, max) < 0 {
+            if !p.is_after(w.last_psn()) && p.is_before(max) {
                 holes.push((i, p));
             }
         }
@@ -521,7 +540,7 @@ impl Qp {
                 return;
             }
             self.req.rto = None;
-            if psn_diff(self.req.max_sent, self.req.una) > 0 && self.state != QpState::Err {
+            if self.req.max_sent.is_after(self.req.una) && self.state != QpState::Err {
                 ctx.counters.local_ack_timeout_err += 1;
                 let una = self.req.una;
                 self.retransmit_from(ctx, una, LossCause::Timeout);
@@ -552,7 +571,7 @@ impl Qp {
         let armed = self.req.recovery.in_progress()
             && self.req.rnr_wait.is_none()
             && self.req.quiet_resends < MAX_QUIET_RESENDS
-            && psn_diff(self.req.max_sent, self.req.una) > 0
+            && self.req.max_sent.is_after(self.req.una)
             && self.state != QpState::Err;
         if !armed {
             return None;

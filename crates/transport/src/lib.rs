@@ -5,19 +5,30 @@
 //! does I/O or reads a clock (the quinn-proto shape), so every protocol path is testable
 //! over a simulated network with virtual time.
 //!
-//! Layout: [`verbs`] (verbs-level types), [`engine`] (QP table, demux, API),
-//! `qp` (QP state, state machine), `requester` (segmentation, PSNs), `completer`
-//! (ACK/NAK/READ response handling, completions, timers), `responder` (receive side),
-//! `recovery` (loss recovery policy), `path` (path choice), `timers`, [`counters`].
+//! Packets are `softhca-wire`'s: its `Headers`, `Opcode` table and `Psn` are the
+//! engine's packet model, with no second copy here.
+//!
+//! Layout: [`verbs`] (verbs-level types), [`engine`] (QP table, demux, transmit, the
+//! `handle_*`/`poll_*` API), `control` (create/modify/query/destroy), `config`,
+//! `datagram` (what crosses the edge with a datagram), `ipv4_id` (the IPv4 ID the ICRC
+//! covers), `qp` (QP state, state machine), `requester` (segmentation, PSNs),
+//! `completer` (ACK/NAK/READ response handling, completions, timers), `responder`
+//! (receive side), `recovery` (loss recovery policy), `path` (path choice), `timers`,
+//! [`counters`].
 #![warn(missing_docs)]
+// Byte and queue access goes through `get`/`get_mut`: a malformed packet or a stale
+// index drops a packet, never panics the datapath.
+#![deny(clippy::indexing_slicing)]
+#![cfg_attr(test, allow(clippy::indexing_slicing))]
 
-mod codec_wire;
 mod completer;
+mod config;
+mod control;
 pub mod counters;
-mod deps;
+mod datagram;
 pub mod engine;
 pub mod error;
-mod packet;
+mod ipv4_id;
 mod path;
 mod qp;
 mod recovery;
@@ -26,8 +37,9 @@ mod responder;
 mod timers;
 pub mod verbs;
 
+pub use config::EngineConfig;
 pub use counters::Counters;
-pub use engine::{DatagramInfo, Engine, EngineConfig, TailCrc, Transmit, TxPiece};
+pub use datagram::{DatagramInfo, External, TailCrc, Transmit, TxPiece};
+pub use engine::Engine;
 pub use error::TransportError;
-pub use requester::External;
 pub use verbs::*;

@@ -7,8 +7,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::engine::EngineConfig;
-use crate::verbs::{AddressVector, Gid};
+use crate::config::EngineConfig;
+use crate::verbs::{AddressVector, Gid, Psn, Qpn};
 
 /// One network path of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,17 +40,12 @@ impl Path {
         Some(Path {
             src,
             dst: SocketAddr::new(dst, av.dest_udp_port.unwrap_or(cfg.udp_port)),
-            sport: udp_sport(qpn),
+            sport: softhca_wire::rxe_udp_sport(Qpn::new(qpn)),
         })
     }
 
     /// The path the packet with this PSN takes (single path: always this one).
-    pub fn for_psn(&self, _psn: u32) -> &Path {
+    pub fn for_psn(&self, _psn: Psn) -> &Path {
         self
     }
-}
-
-/// The UDP source port rxe uses for a QP: 0xC000 + hash_32(qpn, 14).
-pub(crate) fn udp_sport(qpn: u32) -> u16 {
-    crate::deps::rxe_udp_sport(qpn)
 }

@@ -4,10 +4,15 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::engine::{EngineConfig, TailCrc};
-use crate::packet::{op, PktHdr, DEFAULT_PKEY};
+use softhca_wire::{
+    crc32_extend, pad_count, Aeth, AtomicAckEth, AtomicEth, Bth, Deth, Headers, NakCode, Opcode,
+    Position, Reth, Transport,
+};
+
+use crate::config::EngineConfig;
+use crate::datagram::{External, TailCrc};
 use crate::path::Path;
-use crate::qp::{psn_add, psn_diff, Ctx, Qp, RespOut};
+use crate::qp::{Ctx, Qp, RespOut, SendWqe};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::timers::ack_timeout_ns;
 use crate::verbs::*;
@@ -32,15 +37,12 @@ pub(crate) enum TxSource {
 /// hundred bytes costs less than the kernel's walk over three iovecs instead of one.
 const IN_PLACE_MIN: usize = 512;
 
-/// A packet payload left in registered memory by a zero-copy build: the host address
-/// of its first byte and its length. It stays readable until its MR is deregistered
-/// (see [`crate::Engine::poll_transmit_gather`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct External {
-    /// Host address (an address, not a pointer, so that transmit lists stay `Send`).
-    pub addr: usize,
-    /// Bytes.
-    pub len: usize,
+/// Where a request packet's payload goes in a zero-copy build.
+enum InPlace {
+    /// Left in registered memory.
+    Left(External),
+    /// Copied into the transmit buffer (inline data, or it spans SGEs).
+    Copy,
 }
 
 /// What [`Qp::build_placed`] wrote: `in_buf` bytes of `buf`; with `external`, the
@@ -58,7 +60,8 @@ pub(crate) struct Built {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxPlan {
     pub source: TxSource,
-    pub hdr: PktHdr,
+    /// The packet's headers, its BTH pad count set for `payload_len`.
+    pub hdr: Headers,
     pub payload_len: usize,
     pub src: IpAddr,
     pub dst: SocketAddr,
@@ -67,16 +70,16 @@ pub(crate) struct TxPlan {
 
 impl TxPlan {
     pub fn wire_len(&self) -> usize {
-        crate::packet::packet_len(self.hdr.opcode, self.payload_len)
+        self.hdr.packet_len(self.payload_len)
     }
 }
 
-fn tr_prefix(ty: QpType) -> u8 {
-    match ty {
-        QpType::Rc => op::RC,
-        QpType::Uc => op::UC,
-        QpType::Ud => op::UD,
-    }
+/// Headers for a packet to `dqpn` with this opcode and PSN (default P_Key, pad count
+/// for `payload_len`); the caller adds the extension headers the opcode carries.
+fn headers(opcode: Opcode, dqpn: u32, psn: Psn, payload_len: usize) -> Headers {
+    let mut h = Headers::new(Bth::new(opcode, Qpn::new(dqpn), psn));
+    h.bth.pad_count = pad_count(payload_len);
+    h
 }
 
 impl Qp {
@@ -104,7 +107,7 @@ impl Qp {
         {
             return 0;
         }
-        psn_diff(self.req.next_psn, self.req.una).max(0) as u32
+        self.req.next_psn.diff(self.req.una).max(0) as u32
     }
 
     /// Nothing to send but ACKs (no request packet, no READ or atomic response).
@@ -137,7 +140,7 @@ impl Qp {
             // answer and the ACK of the request it answers: a ping-pong's every step),
             // and reach a peer's GRO socket as one datagram. The kernel's cost per
             // datagram, not our work, is most of a small message's latency here.
-            let lone_ack = self.resp.out.len() == 1 && p.hdr.opcode == op::RC | op::ACK;
+            let lone_ack = self.resp.out.len() == 1 && p.hdr.bth.opcode == Opcode::RC_ACKNOWLEDGE;
             if lone_ack && !self.ack_behind {
                 if let Some(r) = self.plan_request(ctx) {
                     if r.wire_len() >= p.wire_len() {
@@ -156,17 +159,12 @@ impl Qp {
     fn plan_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.resp.out.front()?;
         let mtu = self.mtu(ctx.cfg);
-        let mut hdr = PktHdr {
-            pkey: DEFAULT_PKEY,
-            dqpn: self.attr.dest_qp_num,
-            ..PktHdr::default()
-        };
-        let mut payload_len = 0;
-        match item {
-            RespOut::Ack { psn, syndrome, msn } => {
-                hdr.opcode = op::RC | op::ACK;
-                hdr.psn = psn;
-                hdr.aeth = Some((syndrome, msn));
+        let dqpn = self.attr.dest_qp_num;
+        let (hdr, payload_len) = match item {
+            RespOut::Ack { psn, aeth } => {
+                let mut h = headers(Opcode::RC_ACKNOWLEDGE, dqpn, psn, 0);
+                h.aeth = Some(aeth);
+                (h, 0)
             }
             RespOut::Read {
                 psn,
@@ -177,26 +175,21 @@ impl Qp {
             } => {
                 let n = remaining.min(mtu);
                 let last = n == remaining;
-                hdr.opcode = match (first, last) {
-                    (true, true) => op::READ_RESP_ONLY,
-                    (true, false) => op::READ_RESP_FIRST,
-                    (false, true) => op::READ_RESP_LAST,
-                    (false, false) => op::READ_RESP_MIDDLE,
-                };
+                let op = Opcode::read_response(Position::from_ends(first, last));
+                let mut h = headers(op, dqpn, psn, n as usize);
                 if first || last {
-                    hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
+                    h.aeth = Some(Aeth::ack(msn, Aeth::CREDITS_INVALID));
                 }
-                hdr.psn = psn;
-                payload_len = n as usize;
+                (h, n as usize)
             }
             RespOut::AtomicAck { psn, orig, msn } => {
-                hdr.opcode = op::ATOMIC_ACK;
-                hdr.psn = psn;
-                hdr.aeth = Some((crate::packet::syndrome::ACK, msn));
-                hdr.atomic_ack = Some(orig);
+                let mut h = headers(Opcode::RC_ATOMIC_ACKNOWLEDGE, dqpn, psn, 0);
+                h.aeth = Some(Aeth::ack(msn, Aeth::CREDITS_INVALID));
+                h.atomic_ack_eth = Some(AtomicAckEth { orig });
+                (h, 0)
             }
-        }
-        let path = *self.path.for_psn(hdr.psn);
+        };
+        let path = *self.path.for_psn(hdr.bth.psn);
         Some(TxPlan {
             source: TxSource::Responder,
             hdr,
@@ -211,14 +204,8 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_wait.is_some() {
             return None;
         }
-        let ty = self.init.qp_type;
-        let mtu = self.mtu(ctx.cfg);
         let idx = self.req.send_idx;
-        let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
-        let rd_inflight = self.req.rd_atomic_inflight;
-        let unacked = psn_diff(self.req.next_psn, self.req.una);
-        let state = self.state;
-        let qkey = self.attr.qkey;
+        let next_psn = self.req.next_psn;
         let w = self.req.sq.get_mut(idx)?;
         if w.status.is_some() {
             // Halted at a local error: it completes when it reaches the head.
@@ -228,171 +215,43 @@ impl Qp {
             // Executed when posted; it takes no PSN and completes in order.
             w.started = true;
             w.done = true;
-            w.first_psn = self.req.next_psn;
+            w.first_psn = next_psn;
             self.req.send_idx += 1;
             self.req.send_off = 0;
             self.complete_sends(ctx);
             return self.plan_request(ctx);
         }
         if !w.started {
-            if state != QpState::Rts {
-                // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
-                return None;
-            }
-            if ty == QpType::Rc {
-                if unacked >= MAX_UNACKED_PSNS {
-                    return None;
-                }
-                if !ctx
-                    .budget
-                    .allows(self.reported_inflight, unacked.max(0) as u32)
-                {
-                    ctx.budget.hit = true;
-                    return None;
-                }
-                if w.is_rd_atomic() && rd_inflight >= max_rd {
-                    return None;
-                }
-                // IBV_SEND_FENCE: wait for every earlier READ/atomic to complete.
-                if w.wr.flags.contains(SendFlags::FENCE) && rd_inflight > 0 {
-                    return None;
-                }
-            }
-            if ty == QpType::Ud && w.len > mtu {
-                // rxe: a UD message must fit one packet.
-                w.status = Some(WcStatus::LocQpOpErr);
-                return None;
-            }
-            if let Payload::Sges(sges) = &w.wr.payload {
-                // Check every lkey before the first packet leaves (rxe reports a bad
-                // lkey as IBV_WC_LOC_PROT_ERR on that WQE). READ and atomic results
-                // are written locally, so they need LOCAL_WRITE.
-                if ctx
-                    .mem
-                    .validate_sges(self.init.pd, sges, w.is_rd_atomic())
-                    .is_err()
-                {
-                    w.status = Some(WcStatus::LocProtErr);
-                    return None;
-                }
-            }
-            let npkts = w.psns_at(mtu);
-            w.started = true;
-            w.sent_at = ctx.now;
-            w.first_psn = self.req.next_psn;
-            w.read_next_psn = w.first_psn;
-            w.npkts = npkts;
-            self.req.next_psn = psn_add(self.req.next_psn, npkts);
-            if w.is_rd_atomic() {
-                self.req.rd_atomic_inflight += 1;
-            }
+            self.start_wqe(ctx, idx)?;
         }
-        let w = &self.req.sq[idx];
+        let ty = self.init.qp_type;
+        let mtu = self.mtu(ctx.cfg);
+        let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
-        let psn = psn_add(w.first_psn, (off / mtu) as u32);
-        let mut hdr = PktHdr {
-            pkey: DEFAULT_PKEY,
+        let psn = w.first_psn.add((off / mtu) as u32);
+        let at = PacketAt {
+            tr: ty.transport(),
+            off,
+            mtu,
+            split: ty == QpType::Rc && ctx.cfg.split_rc_writes,
             dqpn: self.attr.dest_qp_num,
             psn,
-            ..PktHdr::default()
         };
-        let pre = tr_prefix(ty);
-        let mut payload_len = 0usize;
-        let mut last = true;
-        match w.wr.opcode {
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
-                let n = w.len.saturating_sub(off).min(mtu);
-                let first = off == 0;
-                last = off + n >= w.len;
-                let (imm, inv) = (
-                    w.wr.opcode == WrOpcode::SendWithImm,
-                    w.wr.opcode == WrOpcode::SendWithInv,
-                );
-                hdr.opcode = pre
-                    | match (first, last) {
-                        (true, true) if imm => op::SEND_ONLY_IMM,
-                        (true, true) if inv => op::SEND_ONLY_INV,
-                        (true, true) => op::SEND_ONLY,
-                        (true, false) => op::SEND_FIRST,
-                        (false, false) => op::SEND_MIDDLE,
-                        (false, true) if imm => op::SEND_LAST_IMM,
-                        (false, true) if inv => op::SEND_LAST_INV,
-                        (false, true) => op::SEND_LAST,
-                    };
-                if last {
-                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED);
-                    if imm {
-                        hdr.imm = Some(w.wr.imm_data);
-                    }
-                    if inv {
-                        hdr.ieth = Some(w.wr.imm_data);
-                    }
-                }
-                payload_len = n as usize;
-            }
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-                let n = w.len.saturating_sub(off).min(mtu);
-                let first = off == 0;
-                last = off + n >= w.len;
-                let imm = w.wr.opcode == WrOpcode::RdmaWriteWithImm;
-                // EngineConfig::split_rc_writes: every packet an RDMA WRITE Only for its
-                // own part, so that all of them are the same size (one GSO batch).
-                let split = ty == QpType::Rc && !imm && ctx.cfg.split_rc_writes;
-                hdr.opcode = pre
-                    | match (first, last) {
-                        _ if split => op::WRITE_ONLY,
-                        (true, true) if imm => op::WRITE_ONLY_IMM,
-                        (true, true) => op::WRITE_ONLY,
-                        (true, false) => op::WRITE_FIRST,
-                        (false, false) => op::WRITE_MIDDLE,
-                        (false, true) if imm => op::WRITE_LAST_IMM,
-                        (false, true) => op::WRITE_LAST,
-                    };
-                if split {
-                    hdr.reth = Some((w.wr.remote_addr.wrapping_add(off), w.wr.rkey, n as u32));
-                } else if first {
-                    hdr.reth = Some((w.wr.remote_addr, w.wr.rkey, w.len as u32));
-                }
-                if last {
-                    hdr.se = w.wr.flags.contains(SendFlags::SOLICITED) && imm;
-                    if imm {
-                        hdr.imm = Some(w.wr.imm_data);
-                    }
-                }
-                payload_len = n as usize;
-            }
-            WrOpcode::RdmaRead => {
-                // A retransmitted READ resumes at the first missing response
-                // (IBTA 9.7.5.2.x): the request names the remaining range.
-                hdr.opcode = op::READ_REQUEST;
-                hdr.reth = Some((
-                    w.wr.remote_addr.wrapping_add(off),
-                    w.wr.rkey,
-                    w.len.saturating_sub(off) as u32,
-                ));
-            }
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
-                let cas = w.wr.opcode == WrOpcode::AtomicCmpAndSwp;
-                hdr.opcode = if cas { op::CMP_SWAP } else { op::FETCH_ADD };
-                hdr.atomic = Some(if cas {
-                    (w.wr.remote_addr, w.wr.rkey, w.wr.swap, w.wr.compare_add)
-                } else {
-                    (w.wr.remote_addr, w.wr.rkey, w.wr.compare_add, 0)
-                });
-            }
-            WrOpcode::LocalInv | WrOpcode::BindMw => return None,
-        }
+        let (mut hdr, payload_len, last) = w.request_at(&at)?;
         let (src, dst, sport) = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
             let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
-            hdr.dqpn = ud.remote_qpn & 0x00ff_ffff;
+            hdr.bth.dest_qp = Qpn::new(ud.remote_qpn);
             // IBTA 10.2.4: a WR Q_Key with the high bit set means "use the QP's Q_Key".
-            let qk = if ud.remote_qkey & 0x8000_0000 != 0 {
-                qkey
+            let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                self.attr.qkey
             } else {
                 ud.remote_qkey
             };
-            hdr.deth = Some((qk, self.qpn));
+            hdr.deth = Some(Deth {
+                qkey,
+                src_qp: Qpn::new(self.qpn),
+            });
             (path.src, path.dst, path.sport)
         } else {
             let p = self.path.for_psn(psn);
@@ -401,9 +260,9 @@ impl Qp {
         if ty == QpType::Rc {
             // Coalesced ACKs: ask on the last packet of a message, and periodically in
             // long ones, and when the window is about to close.
-            hdr.ack_req = last
+            hdr.bth.ack_req = last
                 || self.req.pkts_since_ack_req + 1 >= ACK_EVERY
-                || psn_diff(psn, self.req.una) + 1 >= MAX_UNACKED_PSNS;
+                || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
             source: TxSource::Requester,
@@ -413,6 +272,65 @@ impl Qp {
             dst,
             sport,
         })
+    }
+
+    /// Give WQE `idx` its PSNs, if the window, the device budget, the READ/atomic limit
+    /// and fences let it start now; None if it must wait or failed a local check (then
+    /// its status says why).
+    fn start_wqe(&mut self, ctx: &mut Ctx<'_>, idx: usize) -> Option<()> {
+        if self.state != QpState::Rts {
+            // SQD: no new WQE starts (IBTA 10.3.1.x); outstanding ones finish.
+            return None;
+        }
+        let ty = self.init.qp_type;
+        let mtu = self.mtu(ctx.cfg);
+        let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
+        let rd_inflight = self.req.rd_atomic_inflight;
+        let unacked = self.req.next_psn.diff(self.req.una);
+        let reported = self.reported_inflight;
+        let pd = self.init.pd;
+        let w = self.req.sq.get_mut(idx)?;
+        if ty == QpType::Rc {
+            if unacked >= MAX_UNACKED_PSNS {
+                return None;
+            }
+            if !ctx.budget.allows(reported, unacked.max(0) as u32) {
+                ctx.budget.hit = true;
+                return None;
+            }
+            if w.is_rd_atomic() && rd_inflight >= max_rd {
+                return None;
+            }
+            // IBV_SEND_FENCE: wait for every earlier READ/atomic to complete.
+            if w.wr.flags.contains(SendFlags::FENCE) && rd_inflight > 0 {
+                return None;
+            }
+        }
+        if ty == QpType::Ud && w.len > mtu {
+            // rxe: a UD message must fit one packet.
+            w.status = Some(WcStatus::LocQpOpErr);
+            return None;
+        }
+        if let Payload::Sges(sges) = &w.wr.payload {
+            // Check every lkey before the first packet leaves (rxe reports a bad
+            // lkey as IBV_WC_LOC_PROT_ERR on that WQE). READ and atomic results
+            // are written locally, so they need LOCAL_WRITE.
+            if ctx.mem.validate_sges(pd, sges, w.is_rd_atomic()).is_err() {
+                w.status = Some(WcStatus::LocProtErr);
+                return None;
+            }
+        }
+        let npkts = w.psns_at(mtu);
+        w.started = true;
+        w.sent_at = ctx.now;
+        w.first_psn = self.req.next_psn;
+        w.read_next_psn = w.first_psn;
+        w.npkts = npkts;
+        self.req.next_psn = self.req.next_psn.add(npkts);
+        if w.is_rd_atomic() {
+            self.req.rd_atomic_inflight += 1;
+        }
+        Some(())
     }
 
     /// Write the planned packet (headers, payload, pad; no ICRC) into `buf` and advance.
@@ -428,69 +346,43 @@ impl Qp {
         buf: &mut [u8],
         in_place: bool,
     ) -> Option<Built> {
-        let hl = crate::packet::emit(buf, &plan.hdr, plan.payload_len)?;
+        let hl = plan.hdr.emit(buf).ok()?;
         let n = plan.payload_len;
-        let pad = crate::packet::pad_count(n);
-        if buf.len() < hl + n + pad {
-            return None;
-        }
-        let pd = self.init.pd;
+        let pad = usize::from(plan.hdr.bth.pad_count);
+        let body = buf.get_mut(hl..hl + n + pad)?;
         if in_place && n >= IN_PLACE_MIN && plan.source == TxSource::Requester {
-            let idx = self.req.send_idx;
-            let off = self.req.send_off as usize;
-            let w = self.req.sq.get_mut(idx)?;
-            if let Payload::Sges(sges) = &w.wr.payload {
-                match ctx.mem.gather_in_place(pd, sges, off, n) {
-                    Ok(Some(p)) => {
-                        buf[hl..hl + pad].fill(0);
-                        self.advance_request(ctx, plan);
-                        ctx.counters.sent_pkts += 1;
-                        return Some(Built {
-                            in_buf: hl + pad,
-                            head: hl,
-                            external: Some(External {
-                                addr: p as usize,
-                                len: n,
-                            }),
-                            tail_crc: None,
-                        });
-                    }
-                    Ok(None) => {} // spans SGEs: copied below
-                    Err(_) => {
-                        // As `gather` below: IBV_WC_LOC_PROT_ERR (rxe `copy_data`).
-                        w.status = Some(WcStatus::LocProtErr);
-                        return None;
-                    }
-                }
+            if let InPlace::Left(external) = self.payload_in_place(ctx, n)? {
+                // The pad follows the headers in the buffer; the payload stays put.
+                body.get_mut(..pad)?.fill(0);
+                self.advance_request(ctx, plan);
+                ctx.counters.sent_pkts += 1;
+                return Some(Built {
+                    in_buf: hl + pad,
+                    head: hl,
+                    external: Some(external),
+                    tail_crc: None,
+                });
             }
         }
+        let (payload, pad_bytes) = body.split_at_mut(n);
         let mut tail_crc = None;
         match plan.source {
             TxSource::Responder => {
-                if let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() {
-                    // Built for a gathered transmit (`in_place`), the packet is sealed
-                    // later (`Engine::set_late_seal`): the payload is CRC'd as it is
-                    // copied, and the seal hashes the headers only (see `TailCrc`).
-                    let read = if in_place {
-                        ctx.mem
-                            .remote_read_crc((pd, self.qpn), rkey, va, &mut buf[hl..hl + n])
-                            .map(|crc| {
-                                tail_crc = Some(TailCrc {
-                                    at: hl,
-                                    crc: crate::packet::extend_crc_zeros(crc, pad),
-                                })
-                            })
-                    } else {
-                        ctx.mem
-                            .remote_read((pd, self.qpn), rkey, va, &mut buf[hl..hl + n])
-                    };
-                    if let Err(_e) = read {
+                match self.copy_read_response(ctx, payload, in_place) {
+                    Ok(crc) => {
+                        // The pad's zeros extend the CRC taken while copying.
+                        let zeros = [0u8; 3];
+                        tail_crc = crc.map(|c| TailCrc {
+                            at: hl,
+                            crc: crc32_extend(c, zeros.get(..pad).unwrap_or_default()),
+                        });
+                    }
+                    Err(_) => {
                         // The MR went away after the request was checked: NAK instead.
                         self.resp.out.pop_front();
                         self.resp.out.push_front(RespOut::Ack {
-                            psn: plan.hdr.psn,
-                            syndrome: crate::packet::syndrome::NAK_REMOTE_ACCESS,
-                            msn: self.resp.msn,
+                            psn: plan.hdr.bth.psn,
+                            aeth: Aeth::nak(self.resp.msn, NakCode::RemoteAccessError),
                         });
                         return None;
                     }
@@ -498,32 +390,11 @@ impl Qp {
                 self.advance_response(n as u64);
             }
             TxSource::Requester => {
-                let idx = self.req.send_idx;
-                let off = self.req.send_off;
-                let w = self.req.sq.get_mut(idx)?;
-                match &w.wr.payload {
-                    _ if n == 0 => {}
-                    Payload::Inline(b) => {
-                        let s = b.get(off as usize..off as usize + n)?;
-                        buf[hl..hl + n].copy_from_slice(s);
-                    }
-                    Payload::Sges(sges) => {
-                        if ctx
-                            .mem
-                            .gather(pd, sges, off as usize, &mut buf[hl..hl + n])
-                            .is_err()
-                        {
-                            // rxe: a bad lkey found while copying completes the WQE
-                            // with IBV_WC_LOC_PROT_ERR.
-                            w.status = Some(WcStatus::LocProtErr);
-                            return None;
-                        }
-                    }
-                }
+                self.copy_request(ctx, payload)?;
                 self.advance_request(ctx, plan);
             }
         }
-        buf[hl + n..hl + n + pad].fill(0);
+        pad_bytes.fill(0);
         ctx.counters.sent_pkts += 1;
         Some(Built {
             in_buf: hl + n + pad,
@@ -531,6 +402,73 @@ impl Qp {
             external: None,
             tail_crc,
         })
+    }
+
+    /// Whether the next `n` payload bytes of the WQE being sent lie in one SGE and can
+    /// stay in registered memory; None after a bad lkey (the WQE records it: rxe
+    /// `copy_data` completes it with IBV_WC_LOC_PROT_ERR).
+    fn payload_in_place(&mut self, ctx: &mut Ctx<'_>, n: usize) -> Option<InPlace> {
+        let pd = self.init.pd;
+        let off = self.req.send_off as usize;
+        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        let Payload::Sges(sges) = &w.wr.payload else {
+            return Some(InPlace::Copy);
+        };
+        match ctx.mem.gather_in_place(pd, sges, off, n) {
+            Ok(Some(p)) => Some(InPlace::Left(External {
+                addr: p as usize,
+                len: n,
+            })),
+            Ok(None) => Some(InPlace::Copy), // spans SGEs
+            Err(_) => {
+                w.status = Some(WcStatus::LocProtErr);
+                None
+            }
+        }
+    }
+
+    /// Copy the next READ response payload out of the responder's memory into
+    /// `payload` (nothing for an ACK). Built for a gathered transmit (`with_crc`), the
+    /// packet is sealed later (`Engine::set_late_seal`): the payload is CRC'd as it is
+    /// copied, and the seal hashes the headers only (see `TailCrc`).
+    fn copy_read_response(
+        &self,
+        ctx: &Ctx<'_>,
+        payload: &mut [u8],
+        with_crc: bool,
+    ) -> Result<Option<u32>, MemError> {
+        let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() else {
+            return Ok(None);
+        };
+        let pd = self.init.pd;
+        if with_crc {
+            ctx.mem
+                .remote_read_crc((pd, self.qpn), rkey, va, payload)
+                .map(Some)
+        } else {
+            ctx.mem
+                .remote_read((pd, self.qpn), rkey, va, payload)
+                .map(|()| None)
+        }
+    }
+
+    /// Copy the next payload bytes of the WQE being sent into `payload`; None after a
+    /// bad lkey (rxe: IBV_WC_LOC_PROT_ERR on the WQE, recorded here).
+    fn copy_request(&mut self, ctx: &Ctx<'_>, payload: &mut [u8]) -> Option<()> {
+        let pd = self.init.pd;
+        let off = self.req.send_off as usize;
+        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        match &w.wr.payload {
+            _ if payload.is_empty() => {}
+            Payload::Inline(b) => payload.copy_from_slice(b.get(off..off + payload.len())?),
+            Payload::Sges(sges) => {
+                if ctx.mem.gather(pd, sges, off, payload).is_err() {
+                    w.status = Some(WcStatus::LocProtErr);
+                    return None;
+                }
+            }
+        }
+        Some(())
     }
 
     fn advance_response(&mut self, n: u64) {
@@ -545,7 +483,7 @@ impl Qp {
                 first,
                 ..
             } => {
-                *psn = psn_add(*psn, 1);
+                *psn = psn.next();
                 *va = va.wrapping_add(n);
                 *remaining -= n;
                 *first = false;
@@ -568,9 +506,9 @@ impl Qp {
         };
         // A READ request occupies the PSNs of all its responses.
         let next = if w.wr.opcode == WrOpcode::RdmaRead {
-            psn_add(w.last_psn(), 1)
+            w.last_psn().next()
         } else {
-            psn_add(plan.hdr.psn, 1)
+            plan.hdr.bth.psn.next()
         };
         let whole = match w.wr.opcode {
             WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => true,
@@ -600,10 +538,10 @@ impl Qp {
                 }
             }
         }
-        if psn_diff(next, self.req.max_sent) > 0 || ty != QpType::Rc {
+        if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }
-        if plan.hdr.ack_req {
+        if plan.hdr.bth.ack_req {
             self.req.pkts_since_ack_req = 0;
         } else {
             self.req.pkts_since_ack_req += 1;
@@ -617,14 +555,14 @@ impl Qp {
     }
 
     /// Rewind the send position to `psn` (go-back-N).
-    pub fn rewind_to(&mut self, psn: u32, mtu: u64) {
+    pub fn rewind_to(&mut self, psn: Psn, mtu: u64) {
         self.req.probe_next.clear();
         for (i, w) in self.req.sq.iter().enumerate() {
             if w.contains(psn) {
                 self.req.send_idx = i;
                 self.req.send_off = match w.wr.opcode {
                     WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
-                    _ => u64::from(psn_diff(psn, w.first_psn) as u32) * mtu,
+                    _ => u64::from(psn.diff(w.first_psn) as u32) * mtu,
                 };
                 return;
             }
@@ -639,7 +577,7 @@ impl Qp {
     ///
     /// Returns whether a retransmission started (not a repeated signal, not out of
     /// retries).
-    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: u32, cause: LossCause) -> bool {
+    pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: Psn, cause: LossCause) -> bool {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return false;
         };
@@ -700,7 +638,7 @@ impl Qp {
     /// where it was. Why: each READ with a hole is then asked again once, in one pass,
     /// without replaying the READs between them (going back N) and without waiting one
     /// reorder delay per hole (one at a time).
-    pub(crate) fn rerequest_reads(&mut self, ctx: &mut Ctx<'_>, more: &[(usize, u32)]) {
+    pub(crate) fn rerequest_reads(&mut self, ctx: &mut Ctx<'_>, more: &[(usize, Psn)]) {
         let Some(&resume) = self.req.probe_next.back() else {
             return; // went back N instead: that covers every hole
         };
@@ -710,7 +648,7 @@ impl Qp {
                 continue;
             };
             if idx > self.req.send_idx && idx < resume.0 {
-                let off = u64::from(psn_diff(psn, w.first_psn) as u32) * mtu;
+                let off = u64::from(psn.diff(w.first_psn) as u32) * mtu;
                 // In order, before the resume position (always last).
                 let at = self.req.probe_next.len() - 1;
                 self.req.probe_next.insert(at, (idx, off));
@@ -731,11 +669,129 @@ impl Qp {
     }
 
     /// Whether `psn` lies in a READ that was sent and still misses responses.
-    fn is_read_at(&self, psn: u32) -> bool {
+    fn is_read_at(&self, psn: Psn) -> bool {
         self.req
             .sq
             .iter()
             .find(|w| w.contains(psn))
             .is_some_and(|w| w.wr.opcode == WrOpcode::RdmaRead && !w.done)
+    }
+}
+
+/// Where a request packet sits in its WQE, and what shapes it.
+#[derive(Debug, Clone, Copy)]
+struct PacketAt {
+    /// The QP's transport.
+    tr: Transport,
+    /// Byte offset of the packet in the message.
+    off: u64,
+    /// Path MTU in bytes.
+    mtu: u64,
+    /// RC RDMA WRITEs go as WRITE Only packets ([`EngineConfig::split_rc_writes`]).
+    split: bool,
+    /// Destination QPN.
+    dqpn: u32,
+    /// The packet's PSN.
+    psn: Psn,
+}
+
+/// A request packet, decided: its headers, payload length, and whether it ends the
+/// message.
+type Request = (Headers, usize, bool);
+
+impl SendWqe {
+    /// The request packet `at` this WQE; None for opcodes that send nothing.
+    fn request_at(&self, at: &PacketAt) -> Option<Request> {
+        match self.wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => self.plan_send(at),
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => self.plan_write(at),
+            WrOpcode::RdmaRead => Some(self.plan_read(at)),
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => Some(self.plan_atomic(at)),
+            WrOpcode::LocalInv | WrOpcode::BindMw => None,
+        }
+    }
+
+    /// The payload length of the packet `at`, and whether it is the first and the last.
+    fn segment(&self, at: &PacketAt) -> (u64, bool, bool) {
+        let n = self.len.saturating_sub(at.off).min(at.mtu);
+        (n, at.off == 0, at.off + n >= self.len)
+    }
+
+    /// A SEND packet: immediate data or the rkey to invalidate, and the solicited
+    /// event bit, ride on the last one.
+    fn plan_send(&self, at: &PacketAt) -> Option<Request> {
+        let wr = &self.wr;
+        let (n, first, last) = self.segment(at);
+        let imm = wr.opcode == WrOpcode::SendWithImm;
+        let inv = wr.opcode == WrOpcode::SendWithInv;
+        let pos = Position::from_ends(first, last);
+        let op = Opcode::send(at.tr, pos, imm && last, inv && last)?;
+        let mut h = headers(op, at.dqpn, at.psn, n as usize);
+        if last {
+            h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED);
+            h.imm_dt = imm.then_some(wr.imm_data);
+            h.ieth = inv.then_some(wr.imm_data);
+        }
+        Some((h, n as usize, last))
+    }
+
+    /// An RDMA WRITE packet: the First (or every packet, split) carries the RETH.
+    fn plan_write(&self, at: &PacketAt) -> Option<Request> {
+        let wr = &self.wr;
+        let (n, first, last) = self.segment(at);
+        let imm = wr.opcode == WrOpcode::RdmaWriteWithImm;
+        // Every packet an RDMA WRITE Only for its own part, so that all of them are
+        // the same size (one GSO batch).
+        let split = at.split && !imm;
+        let pos = if split {
+            Position::Only
+        } else {
+            Position::from_ends(first, last)
+        };
+        let op = Opcode::write(at.tr, pos, imm && last)?;
+        let mut h = headers(op, at.dqpn, at.psn, n as usize);
+        // Split, each packet names its own part; else the First names it all.
+        h.reth = (split || first).then(|| Reth {
+            va: wr.remote_addr.wrapping_add(if split { at.off } else { 0 }),
+            rkey: wr.rkey,
+            dma_len: if split { n } else { self.len } as u32,
+        });
+        if last {
+            h.bth.solicited = wr.flags.contains(SendFlags::SOLICITED) && imm;
+            h.imm_dt = imm.then_some(wr.imm_data);
+        }
+        Some((h, n as usize, last))
+    }
+
+    /// An RDMA READ request. A retransmitted READ resumes at the first missing response
+    /// (IBTA 9.7.5.2.x): the request names the remaining range.
+    fn plan_read(&self, at: &PacketAt) -> Request {
+        let wr = &self.wr;
+        let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, at.dqpn, at.psn, 0);
+        h.reth = Some(Reth {
+            va: wr.remote_addr.wrapping_add(at.off),
+            rkey: wr.rkey,
+            dma_len: self.len.saturating_sub(at.off) as u32,
+        });
+        (h, 0, true)
+    }
+
+    /// A CmpSwap or FetchAdd request.
+    fn plan_atomic(&self, at: &PacketAt) -> Request {
+        let wr = &self.wr;
+        let cas = wr.opcode == WrOpcode::AtomicCmpAndSwp;
+        let op = if cas {
+            Opcode::RC_COMPARE_SWAP
+        } else {
+            Opcode::RC_FETCH_ADD
+        };
+        let mut h = headers(op, at.dqpn, at.psn, 0);
+        h.atomic_eth = Some(AtomicEth {
+            va: wr.remote_addr,
+            rkey: wr.rkey,
+            swap_add: if cas { wr.swap } else { wr.compare_add },
+            compare: if cas { wr.compare_add } else { 0 },
+        });
+        (h, 0, true)
     }
 }

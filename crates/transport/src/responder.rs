@@ -5,8 +5,10 @@
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use crate::packet::{op, syndrome, PktHdr};
-use crate::qp::{psn_add, psn_diff, Ctx, InMsg, Qp, RdRes, RespOut};
+use softhca_memory::AtomicOp;
+use softhca_wire::{self as wire, Aeth, AethKind, Headers, NakCode, Opcode};
+
+use crate::qp::{Ctx, InMsg, Qp, RdRes, RespOut};
 use crate::timers::{quiet_wait, rtt_update};
 use crate::verbs::*;
 
@@ -45,35 +47,40 @@ const OOO_NAK_AFTER: i32 = 128;
 /// Most bytes of kept requests over all QPs of a device.
 pub(crate) const DEVICE_OOO_BYTES: usize = 16 << 20;
 
+/// A plain ACK, without end-to-end credits (rxe `AETH_ACK_UNLIMITED`).
+const ACK: AethKind = AethKind::Ack {
+    credits: Aeth::CREDITS_INVALID,
+};
+
+/// The MSN counts messages modulo 2^24 (IBTA 9.7.5.1.2).
+fn next_msn(msn: u32) -> u32 {
+    msn.wrapping_add(1) & 0x00ff_ffff
+}
+
 enum Fail {
-    /// NAK with this syndrome; RC responder QP goes to ERR (rxe class C/D errors).
-    Nak(u8),
+    /// NAK with this code; RC responder QP goes to ERR (rxe class C/D errors).
+    Nak(NakCode),
     /// Receive WQE failed locally: complete it with this status and NAK.
-    Local(WcStatus, u8),
+    Local(WcStatus, NakCode),
     /// Silently drop.
     Drop,
 }
 
 impl Qp {
-    fn queue_ack(&mut self, psn: u32, syndrome: u8) {
-        let msn = self.resp.msn;
+    fn queue_ack(&mut self, psn: Psn, kind: AethKind) {
+        let aeth = Aeth::from_kind(kind, self.resp.msn);
         // Coalesce: a plain ACK still waiting to go out is superseded by a newer one
         // (ACKs are cumulative, IBTA 9.7.5.1.2).
-        if syndrome == crate::packet::syndrome::ACK {
-            if let Some(RespOut::Ack {
-                syndrome: s,
-                psn: p,
-                msn: m,
-            }) = self.resp.out.back_mut()
-            {
-                if *s == crate::packet::syndrome::ACK {
+        if kind == ACK {
+            if let Some(RespOut::Ack { psn: p, aeth: a }) = self.resp.out.back_mut() {
+                if a.kind() == ACK {
                     *p = psn;
-                    *m = msn;
+                    *a = aeth;
                     return;
                 }
             }
         }
-        self.resp.out.push_back(RespOut::Ack { psn, syndrome, msn });
+        self.resp.out.push_back(RespOut::Ack { psn, aeth });
     }
 
     fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<(RecvWr, bool)> {
@@ -113,7 +120,7 @@ impl Qp {
     }
 
     /// A request packet (anything but a response) for this QP.
-    pub fn on_request(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8], meta: &RxMeta) {
+    pub fn on_request(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], meta: &RxMeta) {
         if !matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
@@ -133,47 +140,13 @@ impl Qp {
         }
     }
 
-    fn on_rc(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+    /// An RC request: rxe `check_psn` sorts it as early, duplicate or expected; the
+    /// expected one executes, then the kept requests its arrival lets through.
+    fn on_rc(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
         self.resp.last_rx_at = ctx.now;
-        let d = psn_diff(h.psn, self.resp.epsn);
+        let d = h.bth.psn.diff(self.resp.epsn);
         if d > 0 {
-            ctx.counters.out_of_seq_request += 1;
-            // Reordering tolerance. IBTA C9-88 has the responder NAK the first
-            // out-of-sequence packet and drop until the expected one comes, which is
-            // right on an in-order fabric; but a UDP path can reorder (ECMP, bonding,
-            // VMs, the fault testbed's jitter), and then every reordering costs a
-            // go-back-N of the whole window: at 20 us of jitter a WRITE stream fell to
-            // 0.02 Gb/s. So a packet that arrives a little early is kept (bounded per
-            // QP and per device) and executed when the gap before it fills; the NAK
-            // goes out only once the gap is OOO_NAK_AFTER packets old (a loss, not a
-            // reordering) or nothing more can be kept. The requester sees the standard
-            // protocol: ACKs, and at most one sequence NAK per gap.
-            let epsn = self.resp.epsn;
-            let kept = d < OOO_WINDOW
-                && self.resp.ooo.len() < OOO_MAX
-                && ctx.budget.ooo_bytes + payload.len() <= DEVICE_OOO_BYTES
-                && match self
-                    .resp
-                    .ooo
-                    .binary_search_by(|(k, _)| psn_diff(k.psn, epsn).cmp(&d))
-                {
-                    Ok(_) => true, // a duplicate of one already kept
-                    Err(i) => {
-                        // Accounted into budget.ooo_bytes by the engine's sync after
-                        // this packet (within one packet, the check above may lag).
-                        self.resp.ooo.insert(i, (*h, payload.to_vec()));
-                        self.resp.ooo_bytes += payload.len();
-                        ctx.counters.ooo_buffered += 1;
-                        true
-                    }
-                };
-            if !self.resp.nak_sent {
-                if !kept || d >= OOO_NAK_AFTER {
-                    self.nak_gap(ctx);
-                } else if self.resp.gap_nak_at.is_none() {
-                    self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
-                }
-            }
+            self.on_early(ctx, h, payload, d);
             return;
         }
         if d < 0 {
@@ -195,20 +168,65 @@ impl Qp {
         self.resp.nak_at = 0;
         self.resp.nak_repeats = 0;
         self.in_order(ctx, h, payload);
-        // Execute the kept packets the gap was holding back, in PSN order.
+        self.run_kept(ctx);
+    }
+
+    /// A request `d` PSNs ahead of the expected one.
+    ///
+    /// Reordering tolerance. IBTA C9-88 has the responder NAK the first out-of-sequence
+    /// packet and drop until the expected one comes, which is right on an in-order
+    /// fabric; but a UDP path can reorder (ECMP, bonding, VMs, the fault testbed's
+    /// jitter), and then every reordering costs a go-back-N of the whole window. So a
+    /// packet that arrives a little early is kept (bounded per QP and per device) and
+    /// executed when the gap before it fills; the NAK goes out only once the gap is
+    /// OOO_NAK_AFTER packets old (a loss, not a reordering) or nothing more can be
+    /// kept. The requester sees the standard protocol: ACKs, and at most one sequence
+    /// NAK per gap.
+    fn on_early(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], d: i32) {
+        ctx.counters.out_of_seq_request += 1;
+        let epsn = self.resp.epsn;
+        let kept = d < OOO_WINDOW
+            && self.resp.ooo.len() < OOO_MAX
+            && ctx.budget.ooo_bytes + payload.len() <= DEVICE_OOO_BYTES
+            && match self
+                .resp
+                .ooo
+                .binary_search_by(|(k, _)| k.bth.psn.diff(epsn).cmp(&d))
+            {
+                Ok(_) => true, // a duplicate of one already kept
+                Err(i) => {
+                    // Accounted into budget.ooo_bytes by the engine's sync after
+                    // this packet (within one packet, the check above may lag).
+                    self.resp.ooo.insert(i, (*h, payload.to_vec()));
+                    self.resp.ooo_bytes += payload.len();
+                    ctx.counters.ooo_buffered += 1;
+                    true
+                }
+            };
+        if !self.resp.nak_sent {
+            if !kept || d >= OOO_NAK_AFTER {
+                self.nak_gap(ctx);
+            } else if self.resp.gap_nak_at.is_none() {
+                self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+            }
+        }
+    }
+
+    /// Execute the kept requests the gap was holding back, in PSN order.
+    fn run_kept(&mut self, ctx: &mut Ctx<'_>) {
         while !self.resp.ooo.is_empty() && self.state != QpState::Err {
             let epsn = self.resp.epsn;
             // Kept packets the in-order path has passed (their PSNs arrived again and
             // executed, or a multi-packet message moved epsn on) are stale.
             while let Some((k, _)) = self.resp.ooo.front() {
-                if psn_diff(k.psn, epsn) >= 0 {
+                if !k.bth.psn.is_before(epsn) {
                     break;
                 }
                 if let Some((_, p)) = self.resp.ooo.pop_front() {
                     self.resp.ooo_bytes -= p.len();
                 }
             }
-            if self.resp.ooo.front().is_none_or(|(k, _)| k.psn != epsn) {
+            if self.resp.ooo.front().is_none_or(|(k, _)| k.bth.psn != epsn) {
                 break;
             }
             let Some((kh, kp)) = self.resp.ooo.pop_front() else {
@@ -248,7 +266,7 @@ impl Qp {
         };
         ctx.counters.seq_err_naks += 1;
         let e = self.resp.epsn;
-        self.queue_ack(e, syndrome::NAK_PSN_SEQ);
+        self.queue_ack(e, AethKind::Nak(NakCode::PsnSequenceError));
     }
 
     /// The reorder timer: a gap still open after `OOO_NAK_DELAY_NS` is a loss.
@@ -282,34 +300,34 @@ impl Qp {
     }
 
     /// The expected request: execute it, NAK on failure.
-    fn in_order(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
+    fn in_order(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
         match self.execute(ctx, h, payload) {
             Ok(()) => {}
             Err(Fail::Drop) => {}
-            Err(Fail::Nak(s)) => self.nak_and_fail(ctx, h.psn, s),
+            Err(Fail::Nak(s)) => self.nak_and_fail(ctx, h.bth.psn, s),
             Err(Fail::Local(status, s)) => {
                 if let Some(InMsg::Send { wqe, .. }) = self.resp.cur.take() {
                     let wc = self.recv_completion(ctx, wqe.wr_id, status, WcOpcode::Recv);
                     self.post_completion(ctx, false, wc);
                 }
-                self.nak_and_fail(ctx, h.psn, s)
+                self.nak_and_fail(ctx, h.bth.psn, s)
             }
         }
     }
 
-    fn nak_and_fail(&mut self, ctx: &mut Ctx<'_>, psn: u32, s: u8) {
-        match s {
-            syndrome::NAK_REMOTE_ACCESS => ctx.counters.sent_remote_access_err_naks += 1,
-            syndrome::NAK_INVALID_REQUEST => ctx.counters.sent_invalid_request_naks += 1,
+    fn nak_and_fail(&mut self, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode) {
+        match code {
+            NakCode::RemoteAccessError => ctx.counters.sent_remote_access_err_naks += 1,
+            NakCode::InvalidRequest => ctx.counters.sent_invalid_request_naks += 1,
             _ => {}
         }
         self.resp.cur = None;
-        self.queue_ack(psn, s);
+        self.queue_ack(psn, AethKind::Nak(code));
         // rxe: after a class C/D error the responder QP moves to ERR once the NAK is
         // out. The NAK stays queued: flush keeps the ACK stream (see enter_error_keep_out).
         let out = std::mem::take(&mut self.resp.out);
         self.enter_error(ctx);
-        ctx.events.push_back(if s == syndrome::NAK_REMOTE_ACCESS {
+        ctx.events.push_back(if code == NakCode::RemoteAccessError {
             AsyncEvent::QpAccessErr(self.qpn_t())
         } else {
             AsyncEvent::QpReqErr(self.qpn_t())
@@ -317,378 +335,367 @@ impl Qp {
         self.resp.out = out;
     }
 
-    fn on_duplicate(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr) {
-        let base = h.opcode & 0x1f;
-        match base {
-            op::READ_REQUEST => {
-                // Re-execute from the responder resource that covers the PSN (IBTA
-                // 9.7.5.1.x): the retried request may resume mid-way.
-                let range = self.resp.res.iter().find_map(|r| match r {
-                    RdRes::Read {
-                        first_psn,
-                        last_psn,
-                    } if psn_diff(h.psn, *first_psn) >= 0 && psn_diff(h.psn, *last_psn) <= 0 => {
-                        Some((*first_psn, *last_psn))
-                    }
-                    _ => None,
-                });
-                let Some((va, rkey, len)) = h.reth else {
-                    return;
-                };
-                let Some((first, last)) = range else { return };
-                if self
-                    .check_remote(ctx, rkey, va, u64::from(len), AccessFlags::REMOTE_READ)
-                    .is_err()
-                {
-                    return;
-                }
-                // The retry supersedes a response to the same READ still queued (only
-                // that one: responses to other READs must still go out).
-                self.resp.out.retain(|o| {
-                    !matches!(o, RespOut::Read { psn, .. }
-                        if psn_diff(*psn, first) >= 0 && psn_diff(*psn, last) <= 0)
-                });
-                self.resp.out.push_back(RespOut::Read {
-                    psn: h.psn,
-                    rkey,
-                    va,
-                    remaining: u64::from(len),
-                    first: true,
-                    msn: self.resp.msn,
-                });
+    fn on_duplicate(&mut self, ctx: &mut Ctx<'_>, h: &Headers) {
+        let op = h.bth.opcode;
+        if op.is_read_request() {
+            self.replay_read(ctx, h);
+        } else if op.is_atomic() {
+            // Replay the saved result; never execute twice (IBTA 9.7.5.1.x).
+            let psn = h.bth.psn;
+            let saved = self.resp.res.iter().find_map(|r| match r {
+                RdRes::Atomic { psn: p, orig } if *p == psn => Some(*orig),
+                _ => None,
+            });
+            if let Some(orig) = saved {
+                let msn = self.resp.msn;
+                self.resp
+                    .out
+                    .push_back(RespOut::AtomicAck { psn, orig, msn });
             }
-            op::CMP_SWAP | op::FETCH_ADD => {
-                // Replay the saved result; never execute twice (IBTA C9-...).
-                let saved = self.resp.res.iter().find_map(|r| match r {
-                    RdRes::Atomic { psn, orig } if *psn == h.psn => Some(*orig),
-                    _ => None,
-                });
-                if let Some(orig) = saved {
-                    let msn = self.resp.msn;
-                    self.resp.out.push_back(RespOut::AtomicAck {
-                        psn: h.psn,
-                        orig,
-                        msn,
-                    });
-                }
-            }
-            _ => {
-                // SEND/WRITE: acknowledge again, cumulatively (rxe: ACK epsn - 1).
-                let p = psn_add(self.resp.epsn, 0xff_ffff);
-                self.queue_ack(p, syndrome::ACK);
-            }
+        } else {
+            // SEND/WRITE: acknowledge again, cumulatively (rxe: ACK epsn - 1).
+            let p = self.resp.epsn.sub(1);
+            self.queue_ack(p, ACK);
         }
     }
 
-    fn check_remote(
+    /// A duplicate READ request: re-execute from the responder resource that covers the
+    /// PSN (IBTA 9.7.5.1.x): the retried request may resume mid-way.
+    fn replay_read(&mut self, ctx: &mut Ctx<'_>, h: &Headers) {
+        let psn = h.bth.psn;
+        let range = self.resp.res.iter().find_map(|r| match r {
+            RdRes::Read {
+                first_psn,
+                last_psn,
+            } if !psn.is_before(*first_psn) && !psn.is_after(*last_psn) => {
+                Some((*first_psn, *last_psn))
+            }
+            _ => None,
+        });
+        let Some(reth) = h.reth else {
+            return;
+        };
+        let Some((first, last)) = range else { return };
+        let len = u64::from(reth.dma_len);
+        if self
+            .check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+            .is_err()
+        {
+            return;
+        }
+        // The retry supersedes a response to the same READ still queued (only
+        // that one: responses to other READs must still go out).
+        self.resp.out.retain(|o| {
+            !matches!(o, RespOut::Read { psn, .. }
+                if !psn.is_before(first) && !psn.is_after(last))
+        });
+        self.resp.out.push_back(RespOut::Read {
+            psn,
+            rkey: reth.rkey,
+            va: reth.va,
+            remaining: len,
+            first: true,
+            msn: self.resp.msn,
+        });
+    }
+
+    /// How a failed check ends (rxe `RESPST_ERR_*`): an RC responder NAKs, a UC one
+    /// drops the packet silently (UC has no ACKs, IBTA 9.7.x).
+    fn nak_or_drop(&self, code: NakCode) -> Fail {
+        if self.is_rc() {
+            Fail::Nak(code)
+        } else {
+            Fail::Drop
+        }
+    }
+
+    /// rxe `check_rkey`: the QP's own access flags, then the MR or MW behind `rkey`.
+    fn check_rkey(
         &self,
         ctx: &Ctx<'_>,
         rkey: u32,
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<(), Fail> {
+    ) -> Result<(), NakCode> {
         // The QP's own access flags gate remote operations first (IBTA 10.2.4.x).
         if !self.attr.qp_access_flags.contains(need) {
-            return Err(Fail::Nak(syndrome::NAK_REMOTE_ACCESS));
+            return Err(NakCode::RemoteAccessError);
         }
         if len == 0 {
             return Ok(());
         }
         ctx.mem
             .check_remote((self.init.pd, self.qpn), rkey, va, len, need)
-            .map_err(|_| Fail::Nak(syndrome::NAK_REMOTE_ACCESS))
+            .map_err(|_| NakCode::RemoteAccessError)
     }
 
-    /// Check the opcode sequence against the message in progress (IBTA 9.8.3.x).
-    fn sequence_ok(&self, base: u8) -> bool {
-        let mid = matches!(
-            base,
-            op::SEND_MIDDLE | op::SEND_LAST | op::SEND_LAST_IMM | op::SEND_LAST_INV
-        );
-        let wmid = matches!(base, op::WRITE_MIDDLE | op::WRITE_LAST | op::WRITE_LAST_IMM);
-        match self.resp.cur {
-            Some(InMsg::Send { .. }) => mid,
-            Some(InMsg::Write { .. }) => wmid,
-            None => !mid && !wmid,
-        }
+    /// rxe `check_op_seq`: a Middle or Last packet continues the message in progress of
+    /// its own kind; a First or Only one starts a message (IBTA 9.8.3.x).
+    fn check_op_seq(&self, op: Opcode) -> Result<(), Fail> {
+        let continues = !op.starts_message();
+        let ok = match self.resp.cur {
+            Some(InMsg::Send { .. }) => op.is_send() && continues,
+            Some(InMsg::Write { .. }) => op.is_write() && continues,
+            None => !((op.is_send() || op.is_write()) && continues),
+        };
+        ok.then_some(())
+            .ok_or_else(|| self.nak_or_drop(NakCode::InvalidRequest))
     }
 
-    /// Execute an in-sequence RC/UC request.
-    fn execute(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) -> Result<(), Fail> {
-        let base = h.opcode & 0x1f;
+    /// rxe `check_length`: First and Middle packets carry exactly the path MTU, Last and
+    /// Only ones at most that (IBTA 9.7.5.1.x).
+    fn check_length(&self, ctx: &Ctx<'_>, op: Opcode, payload: &[u8]) -> Result<(), Fail> {
+        let (n, mtu) = (payload.len() as u64, self.mtu(ctx.cfg));
+        let ok = if op.ends_message() {
+            n <= mtu
+        } else {
+            n == mtu
+        };
+        ok.then_some(())
+            .ok_or_else(|| self.nak_or_drop(NakCode::InvalidRequest))
+    }
+
+    /// Execute an in-sequence RC/UC request: rxe's responder pipeline after the PSN
+    /// check (`check_op_seq`, `check_length`, resources and rkey, then `execute`).
+    fn execute(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) -> Result<(), Fail> {
+        let op = h.bth.opcode;
         let rc = self.is_rc();
-        if !self.sequence_ok(base) {
-            return Err(if rc {
-                Fail::Nak(syndrome::NAK_INVALID_REQUEST)
-            } else {
-                Fail::Drop
-            });
+        self.check_op_seq(op)?;
+        if op.is_send() {
+            self.check_length(ctx, op, payload)?;
+            self.exec_send(ctx, h, payload)?;
+        } else if op.is_write() {
+            self.check_length(ctx, op, payload)?;
+            self.exec_write(ctx, h, payload)?;
+        } else if op.is_read_request() && rc {
+            return self.exec_read(ctx, h);
+        } else if op.is_atomic() && rc {
+            return self.exec_atomic(ctx, h);
+        } else {
+            return Err(self.nak_or_drop(NakCode::InvalidRequest));
         }
-        let mtu = self.mtu(ctx.cfg);
-        let n = payload.len() as u64;
-        let is_first = matches!(
-            base,
-            op::SEND_FIRST
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-                | op::SEND_ONLY_INV
-                | op::WRITE_FIRST
-                | op::WRITE_ONLY
-                | op::WRITE_ONLY_IMM
-        );
-        let is_last = !matches!(
-            base,
-            op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE
-        );
-        // Packet length rules: FIRST/MIDDLE carry exactly the PMTU, LAST/ONLY at most
-        // (IBTA C9-... ; rxe check_length).
-        let len_ok = if is_last { n <= mtu } else { n == mtu };
-        match base {
-            op::SEND_FIRST
-            | op::SEND_MIDDLE
-            | op::SEND_LAST
-            | op::SEND_LAST_IMM
-            | op::SEND_ONLY
-            | op::SEND_ONLY_IMM
-            | op::SEND_LAST_INV
-            | op::SEND_ONLY_INV => {
-                if !len_ok {
-                    return Err(if rc {
-                        Fail::Nak(syndrome::NAK_INVALID_REQUEST)
-                    } else {
-                        Fail::Drop
-                    });
-                }
-                if is_first {
-                    let Some((wqe, from_srq)) = self.take_recv(ctx) else {
-                        return self.rnr(ctx, h.psn);
-                    };
-                    self.resp.cur = Some(InMsg::Send {
-                        wqe,
-                        from_srq,
-                        off: 0,
-                    });
-                }
-                let pd = self.init.pd;
-                let Some(InMsg::Send { wqe, off, .. }) = &mut self.resp.cur else {
-                    return Err(Fail::Drop);
-                };
-                let total: u64 = wqe.sg_list.iter().map(|s| u64::from(s.length)).sum();
-                if *off + n > total {
-                    return Err(Fail::Local(
-                        WcStatus::LocLenErr,
-                        syndrome::NAK_INVALID_REQUEST,
-                    ));
-                }
-                if n > 0
-                    && ctx
-                        .mem
-                        .scatter(pd, &wqe.sg_list, *off as usize, payload)
-                        .is_err()
-                {
-                    return Err(Fail::Local(WcStatus::LocProtErr, syndrome::NAK_REMOTE_OP));
-                }
-                *off += n;
-                if is_last {
-                    let Some(InMsg::Send { wqe, off, .. }) = self.resp.cur.take() else {
-                        return Err(Fail::Drop);
-                    };
-                    let mut wc =
-                        self.recv_completion(ctx, wqe.wr_id, WcStatus::Success, WcOpcode::Recv);
-                    wc.byte_len = off as u32;
-                    if let Some(imm) = h.imm {
-                        wc.imm_data = imm;
-                        wc.wc_flags |= WcFlags::WITH_IMM;
-                    }
-                    if let Some(rkey) = h.ieth {
-                        wc.imm_data = rkey;
-                        wc.wc_flags |= WcFlags::WITH_INV;
-                    }
-                    self.post_completion(ctx, false, wc);
-                }
-            }
-            op::WRITE_FIRST
-            | op::WRITE_MIDDLE
-            | op::WRITE_LAST
-            | op::WRITE_LAST_IMM
-            | op::WRITE_ONLY
-            | op::WRITE_ONLY_IMM => {
-                if !len_ok {
-                    return Err(if rc {
-                        Fail::Nak(syndrome::NAK_INVALID_REQUEST)
-                    } else {
-                        Fail::Drop
-                    });
-                }
-                if is_first {
-                    let Some((va, rkey, len)) = h.reth else {
-                        return Err(Fail::Drop);
-                    };
-                    let len = u64::from(len);
-                    if let Err(e) = self.check_remote(ctx, rkey, va, len, AccessFlags::REMOTE_WRITE)
-                    {
-                        return Err(if rc { e } else { Fail::Drop });
-                    }
-                    self.resp.cur = Some(InMsg::Write {
-                        rkey,
-                        va,
-                        remaining: len,
-                        total: len,
-                    });
-                }
-                let Some(InMsg::Write { remaining, .. }) = &self.resp.cur else {
-                    return Err(Fail::Drop);
-                };
-                if n > *remaining || (is_last && n != *remaining) {
-                    self.resp.cur = None;
-                    return Err(if rc {
-                        Fail::Nak(syndrome::NAK_INVALID_REQUEST)
-                    } else {
-                        Fail::Drop
-                    });
-                }
-                let with_imm = h.imm.is_some();
-                // WRITE with immediate consumes a receive WQE; without one, RNR before
-                // any byte of this packet is placed.
-                let recv = if with_imm {
-                    match self.take_recv(ctx) {
-                        Some(r) => Some(r),
-                        None => return self.rnr(ctx, h.psn),
-                    }
-                } else {
-                    None
-                };
-                let pd = self.init.pd;
-                let Some(InMsg::Write {
-                    rkey,
-                    va,
-                    remaining,
-                    total,
-                }) = &mut self.resp.cur
-                else {
-                    return Err(Fail::Drop);
-                };
-                if n > 0
-                    && ctx
-                        .mem
-                        .remote_write((pd, self.qpn), *rkey, *va, payload)
-                        .is_err()
-                {
-                    if let Some((w, s)) = recv {
-                        self.return_recv(ctx, w, s);
-                    }
-                    return Err(if rc {
-                        Fail::Nak(syndrome::NAK_REMOTE_ACCESS)
-                    } else {
-                        Fail::Drop
-                    });
-                }
-                *va = va.wrapping_add(n);
-                *remaining -= n;
-                let total = *total;
-                if is_last {
-                    self.resp.cur = None;
-                    if let Some((w, _)) = recv {
-                        let mut wc = self.recv_completion(
-                            ctx,
-                            w.wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                        );
-                        wc.byte_len = total as u32;
-                        wc.imm_data = h.imm.unwrap_or_default();
-                        wc.wc_flags |= WcFlags::WITH_IMM;
-                        self.post_completion(ctx, false, wc);
-                    }
-                }
-            }
-            op::READ_REQUEST if rc => {
-                let Some((va, rkey, len)) = h.reth else {
-                    return Err(Fail::Drop);
-                };
-                if self.attr.max_dest_rd_atomic == 0 {
-                    return Err(Fail::Nak(syndrome::NAK_INVALID_REQUEST));
-                }
-                self.check_remote(ctx, rkey, va, u64::from(len), AccessFlags::REMOTE_READ)?;
-                self.rd_atomic_room(ctx)?;
-                let npkts = u64::from(len).div_ceil(mtu).max(1) as u32;
-                self.push_res(RdRes::Read {
-                    first_psn: h.psn,
-                    last_psn: psn_add(h.psn, npkts - 1),
-                });
-                self.resp.msn = psn_add(self.resp.msn, 1);
-                self.resp.out.push_back(RespOut::Read {
-                    psn: h.psn,
-                    rkey,
-                    va,
-                    remaining: u64::from(len),
-                    first: true,
-                    msn: self.resp.msn,
-                });
-                self.resp.epsn = psn_add(h.psn, npkts);
-                self.resp.nak_sent = false;
-                return Ok(());
-            }
-            op::CMP_SWAP | op::FETCH_ADD if rc => {
-                let Some((va, rkey, swap_add, compare)) = h.atomic else {
-                    return Err(Fail::Drop);
-                };
-                if self.attr.max_dest_rd_atomic == 0 {
-                    return Err(Fail::Nak(syndrome::NAK_INVALID_REQUEST));
-                }
-                // rxe: a misaligned atomic is an invalid request, not an access error.
-                if va % 8 != 0 {
-                    return Err(Fail::Nak(syndrome::NAK_INVALID_REQUEST));
-                }
-                self.check_remote(ctx, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
-                self.rd_atomic_room(ctx)?;
-                let aop = if base == op::CMP_SWAP {
-                    crate::deps::AtomicOp::CompareSwap {
-                        compare,
-                        swap: swap_add,
-                    }
-                } else {
-                    crate::deps::AtomicOp::FetchAdd { add: swap_add }
-                };
-                let orig = ctx
-                    .mem
-                    .remote_atomic((self.init.pd, self.qpn), rkey, va, aop)
-                    .map_err(|_| Fail::Nak(syndrome::NAK_REMOTE_ACCESS))?;
-                self.push_res(RdRes::Atomic { psn: h.psn, orig });
-                self.resp.msn = psn_add(self.resp.msn, 1);
-                let msn = self.resp.msn;
-                self.resp.out.push_back(RespOut::AtomicAck {
-                    psn: h.psn,
-                    orig,
-                    msn,
-                });
-                self.resp.epsn = psn_add(h.psn, 1);
-                self.resp.nak_sent = false;
-                return Ok(());
-            }
-            _ => {
-                return Err(if rc {
-                    Fail::Nak(syndrome::NAK_INVALID_REQUEST)
-                } else {
-                    Fail::Drop
-                });
-            }
-        }
-        self.resp.epsn = psn_add(h.psn, 1);
+        self.resp.epsn = h.bth.psn.next();
         self.resp.nak_sent = false;
-        if is_last {
-            self.resp.msn = psn_add(self.resp.msn, 1);
+        if op.ends_message() {
+            self.resp.msn = next_msn(self.resp.msn);
         }
-        if rc && h.ack_req {
-            self.queue_ack(h.psn, syndrome::ACK);
+        if rc && h.bth.ack_req {
+            self.queue_ack(h.bth.psn, ACK);
         } else if rc {
             ctx.counters.ack_deferred += 1;
         }
         Ok(())
     }
 
-    fn rnr(&mut self, ctx: &mut Ctx<'_>, psn: u32) -> Result<(), Fail> {
+    /// A SEND packet: the First or Only one takes a receive WQE (RNR without one), each
+    /// scatters its payload, the Last or Only one completes the WQE.
+    fn exec_send(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) -> Result<(), Fail> {
+        let op = h.bth.opcode;
+        if op.starts_message() {
+            let Some((wqe, from_srq)) = self.take_recv(ctx) else {
+                return self.rnr(ctx, h.bth.psn);
+            };
+            self.resp.cur = Some(InMsg::Send {
+                wqe,
+                from_srq,
+                off: 0,
+            });
+        }
+        let pd = self.init.pd;
+        let n = payload.len() as u64;
+        let Some(InMsg::Send { wqe, off, .. }) = &mut self.resp.cur else {
+            return Err(Fail::Drop);
+        };
+        let total: u64 = wqe.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if *off + n > total {
+            return Err(Fail::Local(WcStatus::LocLenErr, NakCode::InvalidRequest));
+        }
+        if n > 0
+            && ctx
+                .mem
+                .scatter(pd, &wqe.sg_list, *off as usize, payload)
+                .is_err()
+        {
+            return Err(Fail::Local(
+                WcStatus::LocProtErr,
+                NakCode::RemoteOperationalError,
+            ));
+        }
+        *off += n;
+        if op.ends_message() {
+            let Some(InMsg::Send { wqe, off, .. }) = self.resp.cur.take() else {
+                return Err(Fail::Drop);
+            };
+            let mut wc = self.recv_completion(ctx, wqe.wr_id, WcStatus::Success, WcOpcode::Recv);
+            wc.byte_len = off as u32;
+            if let Some(imm) = h.imm_dt {
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = h.ieth {
+                wc.imm_data = rkey;
+                wc.wc_flags |= WcFlags::WITH_INV;
+            }
+            self.post_completion(ctx, false, wc);
+        }
+        Ok(())
+    }
+
+    /// An RDMA WRITE packet: the First or Only one checks the whole range against its
+    /// rkey; each writes its part; with immediate, the Last or Only one consumes and
+    /// completes a receive WQE.
+    fn exec_write(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) -> Result<(), Fail> {
+        let op = h.bth.opcode;
+        let is_last = op.ends_message();
+        let n = payload.len() as u64;
+        if op.starts_message() {
+            let Some(reth) = h.reth else {
+                return Err(Fail::Drop);
+            };
+            let len = u64::from(reth.dma_len);
+            self.check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
+                .map_err(|c| self.nak_or_drop(c))?;
+            self.resp.cur = Some(InMsg::Write {
+                rkey: reth.rkey,
+                va: reth.va,
+                remaining: len,
+                total: len,
+            });
+        }
+        let Some(InMsg::Write { remaining, .. }) = &self.resp.cur else {
+            return Err(Fail::Drop);
+        };
+        if n > *remaining || (is_last && n != *remaining) {
+            self.resp.cur = None;
+            return Err(self.nak_or_drop(NakCode::InvalidRequest));
+        }
+        // WRITE with immediate consumes a receive WQE; without one, RNR before
+        // any byte of this packet is placed.
+        let recv = if h.imm_dt.is_some() {
+            match self.take_recv(ctx) {
+                Some(r) => Some(r),
+                None => return self.rnr(ctx, h.bth.psn),
+            }
+        } else {
+            None
+        };
+        let pd = self.init.pd;
+        let Some(InMsg::Write {
+            rkey,
+            va,
+            remaining,
+            total,
+        }) = &mut self.resp.cur
+        else {
+            return Err(Fail::Drop);
+        };
+        if n > 0
+            && ctx
+                .mem
+                .remote_write((pd, self.qpn), *rkey, *va, payload)
+                .is_err()
+        {
+            if let Some((w, s)) = recv {
+                self.return_recv(ctx, w, s);
+            }
+            return Err(self.nak_or_drop(NakCode::RemoteAccessError));
+        }
+        *va = va.wrapping_add(n);
+        *remaining -= n;
+        let total = *total;
+        if is_last {
+            self.resp.cur = None;
+            if let Some((w, _)) = recv {
+                let mut wc = self.recv_completion(
+                    ctx,
+                    w.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                );
+                wc.byte_len = total as u32;
+                wc.imm_data = h.imm_dt.unwrap_or_default();
+                wc.wc_flags |= WcFlags::WITH_IMM;
+                self.post_completion(ctx, false, wc);
+            }
+        }
+        Ok(())
+    }
+
+    /// An RDMA READ request: checked, remembered as a responder resource, and queued
+    /// for its responses, which take its PSN and the ones after it.
+    fn exec_read(&mut self, ctx: &mut Ctx<'_>, h: &Headers) -> Result<(), Fail> {
+        let Some(reth) = h.reth else {
+            return Err(Fail::Drop);
+        };
+        if self.attr.max_dest_rd_atomic == 0 {
+            return Err(Fail::Nak(NakCode::InvalidRequest));
+        }
+        let len = u64::from(reth.dma_len);
+        self.check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+            .map_err(Fail::Nak)?;
+        self.check_rd_atomic_room(ctx)?;
+        let psn = h.bth.psn;
+        let npkts = len.div_ceil(self.mtu(ctx.cfg)).max(1) as u32;
+        self.push_res(RdRes::Read {
+            first_psn: psn,
+            last_psn: psn.add(npkts - 1),
+        });
+        self.resp.msn = next_msn(self.resp.msn);
+        self.resp.out.push_back(RespOut::Read {
+            psn,
+            rkey: reth.rkey,
+            va: reth.va,
+            remaining: len,
+            first: true,
+            msn: self.resp.msn,
+        });
+        self.resp.epsn = psn.add(npkts);
+        self.resp.nak_sent = false;
+        Ok(())
+    }
+
+    /// A CmpSwap or FetchAdd request: executed once, its original value kept as a
+    /// responder resource for a duplicate to replay.
+    fn exec_atomic(&mut self, ctx: &mut Ctx<'_>, h: &Headers) -> Result<(), Fail> {
+        let Some(a) = h.atomic_eth else {
+            return Err(Fail::Drop);
+        };
+        if self.attr.max_dest_rd_atomic == 0 {
+            return Err(Fail::Nak(NakCode::InvalidRequest));
+        }
+        // rxe: a misaligned atomic is an invalid request, not an access error.
+        if a.va % 8 != 0 {
+            return Err(Fail::Nak(NakCode::InvalidRequest));
+        }
+        self.check_rkey(ctx, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+            .map_err(Fail::Nak)?;
+        self.check_rd_atomic_room(ctx)?;
+        let aop = if h.bth.opcode == Opcode::RC_COMPARE_SWAP {
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add }
+        };
+        let orig = ctx
+            .mem
+            .remote_atomic((self.init.pd, self.qpn), a.rkey, a.va, aop)
+            .map_err(|_| Fail::Nak(NakCode::RemoteAccessError))?;
+        let psn = h.bth.psn;
+        self.push_res(RdRes::Atomic { psn, orig });
+        self.resp.msn = next_msn(self.resp.msn);
+        let msn = self.resp.msn;
+        self.resp
+            .out
+            .push_back(RespOut::AtomicAck { psn, orig, msn });
+        self.resp.epsn = psn.next();
+        self.resp.nak_sent = false;
+        Ok(())
+    }
+
+    fn rnr(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> Result<(), Fail> {
         if !self.is_rc() {
             return Err(Fail::Drop); // UC: no receive WQE drops the message
         }
@@ -699,8 +706,8 @@ impl Qp {
         self.resp.gap_nak_at = None;
         self.resp.nak_repeats = MAX_NAK_REPEATS;
         self.resp.nak_at = 0;
-        let code = self.attr.min_rnr_timer & 0x1f;
-        self.queue_ack(psn, syndrome::RNR_NAK | code);
+        let timer = self.attr.min_rnr_timer & 0x1f;
+        self.queue_ack(psn, AethKind::RnrNak { timer });
         Err(Fail::Drop)
     }
 
@@ -709,7 +716,7 @@ impl Qp {
     /// than that waiting to go out means a flood. The extra request is dropped before it executes (its
     /// PSN is not consumed; a real requester resends it after its timeout), so the
     /// response queue, and the memory behind it, stays bounded.
-    fn rd_atomic_room(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fail> {
+    fn check_rd_atomic_room(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fail> {
         // Room for a go-back-N's re-executed duplicates besides the new requests: a
         // new READ dropped here costs a real requester a whole retransmit timeout.
         let cap = 4 * usize::from(self.attr.max_dest_rd_atomic.max(16));
@@ -734,32 +741,23 @@ impl Qp {
         self.resp.res.push_back(r);
     }
 
-    fn on_uc(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8]) {
-        let base = h.opcode & 0x1f;
-        let starts = matches!(
-            base,
-            op::SEND_FIRST
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-                | op::WRITE_FIRST
-                | op::WRITE_ONLY
-                | op::WRITE_ONLY_IMM
-        );
-        if h.psn != self.resp.epsn || self.resp.uc_resync {
+    fn on_uc(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
+        let psn = h.bth.psn;
+        if psn != self.resp.epsn || self.resp.uc_resync {
             // UC (IBTA 9.7.x): a gap kills the message in progress; the receive WQE is
             // reused for the next message. Resume at the next FIRST/ONLY.
             if let Some(InMsg::Send { wqe, from_srq, .. }) = self.resp.cur.take() {
                 self.return_recv(ctx, wqe, from_srq);
             }
             self.resp.cur = None;
-            if !starts {
+            if !h.bth.opcode.starts_message() {
                 self.resp.uc_resync = true;
-                self.resp.epsn = psn_add(h.psn, 1);
+                self.resp.epsn = psn.next();
                 ctx.counters.out_of_seq_request += 1;
                 return;
             }
             self.resp.uc_resync = false;
-            self.resp.epsn = h.psn;
+            self.resp.epsn = psn;
         }
         if let Err(Fail::Local(status, _)) = self.execute(ctx, h, payload) {
             if let Some(InMsg::Send { wqe, .. }) = self.resp.cur.take() {
@@ -768,20 +766,20 @@ impl Qp {
             }
             self.resp.uc_resync = true;
         }
-        if self.resp.epsn == h.psn {
+        if self.resp.epsn == psn {
             // Dropped (no WQE / bad request): skip the rest of this message.
             if let Some(InMsg::Send { wqe, from_srq, .. }) = self.resp.cur.take() {
                 self.return_recv(ctx, wqe, from_srq);
             }
             self.resp.cur = None;
             self.resp.uc_resync = true;
-            self.resp.epsn = psn_add(h.psn, 1);
+            self.resp.epsn = psn.next();
         }
     }
 
-    fn on_ud(&mut self, ctx: &mut Ctx<'_>, h: &PktHdr, payload: &[u8], meta: &RxMeta) {
-        let Some((qkey, src_qp)) = h.deth else { return };
-        if qkey != self.attr.qkey {
+    fn on_ud(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], meta: &RxMeta) {
+        let Some(deth) = h.deth else { return };
+        if deth.qkey != self.attr.qkey {
             ctx.counters.drop_bad_qkey += 1;
             return;
         }
@@ -793,7 +791,7 @@ impl Qp {
             wr_id: wqe.wr_id,
             opcode: WcOpcode::Recv,
             qp_num: self.qpn,
-            src_qp,
+            src_qp: deth.src_qp.value(),
             ..Completion::default()
         };
         if payload.len() as u64 + 40 > total {
@@ -812,7 +810,7 @@ impl Qp {
         }
         wc.byte_len = payload.len() as u32 + 40;
         wc.wc_flags |= WcFlags::GRH;
-        if let Some(imm) = h.imm {
+        if let Some(imm) = h.imm_dt {
             wc.imm_data = imm;
             wc.wc_flags |= WcFlags::WITH_IMM;
         }
@@ -825,43 +823,35 @@ impl Qp {
 /// `ibv_wc_read_...`/rdma-core's GRH parsing finds the source GID.
 pub(crate) fn grh_bytes(meta: &RxMeta) -> [u8; 40] {
     let mut g = [0u8; 40];
-    let udp_total = meta.udp_len + 8;
-    match (meta.src, meta.dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = &mut g[20..40];
-            ip[0] = 0x45;
-            let tot = (udp_total + 20) as u16;
-            ip[2..4].copy_from_slice(&tot.to_be_bytes());
-            ip[6] = 0x40; // DF
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
-            let mut sum: u32 = 0;
-            for c in ip.chunks(2) {
-                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-            }
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let udp_total = meta.udp_len + wire::UDP_LEN;
+    let to_v6 = |a: IpAddr| match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    // Both headers fit their part of `g`: emit cannot fail.
+    let _ = match (meta.src, meta.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => wire::Ipv4Header {
+            tos: 0,
+            total_len: (udp_total + wire::IPV4_LEN) as u16,
+            id: 0,
+            flags_frag: wire::Ipv4Header::DF,
+            ttl: 64,
+            protocol: wire::IP_PROTOCOL_UDP,
+            checksum: 0,
+            src,
+            dst,
         }
-        (s, d) => {
-            let s6 = match s {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            let d6 = match d {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            g[0] = 0x60;
-            g[4..6].copy_from_slice(&(udp_total as u16).to_be_bytes());
-            g[6] = 17;
-            g[7] = 64;
-            g[8..24].copy_from_slice(&s6.octets());
-            g[24..40].copy_from_slice(&d6.octets());
+        .emit(g.split_at_mut(20).1),
+        (s, d) => wire::Ipv6Header {
+            traffic_class: 0,
+            flow_label: 0,
+            payload_len: udp_total as u16,
+            next_header: wire::IP_PROTOCOL_UDP,
+            hop_limit: 64,
+            src: to_v6(s),
+            dst: to_v6(d),
         }
-    }
+        .emit(&mut g),
+    };
     g
 }

@@ -51,7 +51,7 @@ pub(crate) fn rnr_timer_ns(code: u8) -> Nanos {
         5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
         245_760, 327_680, 491_520,
     ];
-    US[usize::from(code & 31)] * 1000
+    US.get(usize::from(code & 31)).map_or(0, |us| us * 1000)
 }
 
 /// Least wait before a loss is presumed from silence (`completer::quiet_deadline`,
@@ -74,4 +74,45 @@ pub(crate) fn rtt_update(srtt: Nanos, sample: Nanos) -> Nanos {
 /// retransmit timeout applies, as IBTA has it).
 pub(crate) fn quiet_wait(srtt: Nanos, repeats: u8) -> Option<Nanos> {
     (srtt > 0).then(|| (QUIET_RTTS * srtt).max(QUIET_MIN_NS) << repeats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_pops_due_entries_earliest_first() {
+        let mut t = Timers::default();
+        t.push(300, 1, 0);
+        t.push(100, 2, 5);
+        t.push(200, 3, 1);
+        assert_eq!(t.peek(), Some(100));
+        assert_eq!(t.pop_due(99), None);
+        assert_eq!(t.pop_due(250), Some((2, 5)));
+        assert_eq!(t.pop_due(250), Some((3, 1)));
+        assert_eq!(t.pop_due(250), None);
+        assert_eq!(t.peek(), Some(300));
+    }
+
+    #[test]
+    fn ibta_timer_encodings() {
+        assert_eq!(ack_timeout_ns(0), None);
+        // Timeout 14: 4.096 us * 2^14 = 67.1 ms.
+        assert_eq!(ack_timeout_ns(14), Some(67_108_864));
+        assert_eq!(ack_timeout_ns(40), ack_timeout_ns(31));
+        // IBTA table 45: code 0 is 655.36 ms, code 1 is 0.01 ms, code 31 is 491.52 ms.
+        assert_eq!(rnr_timer_ns(0), 655_360_000);
+        assert_eq!(rnr_timer_ns(1), 10_000);
+        assert_eq!(rnr_timer_ns(31), 491_520_000);
+        assert_eq!(rnr_timer_ns(32 + 1), 10_000);
+    }
+
+    #[test]
+    fn rtt_and_quiet_wait() {
+        assert_eq!(rtt_update(0, 800), 800);
+        assert_eq!(rtt_update(800, 1600), 900);
+        assert_eq!(quiet_wait(0, 0), None);
+        assert_eq!(quiet_wait(10, 0), Some(QUIET_MIN_NS));
+        assert_eq!(quiet_wait(1_000_000, 1), Some(8_000_000));
+    }
 }

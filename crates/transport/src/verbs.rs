@@ -6,9 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use smallvec::SmallVec;
 
-pub use crate::deps::{AccessFlags, MemError, MemoryTable, MrKeys, PdId, Sge};
-pub use crate::deps::{Psn, Qpn};
-pub use softhca_memory::{MwBind, MwType};
+pub use softhca_memory::{AccessFlags, MemError, MemoryTable, MrKeys, MwBind, MwType, PdId, Sge};
+pub use softhca_wire::{Psn, Qpn};
 
 /// Virtual time in nanoseconds. The engine never reads a clock: the caller passes `now`.
 pub type Nanos = u64;
@@ -64,6 +63,17 @@ pub enum QpType {
     Uc = 3,
     /// Unreliable datagram.
     Ud = 4,
+}
+
+impl QpType {
+    /// The transport its packets' opcodes name (IBTA 9.2, table 38).
+    pub(crate) fn transport(self) -> softhca_wire::Transport {
+        match self {
+            QpType::Rc => softhca_wire::Transport::Rc,
+            QpType::Uc => softhca_wire::Transport::Uc,
+            QpType::Ud => softhca_wire::Transport::Ud,
+        }
+    }
 }
 
 /// Queue pair state (`IBV_QPS_*`).
@@ -308,6 +318,64 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry: u8,
+}
+
+impl QpAttr {
+    /// Copy the attributes `mask` selects from `new` (`ibv_modify_qp`); PSNs and the
+    /// remote QPN are cut to their 24 bits. The state fields, `cap` and `ALT_PATH`
+    /// are not copied: the caller checks and applies those.
+    pub fn apply(&mut self, new: &QpAttr, mask: QpAttrMask) {
+        use QpAttrMask as M;
+        let on = |m: QpAttrMask| mask.contains(m);
+        if on(M::ACCESS_FLAGS) {
+            self.qp_access_flags = new.qp_access_flags;
+        }
+        if on(M::PKEY_INDEX) {
+            self.pkey_index = new.pkey_index;
+        }
+        if on(M::PORT) {
+            self.port_num = new.port_num;
+        }
+        if on(M::QKEY) {
+            self.qkey = new.qkey;
+        }
+        if on(M::AV) {
+            self.ah_attr = new.ah_attr;
+        }
+        if on(M::PATH_MTU) {
+            self.path_mtu = new.path_mtu;
+        }
+        if on(M::TIMEOUT) {
+            self.timeout = new.timeout;
+        }
+        if on(M::RETRY_CNT) {
+            self.retry_cnt = new.retry_cnt;
+        }
+        if on(M::RNR_RETRY) {
+            self.rnr_retry = new.rnr_retry;
+        }
+        if on(M::RQ_PSN) {
+            self.rq_psn = Psn::new(new.rq_psn).value();
+        }
+        if on(M::SQ_PSN) {
+            self.sq_psn = Psn::new(new.sq_psn).value();
+        }
+        if on(M::MAX_QP_RD_ATOMIC) {
+            self.max_rd_atomic = new.max_rd_atomic;
+        }
+        if on(M::MIN_RNR_TIMER) {
+            self.min_rnr_timer = new.min_rnr_timer;
+        }
+        if on(M::MAX_DEST_RD_ATOMIC) {
+            self.max_dest_rd_atomic = new.max_dest_rd_atomic;
+        }
+        if on(M::DEST_QPN) {
+            self.dest_qp_num = Qpn::new(new.dest_qp_num).value();
+        }
+        if on(M::EN_SQD_ASYNC_NOTIFY) {
+            self.en_sqd_async_notify = new.en_sqd_async_notify;
+        }
+    }
 }
 
 /// Send work request opcode (`IBV_WR_*`).
@@ -605,4 +673,35 @@ pub enum AsyncEvent {
     SrqLimitReached(SrqId),
     /// SRQ error.
     SrqErr(SrqId),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qp_attr_apply_copies_only_the_masked_fields() {
+        let mut a = QpAttr::default();
+        let new = QpAttr {
+            qp_state: QpState::Rts,
+            rq_psn: 0x1ab_cdef,
+            sq_psn: 0x200_0001,
+            dest_qp_num: 0xff00_0012,
+            timeout: 14,
+            qkey: 7,
+            ..QpAttr::default()
+        };
+        a.apply(
+            &new,
+            QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::DEST_QPN | QpAttrMask::TIMEOUT,
+        );
+        // The state is the caller's to move; PSNs and the QPN keep their 24 bits.
+        assert_eq!(a.qp_state, QpState::Reset);
+        assert_eq!(a.rq_psn, 0xab_cdef);
+        assert_eq!(a.dest_qp_num, 0x12);
+        assert_eq!(a.timeout, 14);
+        assert_eq!((a.sq_psn, a.qkey), (0, 0));
+        a.apply(&new, QpAttrMask::SQ_PSN);
+        assert_eq!(a.sq_psn, 1);
+    }
 }

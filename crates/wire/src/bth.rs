@@ -20,6 +20,13 @@ pub const BTH_LEN: usize = 12;
 /// `ibv_*_pingpong` use.
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
+/// Whether a received P_Key is accepted (IBTA 10.9.3): the default partition 0x7fff with
+/// either membership bit. rxe knows only the default partition.
+#[inline]
+pub const fn pkey_ok(pkey: u16) -> bool {
+    pkey & 0x7fff == 0x7fff
+}
+
 /// Base transport header fields. Reserved bits are written as zero and ignored on parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bth {
@@ -122,6 +129,14 @@ mod tests {
             [0x02, 0xb0, 0xff, 0xff, 0x80, 0x00, 0x01, 0x23, 0x80, 0x2f, 0xad, 0x7d]
         );
         assert_eq!(Bth::parse(&b), Ok(bth));
+    }
+
+    #[test]
+    fn pkey_check_accepts_both_memberships_of_the_default_partition() {
+        assert!(pkey_ok(DEFAULT_PKEY));
+        assert!(pkey_ok(0x7fff));
+        assert!(!pkey_ok(0xfffe));
+        assert!(!pkey_ok(0x8001));
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl Aeth {
     pub const CREDITS_INVALID: u8 = 0x1f;
 
     /// An ACK. `msn` is masked to 24 bits, `credits` to 5.
+    #[inline]
     pub const fn ack(msn: u32, credits: u8) -> Aeth {
         Aeth {
             syndrome: credits & 0x1f,
@@ -127,6 +128,7 @@ impl Aeth {
     }
 
     /// An RNR NAK with the encoded timer (5 bits).
+    #[inline]
     pub const fn rnr_nak(msn: u32, timer: u8) -> Aeth {
         Aeth {
             syndrome: 0x20 | (timer & 0x1f),
@@ -135,6 +137,7 @@ impl Aeth {
     }
 
     /// A NAK.
+    #[inline]
     pub const fn nak(msn: u32, code: NakCode) -> Aeth {
         Aeth {
             syndrome: 0x60 | code as u8,
@@ -142,7 +145,22 @@ impl Aeth {
         }
     }
 
+    /// The AETH that says `kind` (the inverse of [`Aeth::kind`]); `msn` is masked to 24 bits.
+    #[inline]
+    pub const fn from_kind(kind: AethKind, msn: u32) -> Aeth {
+        match kind {
+            AethKind::Ack { credits } => Aeth::ack(msn, credits),
+            AethKind::RnrNak { timer } => Aeth::rnr_nak(msn, timer),
+            AethKind::Nak(code) => Aeth::nak(msn, code),
+            AethKind::Reserved(syndrome) => Aeth {
+                syndrome,
+                msn: msn & 0x00ff_ffff,
+            },
+        }
+    }
+
     /// Decode the syndrome.
+    #[inline]
     pub const fn kind(&self) -> AethKind {
         let s = self.syndrome;
         let low = s & 0x1f;
@@ -378,5 +396,20 @@ mod tests {
         assert_eq!(b[27], 2);
         assert_eq!(AtomicEth::parse(&b), Ok(a));
         assert!(AtomicEth::parse(&b[..27]).is_err());
+    }
+
+    #[test]
+    fn from_kind_inverts_kind() {
+        for syndrome in 0..=255u8 {
+            let a = Aeth { syndrome, msn: 5 };
+            assert_eq!(Aeth::from_kind(a.kind(), 5), a);
+        }
+        assert_eq!(
+            Aeth::from_kind(AethKind::Nak(NakCode::RemoteAccessError), 0x100_0001),
+            Aeth {
+                syndrome: 0x62,
+                msn: 1
+            }
+        );
     }
 }

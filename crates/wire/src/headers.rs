@@ -65,6 +65,13 @@ impl Headers {
         self.bth.opcode.header_len()
     }
 
+    /// Bytes on the wire (UDP payload) of a packet with these headers and `payload_len`
+    /// bytes of payload: headers, payload, pad and ICRC.
+    #[inline]
+    pub fn packet_len(&self, payload_len: usize) -> usize {
+        self.len() + payload_len + usize::from(pad_count(payload_len)) + ICRC_LEN
+    }
+
     /// The extension headers that are present (`Some`).
     pub fn present(&self) -> ExtHeaders {
         let mut e = ExtHeaders::empty();
@@ -342,6 +349,15 @@ mod tests {
     #[test]
     fn pad_counts() {
         assert_eq!([0, 1, 2, 3, 4, 5].map(pad_count), [0, 3, 2, 1, 0, 3]);
+    }
+
+    #[test]
+    fn packet_len_counts_headers_payload_pad_and_icrc() {
+        let h = hdr(Opcode::RC_SEND_ONLY);
+        let mut buf = [0u8; 64];
+        let n = emit_packet(&h, &[1, 2, 3, 4, 5], &mut buf).unwrap();
+        assert_eq!(h.packet_len(5), n + ICRC_LEN);
+        assert_eq!(hdr(Opcode::RC_RDMA_WRITE_FIRST).packet_len(0), 28 + 4);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! A UDP socket never shows us the IP header, so [`UdpPseudo`] carries the fields the
 //! ICRC covers and the masked IP/UDP headers are rebuilt on the stack.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crc32fast::Hasher;
@@ -61,6 +61,26 @@ pub struct UdpPseudo {
 }
 
 impl UdpPseudo {
+    /// The pseudo-header of a datagram between two socket addresses, as a Linux UDP socket
+    /// sends it: IPv4 with DF set (sockets that do path MTU discovery) and `ipv4_id`, else
+    /// IPv6, an IPv4 address of a mixed pair taken as IPv4-mapped.
+    #[inline]
+    pub fn from_addrs(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, ipv4_id: u16) -> Self {
+        let ip = match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => IpPseudo::V4 {
+                src,
+                dst,
+                id: ipv4_id,
+                dont_fragment: true,
+            },
+            (s, d) => IpPseudo::V6 {
+                src: to_v6(s),
+                dst: to_v6(d),
+            },
+        };
+        UdpPseudo { ip, sport, dport }
+    }
+
     /// The same flow with the IPv4 ID replaced (no effect on IPv6).
     #[must_use]
     pub const fn with_ipv4_id(mut self, new_id: u16) -> UdpPseudo {
@@ -417,6 +437,68 @@ pub fn seal(p: &UdpPseudo, buf: &mut [u8], len: usize) -> Result<usize, Error> {
     Ok(end)
 }
 
+/// [`seal`] for a packet whose bytes from `tail_at` to `len` (payload and pad) were CRC'd
+/// as they were copied in (`tail_crc`, see [`icrc_with_tail`]): only `buf[..tail_at]`
+/// is hashed. Returns `len + 4`.
+pub fn seal_tail(
+    p: &UdpPseudo,
+    buf: &mut [u8],
+    len: usize,
+    tail_at: usize,
+    tail_crc: u32,
+) -> Result<usize, Error> {
+    let end = icrc_end(buf, len)?;
+    let (body, rest) = buf.split_at_mut(len);
+    let head = body.get(..tail_at.min(len)).unwrap_or_default();
+    let c = icrc_with_tail(p, head, len - head.len(), tail_crc);
+    put_icrc(rest, c);
+    Ok(end)
+}
+
+/// [`seal`] for a packet whose payload is elsewhere (zero-copy send): `buf[..head]`
+/// holds its headers and `buf[head..len]` its pad; the ICRC over headers, `payload` and
+/// pad goes to `buf[len..len + 4]`. Returns `len + 4`.
+pub fn seal_pieces(
+    p: &UdpPseudo,
+    buf: &mut [u8],
+    head: usize,
+    payload: &[u8],
+    len: usize,
+) -> Result<usize, Error> {
+    let end = icrc_end(buf, len)?;
+    let (body, rest) = buf.split_at_mut(len);
+    let (hdr, pad) = body.split_at(head.min(len));
+    let c = icrc_pieces(p, hdr, &[payload, pad]);
+    put_icrc(rest, c);
+    Ok(end)
+}
+
+/// `len + 4`, the end of an ICRC appended at `len`, when `buf` has room for it.
+fn icrc_end(buf: &[u8], len: usize) -> Result<usize, Error> {
+    let have = buf.len();
+    len.checked_add(ICRC_LEN)
+        .filter(|&n| n <= have)
+        .ok_or(Error::Truncated {
+            what: "ICRC",
+            need: len.saturating_add(ICRC_LEN),
+            have,
+        })
+}
+
+/// Write the ICRC (little-endian, as rxe) at the start of `rest`.
+fn put_icrc(rest: &mut [u8], c: u32) {
+    if let Some(t) = rest.get_mut(..ICRC_LEN) {
+        t.copy_from_slice(&c.to_le_bytes());
+    }
+}
+
+fn to_v6(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
+
 /// Split a RoCE UDP payload into body and stored ICRC.
 #[inline]
 fn split_icrc(udp_payload: &[u8]) -> Option<(&[u8], u32)> {
@@ -663,6 +745,47 @@ mod tests {
                 assert_eq!(got, whole, "cut at {a}, {b}");
             }
         }
+    }
+
+    /// Sealing with a precomputed tail CRC, or with the payload elsewhere, writes the
+    /// same ICRC as sealing the joined packet.
+    #[test]
+    fn seal_tail_and_pieces_equal_seal() {
+        let mut whole = [0u8; 64];
+        for (i, b) in whole.iter_mut().enumerate().take(60) {
+            *b = (i * 13 + 1) as u8;
+        }
+        let mut want = whole;
+        assert_eq!(seal(&v4(9), &mut want, 60), Ok(64));
+        let mut got = whole;
+        let tail = crc32_extend(0, &whole[20..60]);
+        assert_eq!(seal_tail(&v4(9), &mut got, 60, 20, tail), Ok(64));
+        assert_eq!(got, want);
+        // Headers (20 bytes) and pad (2) in the buffer, the 38-byte payload apart.
+        let mut split = [0u8; 26];
+        split[..20].copy_from_slice(&whole[..20]);
+        split[20..22].copy_from_slice(&whole[58..60]);
+        assert_eq!(
+            seal_pieces(&v4(9), &mut split, 20, &whole[20..58], 22),
+            Ok(26)
+        );
+        assert_eq!(split[22..], want[60..]);
+        assert!(seal_pieces(&v4(9), &mut split, 20, &[], 23).is_err());
+        assert!(seal_tail(&v4(9), &mut got, 61, 20, tail).is_err());
+    }
+
+    #[test]
+    fn from_addrs_is_v4_with_df_or_v6_mapped() {
+        let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let mut want = v4(7);
+        assert_eq!(UdpPseudo::from_addrs(a, b, 0xc123, 4791, 7), want);
+        let b6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        want.ip = IpPseudo::V6 {
+            src: Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped(),
+            dst: Ipv6Addr::LOCALHOST,
+        };
+        assert_eq!(UdpPseudo::from_addrs(a, b6, 0xc123, 4791, 7), want);
     }
 
     #[test]

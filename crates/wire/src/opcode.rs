@@ -59,6 +59,19 @@ pub enum Position {
     Only,
 }
 
+impl Position {
+    /// The position of a packet that is (or is not) the first and the last of its message.
+    #[inline]
+    pub const fn from_ends(first: bool, last: bool) -> Position {
+        match (first, last) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, true) => Position::Last,
+            (false, false) => Position::Middle,
+        }
+    }
+}
+
 bitflags! {
     /// Extension headers an opcode carries. Emit and parse order on the wire is the
     /// declaration order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH
@@ -511,6 +524,7 @@ impl Opcode {
 
     /// The SEND opcode for `transport` at `pos`; `imm` and `inv` may be set on Last/Only
     /// only, not both, `inv` on RC only; UD has Only only. `None` if no such opcode.
+    #[inline]
     pub fn send(transport: Transport, pos: Position, imm: bool, inv: bool) -> Option<Opcode> {
         if imm && inv {
             return None;
@@ -530,6 +544,7 @@ impl Opcode {
     }
 
     /// The RDMA WRITE opcode for `transport` at `pos`; `imm` on Last/Only only.
+    #[inline]
     pub fn write(transport: Transport, pos: Position, imm: bool) -> Option<Opcode> {
         let low = match (pos, imm) {
             (Position::First, false) => 0x06,
@@ -544,6 +559,7 @@ impl Opcode {
     }
 
     /// The RC RDMA READ response opcode at `pos`.
+    #[inline]
     pub const fn read_response(pos: Position) -> Opcode {
         match pos {
             Position::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
@@ -559,6 +575,7 @@ impl Opcode {
         Self::checked(transport, self.0 & 0x1f)
     }
 
+    #[inline]
     fn checked(transport: Transport, low: u8) -> Option<Opcode> {
         let o = Opcode(transport.base() | low);
         o.is_valid().then_some(o)
@@ -669,5 +686,13 @@ mod tests {
             Some(Opcode::UD_SEND_ONLY)
         );
         assert_eq!(format!("{:?}", Opcode::RC_SEND_LAST), "RC_SEND_LAST(0x02)");
+    }
+
+    #[test]
+    fn position_from_ends() {
+        assert_eq!(Position::from_ends(true, true), Position::Only);
+        assert_eq!(Position::from_ends(true, false), Position::First);
+        assert_eq!(Position::from_ends(false, true), Position::Last);
+        assert_eq!(Position::from_ends(false, false), Position::Middle);
     }
 }

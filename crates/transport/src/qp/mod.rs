@@ -6,10 +6,10 @@ pub mod state;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
+use softhca_wire::{Aeth, Headers};
 
+use crate::config::EngineConfig;
 use crate::counters::Counters;
-use crate::engine::EngineConfig;
-use crate::packet::PktHdr;
 use crate::path::Path;
 use crate::recovery::GoBackN;
 use crate::verbs::*;
@@ -30,7 +30,7 @@ pub(crate) struct Ctx<'a> {
 ///
 /// Why: each QP may have `MAX_UNACKED_PSNS` (1024) in flight, so 1024 QPs could put
 /// 4 GiB on the wire at once; the peer's socket buffer (16 MiB) overflowed, go-back-N
-/// resent whole windows, and QPs starved into RETRY_EXC_ERR (issue 4's 1024-QP test).
+/// resent whole windows, and QPs starved into RETRY_EXC_ERR (a 1024-QP WRITE test).
 /// A NIC bounds this with its hardware queues and congestion control (DCQCN); a socket
 /// transport bounds it here: 2048 PSNs is 8 MiB at MTU 4096, within one socket buffer.
 pub(crate) const DEVICE_MAX_INFLIGHT_PSNS: u32 = 2048;
@@ -97,11 +97,11 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// When that was (a round-trip sample when it completes, see `Requester::srtt`).
     pub sent_at: Nanos,
-    pub first_psn: u32,
+    pub first_psn: Psn,
     /// PSNs the WQE occupies (READ: response packets).
     pub npkts: u32,
     /// READ: next response PSN expected.
-    pub read_next_psn: u32,
+    pub read_next_psn: Psn,
     /// All packets sent once (UC/UD: this completes the WQE).
     pub done: bool,
     /// Error found by the requester itself (local errors), reported when it reaches the head.
@@ -123,18 +123,18 @@ impl SendWqe {
             _ => self.len.div_ceil(mtu).max(1) as u32,
         }
     }
-    pub fn last_psn(&self) -> u32 {
-        psn_add(self.first_psn, self.npkts.max(1) - 1)
+    pub fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.max(1) - 1)
     }
     /// A bind or local invalidation: no packet, executed when posted.
     pub fn is_local_op(&self) -> bool {
         matches!(self.wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv)
     }
-    pub fn contains(&self, psn: u32) -> bool {
+    pub fn contains(&self, psn: Psn) -> bool {
         self.started
             && !self.is_local_op()
-            && psn_diff(psn, self.first_psn) >= 0
-            && psn_diff(psn, self.last_psn()) <= 0
+            && psn.diff(self.first_psn) >= 0
+            && psn.diff(self.last_psn()) <= 0
     }
 }
 
@@ -147,21 +147,21 @@ pub(crate) struct Requester {
     /// Byte offset of that packet within the WQE.
     pub send_off: u64,
     /// PSN given to the next WQE that starts.
-    pub next_psn: u32,
+    pub next_psn: Psn,
     /// Oldest unacknowledged PSN.
-    pub una: u32,
+    pub una: Psn,
     /// One past the highest PSN sent.
-    pub max_sent: u32,
+    pub max_sent: Psn,
     /// READ/atomic WQEs started and not completed.
     pub rd_atomic_inflight: u32,
     pub retry_left: u8,
     pub rnr_left: u8,
     /// RNR NAK received: sending paused until this time, then resume from the PSN.
-    pub rnr_wait: Option<(Nanos, u32)>,
+    pub rnr_wait: Option<(Nanos, Psn)>,
     /// Retransmit deadline.
     pub rto: Option<Nanos>,
     /// Retransmit timeouts in a row without forward progress: each doubles the next
-    /// timeout, up to [`crate::requester::MAX_RTO_BACKOFF`] doublings.
+    /// timeout, up to `requester::MAX_RTO_BACKOFF` doublings.
     pub rto_backoff: u8,
     /// A timeout or response holes in READs re-request only those READs (see
     /// `Qp::retransmit_from`): once the request being sent has left, sending goes on
@@ -182,7 +182,7 @@ pub(crate) struct Requester {
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
     /// `completer::on_read_response`); counted into `una` when the gap fills.
-    pub read_early: VecDeque<u32>,
+    pub read_early: VecDeque<Psn>,
     /// When to resend from the missing READ response if the gap has not filled.
     pub read_gap_at: Option<Nanos>,
     /// SQD: notify when drained.
@@ -208,20 +208,20 @@ pub(crate) enum InMsg {
 /// A READ/atomic responder resource (IBTA 9.7.5.1: kept to answer duplicates).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RdRes {
-    Read { first_psn: u32, last_psn: u32 },
-    Atomic { psn: u32, orig: u64 },
+    Read { first_psn: Psn, last_psn: Psn },
+    Atomic { psn: Psn, orig: u64 },
 }
 
 /// Something the responder has to send, in order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RespOut {
+    /// ACK, NAK or RNR NAK: the AETH carries the MSN as of when it was queued.
     Ack {
-        psn: u32,
-        syndrome: u8,
-        msn: u32,
+        psn: Psn,
+        aeth: Aeth,
     },
     Read {
-        psn: u32,
+        psn: Psn,
         rkey: u32,
         va: u64,
         remaining: u64,
@@ -229,7 +229,7 @@ pub(crate) enum RespOut {
         msn: u32,
     },
     AtomicAck {
-        psn: u32,
+        psn: Psn,
         orig: u64,
         msn: u32,
     },
@@ -238,7 +238,7 @@ pub(crate) enum RespOut {
 /// Responder state (receive side).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
-    pub epsn: u32,
+    pub epsn: Psn,
     pub msn: u32,
     /// A PSN-sequence or RNR NAK was sent for `epsn` (IBTA C9-88: one NAK per error).
     pub nak_sent: bool,
@@ -252,7 +252,7 @@ pub(crate) struct Responder {
     /// fills (see `responder::OOO_MAX`), in PSN order (so a duplicate is a binary
     /// search and the drain pops from the front); empty (no allocation) on an in-order
     /// path.
-    pub ooo: VecDeque<(PktHdr, Vec<u8>)>,
+    pub ooo: VecDeque<(Headers, Vec<u8>)>,
     /// Payload bytes in `ooo`.
     pub ooo_bytes: usize,
     /// When to NAK the gap in front of `ooo` if it has not filled by then (or, after
@@ -300,15 +300,6 @@ pub(crate) struct Qp {
     pub timer_gen: u64,
 }
 
-/// Serial-number PSN arithmetic (24 bits, IBTA 9.7.1).
-pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
-    a.wrapping_add(n) & 0x00ff_ffff
-}
-/// `a - b` as a signed distance in the 24-bit PSN space.
-pub(crate) fn psn_diff(a: u32, b: u32) -> i32 {
-    (a.wrapping_sub(b) << 8) as i32 >> 8
-}
-
 impl Qp {
     pub fn new(qpn: u32, init: QpInitAttr) -> Qp {
         let attr = QpAttr {
@@ -336,7 +327,7 @@ impl Qp {
     }
 
     pub fn qpn_t(&self) -> Qpn {
-        crate::deps::qpn(self.qpn)
+        Qpn::new(self.qpn)
     }
 
     /// The MTU packets of this QP use: min(path MTU, device MTU); UD uses the device MTU.
@@ -440,5 +431,26 @@ pub(crate) fn wc_opcode(op: WrOpcode) -> WcOpcode {
         WrOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
         WrOpcode::LocalInv => WcOpcode::LocalInv,
         WrOpcode::BindMw => WcOpcode::BindMw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_counts_a_qps_own_share_once() {
+        let mut b = Budget {
+            inflight: DEVICE_MAX_INFLIGHT_PSNS - 10,
+            ..Budget::default()
+        };
+        // This QP reported 10 of those: it may grow to just under the device cap.
+        assert!(b.allows(10, 19));
+        assert!(!b.allows(10, 20));
+        // Another QP, with nothing in flight, may not start.
+        assert!(b.allows(0, 9));
+        assert!(!b.allows(0, 10));
+        b.inflight = 0;
+        assert!(b.allows(0, DEVICE_MAX_INFLIGHT_PSNS - 1));
     }
 }

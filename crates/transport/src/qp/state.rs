@@ -26,22 +26,7 @@ pub fn transition(cur: QpState, next: QpState, ty: QpType) -> Option<(M, M)> {
         }
         (Reset, _) => return None,
         (_, Err) => (e, e),
-        (Init, Rtr) => match ty {
-            Ud => (e, M::PKEY_INDEX | M::QKEY),
-            Uc => (
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-            ),
-            Rc => (
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-            ),
-        },
+        (Init, Rtr) => init_to_rtr(ty),
         (Rtr, Rts) => match ty {
             Ud => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
             Uc => (
@@ -65,28 +50,7 @@ pub fn transition(cur: QpState, next: QpState, ty: QpType) -> Option<(M, M)> {
             ),
         },
         (Rts, Sqd) => (e, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) => match ty {
-            Ud => (e, M::PKEY_INDEX | M::QKEY),
-            Uc => (
-                e,
-                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
-            ),
-            Rc => (
-                e,
-                M::PORT
-                    | M::AV
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::MAX_QP_RD_ATOMIC
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::PKEY_INDEX
-                    | M::MIN_RNR_TIMER
-                    | M::PATH_MIG_STATE,
-            ),
-        },
+        (Sqd, Sqd) => sqd_to_sqd(ty),
         (Sqe, Rts) => match ty {
             Ud => (e, M::CUR_STATE | M::QKEY),
             Uc => (e, M::CUR_STATE | M::ACCESS_FLAGS),
@@ -95,6 +59,56 @@ pub fn transition(cur: QpState, next: QpState, ty: QpType) -> Option<(M, M)> {
         _ => return None,
     };
     Some(r)
+}
+
+/// INIT to RTR: the path and the receive side's starting point (IBTA table 94ff).
+fn init_to_rtr(ty: QpType) -> (M, M) {
+    use QpType::*;
+    let e = M::empty();
+    match ty {
+        Ud => (e, M::PKEY_INDEX | M::QKEY),
+        Uc => (
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        Rc => (
+            M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+    }
+}
+
+/// SQD to SQD: what may change while the send queue is drained.
+fn sqd_to_sqd(ty: QpType) -> (M, M) {
+    use QpType::*;
+    let e = M::empty();
+    match ty {
+        Ud => (e, M::PKEY_INDEX | M::QKEY),
+        Uc => (
+            e,
+            M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+        ),
+        Rc => (
+            e,
+            M::PORT
+                | M::AV
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::MAX_QP_RD_ATOMIC
+                | M::MAX_DEST_RD_ATOMIC
+                | M::ALT_PATH
+                | M::ACCESS_FLAGS
+                | M::PKEY_INDEX
+                | M::MIN_RNR_TIMER
+                | M::PATH_MIG_STATE,
+        ),
+    }
 }
 
 /// `ib_modify_qp_is_ok()`: is `mask` acceptable for moving from `cur` to `next`?

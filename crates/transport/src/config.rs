@@ -1,0 +1,57 @@
+//! The engine's configuration: device limits and the choices that shape its packets.
+
+use crate::verbs::{Gid, Mtu};
+
+/// Engine configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// GID table: the addresses this device serves.
+    pub gids: Vec<Gid>,
+    /// RoCEv2 UDP port (4791).
+    pub udp_port: u16,
+    /// Seed for randomised choices (initial values only; the datapath is deterministic).
+    pub seed: u64,
+    /// Largest path MTU this device supports.
+    pub max_mtu: Mtu,
+    /// Largest queue depth.
+    pub max_qp_wr: u32,
+    /// Largest scatter/gather list.
+    pub max_sge: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+    /// Largest max_rd_atomic / max_dest_rd_atomic.
+    pub max_qp_rd_atom: u8,
+    /// Largest number of packets per [`crate::Transmit`] (1 disables batching).
+    pub max_gso_segments: usize,
+    /// Send each packet of a multi-packet RC RDMA WRITE (without immediate) as an RDMA
+    /// WRITE Only with a RETH for its own part, instead of First/Middle/Last.
+    ///
+    /// Why: a GSO batch holds equal-sized packets (the last may be shorter), and a
+    /// WRITE First is 16 bytes longer than the Middles (its RETH), so a classic
+    /// 64 KiB WRITE leaves as two batches, two skbs on each side. As Only packets it
+    /// leaves as one. The peer sees valid single-packet WRITEs in PSN order: the same bytes
+    /// land at the same places, each packet's range is checked against the rkey, and
+    /// the ACKs are the same (AckReq on the WR's last packet). What differs: a WRITE
+    /// that runs past the end of the remote MR has its in-bounds packets placed
+    /// before the NAK (a First carries the whole length and is refused whole), and a
+    /// capture shows Only packets where rxe shows First/Middle/Last. UC keeps
+    /// First/Middle/Last: there a lost packet must drop the whole message.
+    pub split_rc_writes: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            gids: Vec::new(),
+            udp_port: 4791,
+            seed: 0,
+            max_mtu: Mtu::M4096,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_inline_data: 256,
+            max_qp_rd_atom: 128,
+            max_gso_segments: 64,
+            split_rc_writes: true,
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! What crosses the engine's edge with a datagram: where a received one came from
+//! ([`DatagramInfo`]), and the batches of packets to send ([`Transmit`], [`TxPiece`]).
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+
+use softhca_wire::{self as wire, UdpPseudo};
+
+/// Where a received datagram came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatagramInfo {
+    /// Source IP and UDP port.
+    pub src: SocketAddr,
+    /// Destination IP (one of our GIDs).
+    pub dst: IpAddr,
+    /// Index within a GRO batch (the IPv4 ID candidate for the ICRC).
+    pub segment_index: u16,
+}
+
+/// A batch of packets to send: `buf[..len]` holds `ceil(len / segment_size)` packets
+/// (the last may be shorter), all to `dst` from `src`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination IP and UDP port.
+    pub dst: SocketAddr,
+    /// Source IP.
+    pub src: IpAddr,
+    /// Bytes used in the buffer.
+    pub len: usize,
+    /// Size of each packet but the last.
+    pub segment_size: usize,
+    /// UDP source port the packets were sealed with (the ICRC covers it): rxe's fixed
+    /// per-QP port, or the one set by [`crate::Engine::set_source_port`].
+    pub src_port: u16,
+}
+
+impl Transmit {
+    /// Seals packet `index` of this Transmit (again, unless [`crate::Engine::set_late_seal`] left
+    /// it unsealed), laid out back to back in `buf` (no external payload), for the UDP
+    /// source port and IPv4 ID it will really leave with:
+    /// the datapath's connected per-peer sockets (`softhca_io::ConnectedSender`) send
+    /// from their own port, and Linux numbers their packets from a per-socket counter.
+    /// Returns false when the packet is not in `buf`.
+    pub fn reseal(&self, buf: &mut [u8], index: usize, sport: u16, ipv4_id: u16) -> bool {
+        let seg = self.segment_size.max(1);
+        let start = index.saturating_mul(seg);
+        let end = (start + seg).min(self.len);
+        self.seal_at(buf, start..end, sport, ipv4_id, None)
+    }
+
+    /// Seals `piece`, a packet of this Transmit built wholly in `buf` (no external
+    /// payload) and left unsealed ([`crate::Engine::set_late_seal`]), for the UDP source port and
+    /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
+    pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
+        piece.external.is_none()
+            && self.seal_at(
+                buf,
+                piece.start..piece.start + piece.head + piece.tail,
+                sport,
+                ipv4_id,
+                piece.tail_crc,
+            )
+    }
+
+    /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes); with `tail`, from
+    /// its headers and the CRC its payload got as it was copied in.
+    fn seal_at(
+        &self,
+        buf: &mut [u8],
+        at: Range<usize>,
+        sport: u16,
+        ipv4_id: u16,
+        tail: Option<TailCrc>,
+    ) -> bool {
+        let Some(pkt) = buf.get_mut(at) else {
+            return false;
+        };
+        let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
+            return false;
+        };
+        let pseudo =
+            UdpPseudo::from_addrs(self.src, self.dst.ip(), sport, self.dst.port(), ipv4_id);
+        seal_packet(&pseudo, pkt, body, tail).is_some()
+    }
+
+    /// Packets in this Transmit.
+    pub fn packets(&self) -> usize {
+        self.len.div_ceil(self.segment_size.max(1))
+    }
+}
+
+/// One packet of a Transmit from [`crate::Engine::poll_transmit_gather`]: its wire bytes are
+/// `buf[start..start + head]`, then the `external` payload if any, then
+/// `buf[start + head..start + head + tail]` (pad and ICRC). Without `external` the
+/// packet is simply `buf[start..start + head + tail]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPiece {
+    /// Where the packet starts in the transmit buffer.
+    pub start: usize,
+    /// Bytes in the buffer before the external payload (the headers).
+    pub head: usize,
+    /// The payload left in registered memory.
+    pub external: Option<External>,
+    /// Bytes in the buffer after the external payload (pad, ICRC).
+    pub tail: usize,
+    /// The CRC of the packet's payload and pad, taken as they were copied in (an RDMA
+    /// READ response's payload): sealing hashes the headers only.
+    pub tail_crc: Option<TailCrc>,
+}
+
+/// The CRC-32 (initial value 0) of a packet's bytes from `at` up to its ICRC, computed
+/// while they were copied into the transmit buffer (`MemoryTable::remote_read_crc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailCrc {
+    /// Offset in the packet of the first byte covered (the payload's).
+    pub at: usize,
+    /// Their CRC-32, as crc32fast computes it from the initial value 0.
+    pub crc: u32,
+}
+
+impl TxPiece {
+    /// Bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        self.head + self.external.map_or(0, |e| e.len) + self.tail
+    }
+}
+
+/// A packet payload left in registered memory by a zero-copy build: the host address
+/// of its first byte and its length. It stays readable until its MR is deregistered
+/// (see [`crate::Engine::poll_transmit_gather`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct External {
+    /// Host address (an address, not a pointer, so that transmit lists stay `Send`).
+    pub addr: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// Append the ICRC to the packet `pkt[..len]`; with `tail`, hashing only its headers
+/// (see [`TailCrc`]). Returns `len + 4`.
+pub(crate) fn seal_packet(
+    pseudo: &UdpPseudo,
+    pkt: &mut [u8],
+    len: usize,
+    tail: Option<TailCrc>,
+) -> Option<usize> {
+    match tail {
+        Some(t) => wire::seal_tail(pseudo, pkt, len, t.at, t.crc),
+        None => wire::seal(pseudo, pkt, len),
+    }
+    .ok()
+}
