@@ -721,6 +721,43 @@ fn pd<const N: usize>(m: &[u8], at: usize) -> Result<[u8; N], CmError> {
 /// Decode a 256-byte CM MAD. Never panics; any input that is not a CM message of the nine
 /// kinds above gives an error.
 pub fn parse(m: &[u8]) -> Result<CmMessage, CmError> {
+    let (hdr, attr_id) = parse_header(m)?;
+    let body = match attr_id {
+        attr::REQ => CmBody::Req(parse_req(m)?),
+        attr::MRA => CmBody::Mra(parse_mra(m)?),
+        attr::REJ => CmBody::Rej(parse_rej(m)?),
+        attr::REP => CmBody::Rep(parse_rep(m)?),
+        attr::RTU => CmBody::Rtu(Rtu {
+            local_comm_id: u32_at(m, 24)?,
+            remote_comm_id: u32_at(m, 28)?,
+            private_data: pd(m, 32)?,
+        }),
+        attr::DREQ => CmBody::Dreq(Dreq {
+            local_comm_id: u32_at(m, 24)?,
+            remote_comm_id: u32_at(m, 28)?,
+            remote_qpn: Qpn::new(u24_at(m, 32)?),
+            private_data: pd(m, 36)?,
+        }),
+        attr::DREP => CmBody::Drep(Drep {
+            local_comm_id: u32_at(m, 24)?,
+            remote_comm_id: u32_at(m, 28)?,
+            private_data: pd(m, 32)?,
+        }),
+        attr::SIDR_REQ => CmBody::SidrReq(SidrReq {
+            request_id: u32_at(m, 24)?,
+            pkey: u16_at(m, 28)?,
+            service_id: u64_at(m, 32)?,
+            private_data: pd(m, 40)?,
+        }),
+        attr::SIDR_REP => CmBody::SidrRep(parse_sidr_rep(m)?),
+        other => return Err(CmError::UnsupportedAttr(other)),
+    };
+    Ok(CmMessage { hdr, body })
+}
+
+/// The MAD header: the fixed fields of a CM MAD are checked, the rest returned with the
+/// attribute ID.
+fn parse_header(m: &[u8]) -> Result<(MadHeader, u16), CmError> {
     if m.len() != MAD_LEN {
         return Err(CmError::BadLength(m.len()));
     }
@@ -745,85 +782,69 @@ pub fn parse(m: &[u8]) -> Result<CmMessage, CmError> {
         tid: u64_at(m, 8)?,
         attr_mod: u32_at(m, 20)?,
     };
-    let attr_id = u16_at(m, 16)?;
-    let body = match attr_id {
-        attr::REQ => CmBody::Req(parse_req(m)?),
-        attr::MRA => CmBody::Mra(Mra {
-            local_comm_id: u32_at(m, 24)?,
-            remote_comm_id: u32_at(m, 28)?,
-            msg_mraed: MsgResponse::from_bits(u8_at(m, 32)? >> 6, "msg_mraed")?,
-            service_timeout: u8_at(m, 33)? >> 3,
-            private_data: pd(m, 34)?,
-        }),
-        attr::REJ => CmBody::Rej(Rej {
-            local_comm_id: u32_at(m, 24)?,
-            remote_comm_id: u32_at(m, 28)?,
-            msg_rejected: MsgResponse::from_bits(u8_at(m, 32)? >> 6, "msg_rejected")?,
-            ari_len: u8_at(m, 33)? >> 1,
-            reason: RejReason::from_u16(u16_at(m, 34)?),
-            ari: pd(m, 36)?,
-            private_data: pd(m, 108)?,
-        }),
-        attr::REP => {
-            let b50 = u8_at(m, 50)?;
-            let b51 = u8_at(m, 51)?;
-            CmBody::Rep(Rep {
-                local_comm_id: u32_at(m, 24)?,
-                remote_comm_id: u32_at(m, 28)?,
-                local_qkey: u32_at(m, 32)?,
-                local_qpn: Qpn::new(u24_at(m, 36)?),
-                local_eecn: u24_at(m, 40)?,
-                starting_psn: Psn::new(u24_at(m, 44)?),
-                vendor_id: (u32::from(u8_at(m, 39)?) << 16)
-                    | (u32::from(u8_at(m, 43)?) << 8)
-                    | u32::from(u8_at(m, 47)?),
-                responder_resources: u8_at(m, 48)?,
-                initiator_depth: u8_at(m, 49)?,
-                target_ack_delay: b50 >> 3,
-                failover_accepted: (b50 >> 1) & 3,
-                end_to_end_flow_control: b50 & 1 != 0,
-                rnr_retry_count: b51 >> 5,
-                srq: b51 & 0x10 != 0,
-                local_ca_guid: u64_at(m, 52)?,
-                private_data: pd(m, 60)?,
-            })
-        }
-        attr::RTU => CmBody::Rtu(Rtu {
-            local_comm_id: u32_at(m, 24)?,
-            remote_comm_id: u32_at(m, 28)?,
-            private_data: pd(m, 32)?,
-        }),
-        attr::DREQ => CmBody::Dreq(Dreq {
-            local_comm_id: u32_at(m, 24)?,
-            remote_comm_id: u32_at(m, 28)?,
-            remote_qpn: Qpn::new(u24_at(m, 32)?),
-            private_data: pd(m, 36)?,
-        }),
-        attr::DREP => CmBody::Drep(Drep {
-            local_comm_id: u32_at(m, 24)?,
-            remote_comm_id: u32_at(m, 28)?,
-            private_data: pd(m, 32)?,
-        }),
-        attr::SIDR_REQ => CmBody::SidrReq(SidrReq {
-            request_id: u32_at(m, 24)?,
-            pkey: u16_at(m, 28)?,
-            service_id: u64_at(m, 32)?,
-            private_data: pd(m, 40)?,
-        }),
-        attr::SIDR_REP => CmBody::SidrRep(SidrRep {
-            request_id: u32_at(m, 24)?,
-            status: SidrStatus::from_u8(u8_at(m, 28)?),
-            add_info_len: u8_at(m, 29)?,
-            vendor_id: (u32::from(u16_at(m, 30)?) << 8) | u32::from(u8_at(m, 35)?),
-            qpn: Qpn::new(u24_at(m, 32)?),
-            service_id: u64_at(m, 36)?,
-            qkey: u32_at(m, 44)?,
-            add_info: pd(m, 48)?,
-            private_data: pd(m, 120)?,
-        }),
-        other => return Err(CmError::UnsupportedAttr(other)),
-    };
-    Ok(CmMessage { hdr, body })
+    Ok((hdr, u16_at(m, 16)?))
+}
+
+fn parse_mra(m: &[u8]) -> Result<Mra, CmError> {
+    Ok(Mra {
+        local_comm_id: u32_at(m, 24)?,
+        remote_comm_id: u32_at(m, 28)?,
+        msg_mraed: MsgResponse::from_bits(u8_at(m, 32)? >> 6, "msg_mraed")?,
+        service_timeout: u8_at(m, 33)? >> 3,
+        private_data: pd(m, 34)?,
+    })
+}
+
+fn parse_rej(m: &[u8]) -> Result<Rej, CmError> {
+    Ok(Rej {
+        local_comm_id: u32_at(m, 24)?,
+        remote_comm_id: u32_at(m, 28)?,
+        msg_rejected: MsgResponse::from_bits(u8_at(m, 32)? >> 6, "msg_rejected")?,
+        ari_len: u8_at(m, 33)? >> 1,
+        reason: RejReason::from_u16(u16_at(m, 34)?),
+        ari: pd(m, 36)?,
+        private_data: pd(m, 108)?,
+    })
+}
+
+fn parse_rep(m: &[u8]) -> Result<Rep, CmError> {
+    let b50 = u8_at(m, 50)?;
+    let b51 = u8_at(m, 51)?;
+    Ok(Rep {
+        local_comm_id: u32_at(m, 24)?,
+        remote_comm_id: u32_at(m, 28)?,
+        local_qkey: u32_at(m, 32)?,
+        local_qpn: Qpn::new(u24_at(m, 36)?),
+        local_eecn: u24_at(m, 40)?,
+        starting_psn: Psn::new(u24_at(m, 44)?),
+        // The vendor ID's three bytes sit after the QPN, EECN and PSN (IBTA 12.6.8).
+        vendor_id: (u32::from(u8_at(m, 39)?) << 16)
+            | (u32::from(u8_at(m, 43)?) << 8)
+            | u32::from(u8_at(m, 47)?),
+        responder_resources: u8_at(m, 48)?,
+        initiator_depth: u8_at(m, 49)?,
+        target_ack_delay: b50 >> 3,
+        failover_accepted: (b50 >> 1) & 3,
+        end_to_end_flow_control: b50 & 1 != 0,
+        rnr_retry_count: b51 >> 5,
+        srq: b51 & 0x10 != 0,
+        local_ca_guid: u64_at(m, 52)?,
+        private_data: pd(m, 60)?,
+    })
+}
+
+fn parse_sidr_rep(m: &[u8]) -> Result<SidrRep, CmError> {
+    Ok(SidrRep {
+        request_id: u32_at(m, 24)?,
+        status: SidrStatus::from_u8(u8_at(m, 28)?),
+        add_info_len: u8_at(m, 29)?,
+        vendor_id: (u32::from(u16_at(m, 30)?) << 8) | u32::from(u8_at(m, 35)?),
+        qpn: Qpn::new(u24_at(m, 32)?),
+        service_id: u64_at(m, 36)?,
+        qkey: u32_at(m, 44)?,
+        add_info: pd(m, 48)?,
+        private_data: pd(m, 120)?,
+    })
 }
 
 fn parse_req(m: &[u8]) -> Result<Req, CmError> {
