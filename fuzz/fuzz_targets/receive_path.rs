@@ -93,6 +93,8 @@ fuzz_target!(|data: &[u8]| {
     let mut e = Engine::new(EngineConfig {
         gids: vec![Gid::from_ip(IpAddr::V4(LOCAL))],
         seed: 1,
+        // Forged packets name QPs 0x11 and 0x12: the QPNs must not move.
+        first_qpn: Some(0x11),
         ..EngineConfig::default()
     });
     let pd = e.memory_mut().alloc_pd();

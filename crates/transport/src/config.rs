@@ -37,6 +37,9 @@ pub struct EngineConfig {
     /// capture shows Only packets where rxe shows First/Middle/Last. UC keeps
     /// First/Middle/Last: there a lost packet must drop the whole message.
     pub split_rc_writes: bool,
+    /// The first QPN handed out; `None`: a random point of the QPN space drawn from
+    /// `seed`, so that a restarted device does not reuse QPNs a peer still remembers.
+    pub first_qpn: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +55,7 @@ impl Default for EngineConfig {
             max_qp_rd_atom: 128,
             max_gso_segments: 64,
             split_rc_writes: true,
+            first_qpn: None,
         }
     }
 }

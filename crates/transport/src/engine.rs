@@ -388,7 +388,9 @@ fn check_send_wr(qp: &Qp, cfg: &EngineConfig, wr: &SendWr) -> Result<u64, Transp
 impl Engine {
     /// A new engine.
     pub fn new(cfg: EngineConfig) -> Self {
-        let next_qpn = first_qpn(cfg.seed);
+        let next_qpn = cfg
+            .first_qpn
+            .map_or_else(|| first_qpn(cfg.seed), |q| q.clamp(FIRST_QPN, 0x00ff_ffff));
         Engine {
             memory: MemoryTable::new(cfg.seed ^ 0x5eed_cafe_f00d_d00d),
             cfg,

@@ -55,6 +55,7 @@ fn frames() -> Vec<Frame> {
 fn engine_with_qpn(want: u32, ty: QpType) -> (Engine, Qpn, PdId, CqId) {
     let mut e = Engine::new(EngineConfig {
         gids: vec![Gid::from_ip("10.99.0.1".parse().unwrap())],
+        first_qpn: Some(0x11),
         ..EngineConfig::default()
     });
     let pd = e.memory_mut().alloc_pd();
