@@ -1,9 +1,10 @@
 //! Unmodified Open MPI (Debian's openmpi-bin, libopenmpi-dev) over UCX over softhca:
-//! `tests/c/mpi_check.c`, built with `mpicc`, runs a checked ping-pong (8 B to 4 MiB), a
-//! checked allreduce and a ring between two ranks with `--mca pml ucx` restricted to
-//! `rc_verbs` (UCX's `ud_verbs` only for wire-up) on softhca0. Each rank's device
-//! counters (`SOFTHCA_STATS`) must account for the ping-pong's data, so it went over
-//! softhca, not TCP or shared memory.
+//! `tests/c/mpi_check.c`, built with `mpicc`, runs a checked ping-pong (8 B to 4 MiB),
+//! checked one-sided puts and gets, a checked allreduce and a ring between two ranks
+//! with `--mca pml ucx --mca osc ucx` restricted to `rc_verbs` (UCX's `ud_verbs` only
+//! for wire-up), then to `ud_verbs` alone, on softhca0. Each rank's device counters
+//! (`SOFTHCA_STATS`) must account for the ping-pong's data, so it went over softhca, not
+//! TCP or shared memory.
 
 mod common;
 
@@ -13,11 +14,24 @@ use std::time::Duration;
 
 #[test]
 fn mpi_over_ucx_rc_verbs() {
+    mpi_check("rc_verbs,ud_verbs:aux,self", ["127.0.5.20", "127.0.5.21"]);
+}
+
+#[test]
+fn mpi_over_ucx_ud_verbs() {
+    mpi_check("ud_verbs,self", ["127.0.5.22", "127.0.5.23"]);
+}
+
+fn mpi_check(tls: &str, addrs: [&str; 2]) {
     if !common::have("mpicc") || !common::have("mpirun") || !common::ucx_device_node() {
         return;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-    let bin = std::env::temp_dir().join(format!("softhca-mpi-check-{}", std::process::id()));
+    let bin = std::env::temp_dir().join(format!(
+        "softhca-mpi-check-{}-{}",
+        std::process::id(),
+        addrs[0]
+    ));
     let st = Command::new("mpicc")
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&bin)
@@ -29,7 +43,7 @@ fn mpi_over_ucx_rc_verbs() {
     let lib = common::lib_dir().display().to_string();
     // One application context per rank, each with its own loopback address.
     let mut args: Vec<String> = Vec::new();
-    for (i, addr) in ["127.0.5.20", "127.0.5.21"].iter().enumerate() {
+    for (i, addr) in addrs.iter().enumerate() {
         if i > 0 {
             args.push(":".into());
         }
@@ -40,8 +54,9 @@ fn mpi_over_ucx_rc_verbs() {
                 "--mca",
                 "pml",
                 "ucx",
-                "-x",
-                "UCX_TLS=rc_verbs,ud_verbs:aux,self",
+                "--mca",
+                "osc",
+                "ucx",
                 "-x",
                 "UCX_NET_DEVICES=softhca0:1",
                 "-x",
@@ -49,6 +64,7 @@ fn mpi_over_ucx_rc_verbs() {
             ]
             .map(String::from),
         );
+        args.extend(["-x".into(), format!("UCX_TLS={tls}")]);
         args.extend(["-x".into(), format!("SOFTHCA_ADDR={addr}")]);
         args.extend(["-x".into(), format!("LD_LIBRARY_PATH={lib}")]);
         args.push(bin.display().to_string());
@@ -66,6 +82,8 @@ fn mpi_over_ucx_rc_verbs() {
     for part in [
         "ping-pong        8 B: 100 round trips checked",
         "ping-pong  4194304 B: 10 round trips checked",
+        "put/get        8 B: checked",
+        "put/get  1048576 B: checked",
         "allreduce 65536 int64 sums checked",
         "ring 100 laps over 2 ranks: token 300 checked",
         "mpi_check: OK",
@@ -79,5 +97,5 @@ fn mpi_over_ucx_rc_verbs() {
     for s in &sent {
         assert!(*s >= 12800, "only {s} packets through softhca:\n{}", d.all());
     }
-    eprintln!("{}softhca packets sent per rank: {sent:?}", d.stdout);
+    eprintln!("{tls}:\n{}softhca packets sent per rank: {sent:?}", d.stdout);
 }

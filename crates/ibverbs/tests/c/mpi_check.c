@@ -1,7 +1,7 @@
-/* MPI over UCX over softhca: a ping-pong (latency and bandwidth, every byte checked), an
- * allreduce whose result is checked and a ring, between the ranks of one job. Prints
- * one line per part and "mpi_check: OK" from rank 0 when everything matched; exits
- * non-zero (MPI_Abort) on the first mismatch. */
+/* MPI over UCX over softhca: a ping-pong (latency and bandwidth, every byte checked),
+ * one-sided puts and gets (checked), an allreduce whose result is checked and a ring,
+ * between the ranks of one job. Prints one line per part and "mpi_check: OK" from
+ * rank 0 when everything matched; exits non-zero (MPI_Abort) on the first mismatch. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +120,45 @@ static void ring(int laps)
     }
 }
 
+/* One-sided: each rank puts `len` bytes into the next rank's window and gets `len`
+ * bytes of the previous rank's window back (osc ucx: RDMA WRITE and READ over UCX). */
+static void put_get(long len)
+{
+    unsigned char *win_buf, *local = malloc(len);
+    MPI_Win win;
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    if (local == NULL) {
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    MPI_Win_allocate(len, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &win_buf, &win);
+    memset(win_buf, 0, len);
+    for (long i = 0; i < len; i++) {
+        local[i] = pattern(i, 1, rank);
+    }
+    MPI_Win_fence(0, win);
+    MPI_Put(local, (int)len, MPI_BYTE, next, 0, (int)len, MPI_BYTE, win);
+    MPI_Win_fence(0, win);
+    for (long i = 0; i < len; i++) {
+        if (win_buf[i] != pattern(i, 1, prev)) {
+            fail("put", i, win_buf[i], pattern(i, 1, prev));
+        }
+        win_buf[i] = pattern(i, 2, rank);
+    }
+    MPI_Win_fence(0, win);
+    MPI_Get(local, (int)len, MPI_BYTE, prev, 0, (int)len, MPI_BYTE, win);
+    MPI_Win_fence(0, win);
+    for (long i = 0; i < len; i++) {
+        if (local[i] != pattern(i, 2, prev)) {
+            fail("get", i, local[i], pattern(i, 2, prev));
+        }
+    }
+    MPI_Win_free(&win);
+    free(local);
+    if (rank == 0) {
+        printf("put/get %8ld B: checked\n", len);
+    }
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -129,6 +168,8 @@ int main(int argc, char **argv)
     for (unsigned k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         pingpong(sizes[k], sizes[k] >= (1 << 20) ? 10 : 100);
     }
+    put_get(8);
+    put_get(1 << 20);
     allreduce(1 << 16);
     ring(100);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -240,14 +240,21 @@ pub fn ucx_device_node() -> bool {
 }
 
 /// The values of counter `name` in the `SOFTHCA_STATS` lines of `stderr` (one per
-/// device closed or still open at exit).
+/// device closed or still open at exit). Processes sharing one stderr (mpirun's ranks)
+/// can write their lines into each other, so each line is found by its prefix.
 pub fn stat_values(stderr: &str, name: &str) -> Vec<u64> {
     let key = format!("{name}=");
     stderr
-        .lines()
-        .filter(|l| l.starts_with("softhca: counters"))
-        .map(|l| {
-            l.split_whitespace()
+        .split("softhca: counters")
+        .skip(1)
+        .map(|rest| {
+            let end = [rest.find('\n'), rest.find("softhca:")]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(rest.len());
+            rest[..end]
+                .split_whitespace()
                 .find_map(|w| w.strip_prefix(&key))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
