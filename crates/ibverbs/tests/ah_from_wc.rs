@@ -24,6 +24,10 @@ fn ud_reply_through_an_ah_from_the_completion() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.lines().filter(|l| l.starts_with("ok: ")).count(), 2, "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok: ")).count(),
+        2,
+        "{text}"
+    );
     assert!(text.contains("all ah_from_wc checks passed"), "{text}");
 }

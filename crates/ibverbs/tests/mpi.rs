@@ -95,7 +95,14 @@ fn mpi_check(tls: &str, addrs: [&str; 2]) {
     let sent = common::stat_values(&d.stderr, "sent_pkts");
     assert_eq!(sent.len(), 2, "one counters line per rank:\n{}", d.all());
     for s in &sent {
-        assert!(*s >= 12800, "only {s} packets through softhca:\n{}", d.all());
+        assert!(
+            *s >= 12800,
+            "only {s} packets through softhca:\n{}",
+            d.all()
+        );
     }
-    eprintln!("{tls}:\n{}softhca packets sent per rank: {sent:?}", d.stdout);
+    eprintln!(
+        "{tls}:\n{}softhca packets sent per rank: {sent:?}",
+        d.stdout
+    );
 }

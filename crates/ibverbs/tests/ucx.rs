@@ -95,7 +95,10 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32) -> common::Done {
         "{what}: only {sent} + {rcvd} packets through softhca (want {want})\n{}",
         c.all()
     );
-    eprintln!("{what}: {} | softhca packets {sent} sent, {rcvd} received", fin.trim());
+    eprintln!(
+        "{what}: {} | softhca packets {sent} sent, {rcvd} received",
+        fin.trim()
+    );
     c
 }
 
