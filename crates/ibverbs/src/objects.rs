@@ -1,6 +1,7 @@
 //! Protection domains, memory regions, address handles, completion channels.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::net::{IpAddr, Ipv4Addr};
 
 use softhca::{AccessFlags, AddressVector, Ah, CompChannel, Gid, Pd, RawMr};
 
@@ -230,9 +231,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     })
 }
 
-/// `ibv_init_ah_from_wc`: the reply path of a UD receive. With RoCE the GRH in the first
-/// 40 bytes of the receive buffer names the sender (its sgid is our dgid); softhca places
-/// it like rxe.
+/// `ibv_init_ah_from_wc`: the reply path of a UD receive, read from the 40-byte GRH area
+/// as rdma-core's `ibv_init_ah_from_wc` does: an IPv6 header (version 6 in the first
+/// word), or an IPv4 header in its last 20 bytes (what softhca and rxe place for RoCEv2
+/// over IPv4). The packet's source is the destination; the local GID it was sent to
+/// gives `sgid_index`; TTL/hop limit and traffic class come from the header.
 pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
     ctx: *mut ibv_context,
     port: u8,
@@ -249,15 +252,42 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
             // No GRH: RoCE cannot address the sender.
             return Err(Errno::INVAL);
         }
-        let peer = Gid(g.sgid.raw);
-        let sgid_index = c.ctx.gid_index_for(peer.to_ip()).ok_or(Errno::INVAL)?;
+        // SAFETY: `ibv_grh` is 40 plain bytes.
+        let raw: [u8; 40] = unsafe { std::mem::transmute_copy(g) };
+        let flow = u32::from_be(g.version_tclass_flow);
+        let (peer, local, hop_limit, traffic_class) = match grh_version(&raw, flow) {
+            Some(4) => {
+                let ip = &raw[20..40];
+                let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+                let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+                (IpAddr::V4(src), IpAddr::V4(dst), ip[8], ip[1])
+            }
+            Some(_) => (
+                Gid(g.sgid.raw).to_ip(),
+                Gid(g.dgid.raw).to_ip(),
+                g.hop_limit,
+                ((flow >> 20) & 0xff) as u8,
+            ),
+            None => return Err(Errno(libc::EPROTONOSUPPORT)),
+        };
+        if local.is_multicast() {
+            return Err(Errno::INVAL);
+        }
+        let gids = c.ctx.gids();
+        let sgid_index = gids
+            .iter()
+            .position(|gid| gid.to_ip() == local)
+            .and_then(|i| u8::try_from(i).ok())
+            .ok_or(Errno::INVAL)?;
         *out = ibv_ah_attr {
             grh: ibv_global_route {
-                dgid: g.sgid,
-                flow_label: u32::from_be(g.version_tclass_flow) & 0xfffff,
+                dgid: ibv_gid {
+                    raw: Gid::from_ip(peer).0,
+                },
+                flow_label: flow & 0xfffff,
                 sgid_index,
-                hop_limit: 0xff,
-                traffic_class: ((u32::from_be(g.version_tclass_flow) >> 20) & 0xff) as u8,
+                hop_limit,
+                traffic_class,
             },
             dlid: w.slid,
             sl: w.sl,
@@ -268,6 +298,30 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
         };
         Ok(0)
     })
+}
+
+/// rdma-core's `get_grh_header_version`: 6 when the first word says IPv6 and the last 20
+/// bytes are not a valid IPv4 header (5-word, right checksum), 4 for such a header,
+/// `None` for neither.
+fn grh_version(raw: &[u8; 40], flow: u32) -> Option<u8> {
+    let ip = &raw[20..40];
+    if flow >> 28 != 6 {
+        return (ip[0] >> 4 == 4).then_some(4);
+    }
+    if ip[0] & 0xf != 5 {
+        return Some(6);
+    }
+    let mut sum: u32 = ip
+        .chunks(2)
+        .enumerate()
+        .filter(|&(i, _)| i != 5)
+        .map(|(_, c)| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let check = u16::from_be_bytes([ip[10], ip[11]]);
+    Some(if !(sum as u16) == check { 4 } else { 6 })
 }
 
 pub(crate) unsafe extern "C" fn ibv_create_ah_from_wc(

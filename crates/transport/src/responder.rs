@@ -792,6 +792,10 @@ impl Qp {
             opcode: WcOpcode::Recv,
             qp_num: self.qpn,
             src_qp: deth.src_qp.value(),
+            // A user-space ibv_wc has no network header type (the kernel's has): as mlx5,
+            // the RoCEv2 L3 type goes in `sl` (2 IPv4, 1 IPv6). UCX's ud_verbs reads it
+            // to find an IPv4 destination in the last 4 bytes of the GRH area.
+            sl: if meta.src.is_ipv4() { 2 } else { 1 },
             ..Completion::default()
         };
         if payload.len() as u64 + 40 > total {

@@ -632,7 +632,8 @@ pub struct Completion {
     pub pkey_index: u16,
     /// Source LID (0 on RoCE).
     pub slid: u16,
-    /// Service level.
+    /// Service level; on a UD receive the RoCEv2 L3 header type as mlx5 reports it
+    /// (2 IPv4, 1 IPv6).
     pub sl: u8,
     /// DLID path bits (0 on RoCE).
     pub dlid_path_bits: u8,

@@ -50,6 +50,9 @@ pub fn have(bin: &str) -> bool {
             "tshark" => "tshark",
             b if b.starts_with("fi_") => "libfabric-bin",
             b if b.starts_with("ib_") && !b.starts_with("ibv_") => "perftest",
+            b if b.starts_with("ucx_") => "ucx-utils",
+            "mpicc" => "libopenmpi-dev",
+            "mpirun" => "openmpi-bin",
             _ => "ibverbs-utils",
         };
         eprintln!("SKIP: {bin} not installed (apt-get install {package}); test not run");
@@ -208,4 +211,53 @@ pub fn compile_c(src: &Path, name: &str) -> Option<PathBuf> {
         .expect("run cc");
     assert!(st.success(), "compiling {}", src.display());
     Some(out)
+}
+
+/// The node UCX looks for before it will use a verbs device: `/dev/infiniband/` + the
+/// device's `dev_name` must be a character device it can read and write.
+pub const UCX_DEVICE_NODE: &str = "/dev/infiniband/uverbs-softhca0";
+
+/// The one setup command the README gives for UCX (root, once per boot).
+pub const UCX_SETUP: &str =
+    "sudo sh -c 'mkdir -p /dev/infiniband && ln -sfn /dev/null /dev/infiniband/uverbs-softhca0'";
+
+/// Whether UCX will list softhca0 (its device node is there); prints why the test is
+/// skipped if not.
+pub fn ucx_device_node() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let ok = std::fs::metadata(UCX_DEVICE_NODE)
+        .map(|m| m.file_type().is_char_device())
+        .unwrap_or(false)
+        && std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(UCX_DEVICE_NODE)
+            .is_ok();
+    if !ok {
+        eprintln!("SKIP: {UCX_DEVICE_NODE} missing (UCX skips the device): run {UCX_SETUP}");
+    }
+    ok
+}
+
+/// The values of counter `name` in the `SOFTHCA_STATS` lines of `stderr` (one per
+/// device closed or still open at exit). Processes sharing one stderr (mpirun's ranks)
+/// can write their lines into each other, so each line is found by its prefix.
+pub fn stat_values(stderr: &str, name: &str) -> Vec<u64> {
+    let key = format!("{name}=");
+    stderr
+        .split("softhca: counters")
+        .skip(1)
+        .map(|rest| {
+            let end = [rest.find('\n'), rest.find("softhca:")]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(rest.len());
+            rest[..end]
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
 }
