@@ -53,16 +53,19 @@ fn main() {
         allow_gso: true,
         allow_gro: true,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     let no_gro = BindOptions {
         allow_gso: true,
         allow_gro: false,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     let off = BindOptions {
         allow_gso: false,
         allow_gro: false,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     run("gso+gro", on, on, secs, seg);
     run("gso only", on, no_gro, secs, seg);

@@ -126,11 +126,16 @@ pub(crate) struct Progress {
 unsafe impl Send for Progress {}
 
 impl Progress {
-    pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32, connected: bool) -> Progress {
+    pub(crate) fn new(
+        sockets: &[RoceSocket],
+        drop_ppm: u32,
+        connected: bool,
+        sockbuf: usize,
+    ) -> Progress {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
         let gso = sockets.iter().all(|s| s.capabilities().gso);
-        let senders = Senders::new(connected && drop_ppm == 0, gso);
+        let senders = Senders::new(connected && drop_ppm == 0, gso, sockbuf);
         Progress {
             rx: sockets
                 .iter()

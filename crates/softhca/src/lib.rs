@@ -45,7 +45,9 @@ pub use softhca_transport::verbs::*;
 pub use softhca_transport::Counters;
 
 pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
-pub use config::{Config, PollMode, DEFAULT_SPIN_US, ROCE_UDP_PORT};
+pub use config::{
+    Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
+};
 pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;

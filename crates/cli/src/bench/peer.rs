@@ -542,11 +542,12 @@ fn roce_pingpong_client(
     Ok(lat_json(&mut samples, n, seconds, lost))
 }
 
+/// GSO and GRO on, and the buffer size a softhca device would ask for.
 fn offloads() -> BindOptions {
     BindOptions {
-        allow_gso: true,
-        allow_gro: true,
-        recv_tos: false,
+        sockbuf: softhca::Config::from_env()
+            .map_or(softhca::DEFAULT_SOCKBUF, |c| c.sockbuf),
+        ..BindOptions::DEFAULT
     }
 }
 

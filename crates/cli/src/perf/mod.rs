@@ -567,14 +567,15 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     }
 }
 
-/// What the kernel gave this device's sockets, and why not when it did not: issue 4
-/// asks that a refused offload fall back cleanly and say so.
+/// What the kernel gave this device's sockets, and why not when it did not: a refused
+/// offload falls back to one datagram per packet, and the user should know.
 fn offloads_str(ctx: &Context) -> String {
     let (gso, gro) = ctx.io_capabilities();
-    let why = |on: bool, var: &str| -> String {
+    let cfg = Config::from_env().unwrap_or_default();
+    let why = |on: bool, asked: bool, var: &str| -> String {
         if on {
             "on".into()
-        } else if std::env::var(var).is_ok_and(|v| v.trim() == "0") {
+        } else if !asked {
             format!("off ({var}=0)")
         } else {
             "off (refused by the kernel: one datagram per packet)".into()
@@ -582,8 +583,8 @@ fn offloads_str(ctx: &Context) -> String {
     };
     format!(
         "GSO {}, GRO {}",
-        why(gso, "SOFTHCA_GSO"),
-        why(gro, "SOFTHCA_GRO")
+        why(gso, cfg.gso, "SOFTHCA_GSO"),
+        why(gro, cfg.gro, "SOFTHCA_GRO")
     )
 }
 
@@ -599,7 +600,7 @@ fn poll_str(ctx: &Context) -> String {
 /// With SOFTHCA_PERF_COUNTERS set, prints the device's non-zero counters to stderr
 /// (for profiling and for diagnosing a failed or slow run).
 fn print_counters(who: &str, ctx: &Context) {
-    if std::env::var_os("SOFTHCA_PERF_COUNTERS").is_none() {
+    if !softhca::Diagnostics::from_env().perf_counters {
         return;
     }
     let c: Vec<String> = ctx
