@@ -2,7 +2,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::exchange::DEFAULT_PORT;
+use softhca_perf::DEFAULT_PORT;
 use crate::size::size_arg;
 
 /// softhca: a user-space RoCEv2 RDMA device. Device information and perftest-style benchmarks.

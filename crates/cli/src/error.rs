@@ -20,9 +20,6 @@ pub enum CliError {
         /// Why.
         source: io::Error,
     },
-    /// The server address did not resolve.
-    #[error("cannot resolve server address '{0}'")]
-    Resolve(String),
     /// The server cannot listen on its TCP port.
     #[error("cannot listen on {addr}: {}", io_msg(.source))]
     Listen {
@@ -50,18 +47,6 @@ pub enum CliError {
         /// The device error.
         source: softhca::Error,
     },
-    /// A work completion with an error status.
-    #[error("{op} on QP {qpn:#x} completed with status {status:?} (wr_id {wr_id})")]
-    Completion {
-        /// Operation.
-        op: &'static str,
-        /// Local QPN.
-        qpn: u32,
-        /// Status.
-        status: softhca::WcStatus,
-        /// Work request id.
-        wr_id: u64,
-    },
     /// Nothing happened for too long.
     #[error("timed out: {0}")]
     Timeout(String),
@@ -71,6 +56,9 @@ pub enum CliError {
     /// Writing the output failed.
     #[error("output: {}", io_msg(.0))]
     Output(#[from] io::Error),
+    /// A perf test failed (its message as it is).
+    #[error(transparent)]
+    Perf(#[from] softhca_perf::PerfError),
 }
 
 impl CliError {
@@ -92,34 +80,4 @@ impl CliError {
     }
 }
 
-/// A short lower-case description of an I/O error ("connection refused", "address in use").
-///
-/// `io::Error`'s Display gives "Connection refused (os error 111)"; a one-line CLI
-/// message reads better without the errno suffix.
-pub fn io_msg(e: &io::Error) -> String {
-    use io::ErrorKind::*;
-    let s = match e.kind() {
-        ConnectionRefused => "connection refused",
-        ConnectionReset => "connection reset by peer",
-        ConnectionAborted => "connection aborted",
-        AddrInUse => "address in use",
-        AddrNotAvailable => "address not available",
-        TimedOut | WouldBlock => "timed out",
-        UnexpectedEof => "connection closed by peer",
-        BrokenPipe => "connection closed by peer",
-        PermissionDenied => "permission denied",
-        _ => {
-            let full = e.to_string();
-            let text = match full.find(" (os error") {
-                Some(i) => full[..i].to_string(),
-                None => full,
-            };
-            let mut c = text.chars();
-            return match c.next() {
-                Some(f) => f.to_lowercase().chain(c).collect(),
-                None => "unknown error".into(),
-            };
-        }
-    };
-    s.to_string()
-}
+pub use softhca_perf::io_msg;

@@ -5,8 +5,6 @@ mod args;
 mod bench;
 mod devinfo;
 mod error;
-mod exchange;
-mod pattern;
 mod perf;
 mod progress;
 mod report;

@@ -22,7 +22,6 @@
 #![warn(missing_docs)]
 
 mod affinity;
-pub mod blast;
 mod cmsg;
 mod connected;
 mod error;

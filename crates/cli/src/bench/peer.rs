@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use softhca_io::blast::{blast_recv, blast_send, RecvStop};
+use softhca_perf::blast::{blast_recv, blast_send, RecvStop};
 use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
@@ -242,7 +242,7 @@ fn tcp_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Valu
 
 /// Half round trips in µs, p50 and p99 (perftest's convention for send/write latency).
 fn lat_json(samples: &mut [u64], iters: u64, seconds: f64, lost: u64) -> serde_json::Value {
-    let l = crate::report::LatStats::from_ns(samples, 0.5);
+    let l = softhca_perf::LatStats::from_ns(samples, 0.5);
     json!({
         "iters": iters,
         "seconds": seconds,

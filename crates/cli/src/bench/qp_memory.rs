@@ -8,8 +8,8 @@ use std::sync::Arc;
 use softhca::{Config, Context};
 
 use crate::error::CliError;
-use crate::exchange::TestParams;
-use crate::perf::setup::{pick_gid, Side};
+use softhca_perf::exchange::TestParams;
+use softhca_perf::setup::{pick_gid, Side};
 
 /// QPs created for the measurement (issue 4 asks about 1024).
 pub const IDLE_QPS: u32 = 1024;
