@@ -67,13 +67,10 @@ pub fn run(a: &PerfArgs) -> Result<(), CliError> {
             let listener = match TcpListener::bind(v6) {
                 Ok(l) => l,
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                    return Err(CliError::Listen {
-                        addr: v6,
-                        source: e,
-                    })
+                    return Err(CliError::listen(v6)(e))
                 }
                 Err(_) => {
-                    TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?
+                    TcpListener::bind(addr).map_err(CliError::listen(addr))?
                 }
             };
             if !a.json {
@@ -271,10 +268,10 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
         .map(|g| g.to_ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let listener = TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?;
+    let listener = TcpListener::bind(addr).map_err(CliError::listen(addr))?;
     let port = listener
         .local_addr()
-        .map_err(|source| CliError::Listen { addr, source })?
+        .map_err(CliError::listen(addr))?
         .port();
     let op = a.op;
     let server_view = server_ctx.clone();

@@ -148,10 +148,10 @@ fn ready(port: u16) -> Result<(), CliError> {
 }
 
 fn listen(bind: SocketAddr) -> Result<TcpListener, CliError> {
-    let l = TcpListener::bind(bind).map_err(|source| CliError::Listen { addr: bind, source })?;
+    let l = TcpListener::bind(bind).map_err(CliError::listen(bind))?;
     let port = l
         .local_addr()
-        .map_err(|source| CliError::Listen { addr: bind, source })?
+        .map_err(CliError::listen(bind))?
         .port();
     ready(port)?;
     Ok(l)
@@ -165,9 +165,12 @@ fn accept(l: &TcpListener) -> Result<TcpStream, CliError> {
 }
 
 fn connect(to: SocketAddr) -> Result<TcpStream, CliError> {
-    TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|source| CliError::Connect {
-        addr: to.to_string(),
-        source,
+    TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|source| {
+        softhca_perf::PerfError::Connect {
+            addr: to.to_string(),
+            source,
+        }
+        .into()
     })
 }
 
@@ -284,7 +287,7 @@ fn tcp_pingpong_client(
 }
 
 fn udp_bind(bind: SocketAddr) -> Result<UdpSocket, CliError> {
-    UdpSocket::bind(bind).map_err(|source| CliError::Listen { addr: bind, source })
+    UdpSocket::bind(bind).map_err(CliError::listen(bind))
 }
 
 /// Echoes every datagram; an empty datagram ends the test.
@@ -292,7 +295,7 @@ fn udp_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Valu
     let s = udp_bind(bind)?;
     let port = s
         .local_addr()
-        .map_err(|source| CliError::Listen { addr: bind, source })?
+        .map_err(CliError::listen(bind))?
         .port();
     ready(port)?;
     s.set_nonblocking(true).map_err(net("udp client"))?;
