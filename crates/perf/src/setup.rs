@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use softhca::{
-    smallvec, AccessFlags, AddressVector, Completion, Context, Cq, Gid, Mr, Mtu, Pd, Qp, QpAttr,
-    QpAttrMask, QpCap, QpInit, QpState, QpType, RecvWr, Sge, WcStatus,
+    smallvec, AccessFlags, Completion, ConnectOptions, Context, Cq, Gid, Mr, Mtu, Pd, Qp, QpCap,
+    QpInit, QpType, RecvWr, RemoteQp, Sge, WcStatus,
 };
 
 use crate::error::PerfError;
@@ -98,21 +98,9 @@ impl Side {
                     sq_sig_all: false,
                 })
                 .map_err(PerfError::verbs("create_qp"))?;
-            let attr = QpAttr {
-                qp_state: QpState::Init,
-                pkey_index: 0,
-                port_num: 1,
-                qp_access_flags: all_access(),
-                ..QpAttr::default()
-            };
-            qp.modify(
-                &attr,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .map_err(PerfError::verbs("modify_qp(INIT)"))?;
+            // INIT now: the server posts its receives before the client's QPs are known.
+            qp.init_rc(Some(all_access()))
+                .map_err(PerfError::verbs("modify_qp(INIT)"))?;
             psns.push(initial_psn(qp.qpn()));
             qps.push(qp);
         }
@@ -191,53 +179,18 @@ impl Side {
             .query_device()
             .max_qp_rd_atom
             .clamp(1, u32::from(u8::MAX)) as u8;
+        let opts = ConnectOptions {
+            rd_atomic,
+            ..ConnectOptions::default()
+        };
         for (i, (qp, r)) in self.qps.iter().zip(remote).enumerate() {
-            let rtr = QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: mtu,
-                dest_qp_num: r.qpn,
-                rq_psn: r.psn,
-                max_dest_rd_atomic: rd_atomic,
-                min_rnr_timer: 12,
-                ah_attr: AddressVector {
-                    dgid: r.gid,
-                    sgid_index: gid_index,
-                    hop_limit: 64,
-                    port_num: 1,
-                    ..AddressVector::default()
-                },
-                ..QpAttr::default()
+            let peer = RemoteQp {
+                qpn: r.qpn,
+                psn: r.psn,
+                gid: r.gid,
             };
-            qp.modify(
-                &rtr,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .map_err(PerfError::verbs("modify_qp(RTR)"))?;
-            let rts = QpAttr {
-                qp_state: QpState::Rts,
-                timeout: 14,
-                retry_cnt: 7,
-                rnr_retry: 7,
-                sq_psn: self.psns[i],
-                max_rd_atomic: rd_atomic,
-                ..QpAttr::default()
-            };
-            qp.modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .map_err(PerfError::verbs("modify_qp(RTS)"))?;
+            qp.ready_rc(self.psns[i], &peer, mtu, gid_index, &opts)
+                .map_err(PerfError::verbs("modify_qp(RTR/RTS)"))?;
         }
         Ok(())
     }

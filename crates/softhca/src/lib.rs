@@ -53,6 +53,6 @@ pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, Pd, RawMr, PAGE_SIZE};
-pub use qp::{defaults, Ah, Qp, QpInit, RemoteQp, Srq};
+pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;
