@@ -69,9 +69,7 @@ pub fn run(a: &PerfArgs) -> Result<(), CliError> {
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                     return Err(CliError::listen(v6)(e))
                 }
-                Err(_) => {
-                    TcpListener::bind(addr).map_err(CliError::listen(addr))?
-                }
+                Err(_) => TcpListener::bind(addr).map_err(CliError::listen(addr))?,
             };
             if !a.json {
                 eprintln!(

@@ -65,6 +65,11 @@ impl ProgressLine {
 }
 
 impl softhca_perf::Progress for ProgressLine {
+    fn begin(&mut self, now: Instant) {
+        self.start = now;
+        self.next = now + QUIET_FOR;
+    }
+
     fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
         self.draw(now, done, total, bytes_per_msg);
     }

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use softhca_perf::blast::{blast_loopback, LoopbackBlast};
 use softhca_io::BindOptions;
+use softhca_perf::blast::{blast_loopback, LoopbackBlast};
 
 fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
     let cfg = LoopbackBlast {

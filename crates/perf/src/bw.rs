@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use softhca::{smallvec, Completion, Payload, SendFlags, SendWr, WcOpcode, WrOpcode};
 
-use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
-use crate::{Op, Outcome, ServerOutcome, STALL};
 use crate::error::PerfError;
 use crate::exchange::{Control, Ctl, QpInfo, TestParams};
 use crate::pattern;
 use crate::progress::Progress;
+use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
+use crate::{Op, Outcome, ServerOutcome, STALL};
 
 /// Most WRs per `post_send` list of small messages ([`SMALL`]): as many as one GSO send
 /// carries (64 segments), so that the list leaves in one send and the peer answers it

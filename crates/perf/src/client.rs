@@ -3,6 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use softhca::{Config, Context, Mtu};
 
@@ -35,12 +36,7 @@ pub struct TestOptions {
 }
 
 /// The parameters of one test of `op` (latency if `lat`) on `ctx`.
-pub fn params(
-    o: &TestOptions,
-    op: Op,
-    lat: bool,
-    ctx: &Context,
-) -> Result<TestParams, PerfError> {
+pub fn params(o: &TestOptions, op: Op, lat: bool, ctx: &Context) -> Result<TestParams, PerfError> {
     let size = if op == Op::Atomic {
         8
     } else {
@@ -133,6 +129,7 @@ pub fn run_test(
     let mtu = Mtu::from_bytes(mtu_bytes as usize).unwrap_or(Mtu::M1024);
     side.connect(&remote, gid_index, mtu)?;
     let mode = if p.lat { Mode::Lat } else { Mode::Bw };
+    progress.begin(Instant::now());
     let run = if p.lat {
         lat::client(&side, op, p, &remote[0], progress)
     } else {

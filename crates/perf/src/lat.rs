@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use softhca::{smallvec, Completion, Payload, SendFlags, SendWr, WrOpcode};
 
-use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
-use crate::{Op, Outcome, ServerOutcome, STALL};
 use crate::error::PerfError;
 use crate::exchange::{Control, Ctl, QpInfo, TestParams};
 use crate::pattern;
 use crate::progress::Progress;
+use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
+use crate::{Op, Outcome, ServerOutcome, STALL};
 
 const SRC: u64 = 2;
 
@@ -24,7 +24,13 @@ fn tag(i: u64) -> u8 {
 }
 
 /// Writes message `i`'s content into the send slot.
-fn fill_src(side: &Side, op: Op, i: u64, verify: bool, scratch: &mut [u8]) -> Result<(), PerfError> {
+fn fill_src(
+    side: &Side,
+    op: Op,
+    i: u64,
+    verify: bool,
+    scratch: &mut [u8],
+) -> Result<(), PerfError> {
     let off = side.off(0, SRC) as usize;
     let size = scratch.len();
     if verify {

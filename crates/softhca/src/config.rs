@@ -80,19 +80,40 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("SOFTHCA_ADDR", "comma-separated addresses to serve"),
     ("SOFTHCA_NETDEV", "serve this interface's addresses"),
     ("SOFTHCA_PORT", "UDP port"),
-    ("SOFTHCA_MTU", "largest path MTU (256, 512, 1024, 2048, 4096)"),
+    (
+        "SOFTHCA_MTU",
+        "largest path MTU (256, 512, 1024, 2048, 4096)",
+    ),
     ("SOFTHCA_CPU", "pin the datapath thread to this CPU"),
     ("SOFTHCA_POLL", "idle policy of the datapath thread"),
     ("SOFTHCA_GSO", "`0` turns UDP segmentation offload off"),
     ("SOFTHCA_GRO", "`0` turns UDP receive offload off"),
     ("SOFTHCA_NAME", "device name"),
-    ("SOFTHCA_CONNECTED", "send transmits built in the transmit buffer from a socket connected to their peer"),
-    ("SOFTHCA_WRITE_SPLIT", "send a multi-packet RC RDMA WRITE as one WRITE Only per packet"),
-    ("SOFTHCA_TX_DROP", "fault injection: drop each outgoing packet with this probability"),
+    (
+        "SOFTHCA_CONNECTED",
+        "send transmits built in the transmit buffer from a socket connected to their peer",
+    ),
+    (
+        "SOFTHCA_WRITE_SPLIT",
+        "send a multi-packet RC RDMA WRITE as one WRITE Only per packet",
+    ),
+    (
+        "SOFTHCA_TX_DROP",
+        "fault injection: drop each outgoing packet with this probability",
+    ),
     ("SOFTHCA_SOCKBUF", "UDP socket buffer bytes"),
-    ("SOFTHCA_STATS", "print a device's counters and turnaround phases when it closes"),
-    ("SOFTHCA_IBV_DEBUG", "the C library prints why a verb failed"),
-    ("SOFTHCA_PERF_COUNTERS", "`softhca perf` prints each device's non-zero counters"),
+    (
+        "SOFTHCA_STATS",
+        "print a device's counters and turnaround phases when it closes",
+    ),
+    (
+        "SOFTHCA_IBV_DEBUG",
+        "the C library prints why a verb failed",
+    ),
+    (
+        "SOFTHCA_PERF_COUNTERS",
+        "`softhca perf` prints each device's non-zero counters",
+    ),
     ("SOFTHCA_LOG", "tracing filter of the CLI"),
 ];
 

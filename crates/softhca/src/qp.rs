@@ -259,7 +259,13 @@ impl Qp {
         mtu: Mtu,
         gid_index: u8,
     ) -> Result<(), Error> {
-        self.connect_rc_with(local_psn, remote, mtu, gid_index, &ConnectOptions::default())
+        self.connect_rc_with(
+            local_psn,
+            remote,
+            mtu,
+            gid_index,
+            &ConnectOptions::default(),
+        )
     }
 
     /// [`Qp::connect_rc`] with other timers, retries, READ depth or access.

@@ -31,7 +31,12 @@ fn options_reach_the_qp_attributes() {
     let (attr, _) = a.qp.query().unwrap();
     assert_eq!(attr.qp_state, QpState::Rts);
     assert_eq!(
-        (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer),
+        (
+            attr.timeout,
+            attr.retry_cnt,
+            attr.rnr_retry,
+            attr.min_rnr_timer
+        ),
         (12, 3, 5, 9)
     );
     assert_eq!((attr.max_rd_atomic, attr.max_dest_rd_atomic), (8, 8));
@@ -47,7 +52,12 @@ fn options_reach_the_qp_attributes() {
         .unwrap();
     let (attr, _) = b.qp.query().unwrap();
     assert_eq!(
-        (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer),
+        (
+            attr.timeout,
+            attr.retry_cnt,
+            attr.rnr_retry,
+            attr.min_rnr_timer
+        ),
         (
             defaults::TIMEOUT,
             defaults::RETRY_CNT,
@@ -76,7 +86,10 @@ fn receives_posted_in_init_are_used_after_ready() {
     a.qp.post_send(send_wr(1, WrOpcode::Send, a.mr.sge(0, 23)))
         .unwrap();
     let wc = one(&b.cq);
-    assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 7, 23));
+    assert_eq!(
+        (wc.status, wc.wr_id, wc.byte_len),
+        (WcStatus::Success, 7, 23)
+    );
     let mut got = [0u8; 23];
     b.mr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"brought up in two steps");

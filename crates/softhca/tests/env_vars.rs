@@ -86,8 +86,14 @@ fn readme_table_matches_env_vars() {
     let listed = listed();
     let missing: Vec<_> = listed.difference(&table).collect();
     let extra: Vec<_> = table.difference(&listed).collect();
-    assert!(missing.is_empty(), "ENV_VARS not in README's table: {missing:?}");
-    assert!(extra.is_empty(), "README's table lists unknown variables: {extra:?}");
+    assert!(
+        missing.is_empty(),
+        "ENV_VARS not in README's table: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "README's table lists unknown variables: {extra:?}"
+    );
 }
 
 #[test]
@@ -97,12 +103,19 @@ fn sources_name_only_listed_variables() {
     for f in crate_sources() {
         let text = std::fs::read_to_string(&f).unwrap();
         for n in names_in(&text) {
-            assert!(listed.contains(&n), "{} names {n}, not in ENV_VARS", f.display());
+            assert!(
+                listed.contains(&n),
+                "{} names {n}, not in ENV_VARS",
+                f.display()
+            );
             seen.insert(n);
         }
     }
     // The scan found the variables: it did not pass by reading nothing.
-    assert!(seen.contains("SOFTHCA_ADDR") && seen.contains("SOFTHCA_GSO"), "{seen:?}");
+    assert!(
+        seen.contains("SOFTHCA_ADDR") && seen.contains("SOFTHCA_GSO"),
+        "{seen:?}"
+    );
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use softhca_perf::blast::{blast_recv, blast_send, RecvStop};
 use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
+use softhca_perf::blast::{blast_recv, blast_send, RecvStop};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -149,10 +149,7 @@ fn ready(port: u16) -> Result<(), CliError> {
 
 fn listen(bind: SocketAddr) -> Result<TcpListener, CliError> {
     let l = TcpListener::bind(bind).map_err(CliError::listen(bind))?;
-    let port = l
-        .local_addr()
-        .map_err(CliError::listen(bind))?
-        .port();
+    let port = l.local_addr().map_err(CliError::listen(bind))?.port();
     ready(port)?;
     Ok(l)
 }
@@ -293,10 +290,7 @@ fn udp_bind(bind: SocketAddr) -> Result<UdpSocket, CliError> {
 /// Echoes every datagram; an empty datagram ends the test.
 fn udp_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Value, CliError> {
     let s = udp_bind(bind)?;
-    let port = s
-        .local_addr()
-        .map_err(CliError::listen(bind))?
-        .port();
+    let port = s.local_addr().map_err(CliError::listen(bind))?.port();
     ready(port)?;
     s.set_nonblocking(true).map_err(net("udp client"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -548,8 +542,7 @@ fn roce_pingpong_client(
 /// GSO and GRO on, and the buffer size a softhca device would ask for.
 fn offloads() -> BindOptions {
     BindOptions {
-        sockbuf: softhca::Config::from_env()
-            .map_or(softhca::DEFAULT_SOCKBUF, |c| c.sockbuf),
+        sockbuf: softhca::Config::from_env().map_or(softhca::DEFAULT_SOCKBUF, |c| c.sockbuf),
         ..BindOptions::DEFAULT
     }
 }
