@@ -367,6 +367,27 @@ mod tests {
     }
 
     #[test]
+    fn offload_switches_and_bind_options() {
+        for off in ["0", "off", "FALSE", "no"] {
+            assert!(!not_disabled(off), "{off}");
+        }
+        for on in ["1", "on", "yes", "2"] {
+            assert!(not_disabled(on), "{on}");
+        }
+        let cfg = Config {
+            gso: false,
+            sockbuf: 1 << 20,
+            ..Config::default()
+        };
+        let b = softhca_io::BindOptions::from(&cfg);
+        assert_eq!(
+            (b.allow_gso, b.allow_gro, b.recv_tos, b.sockbuf),
+            (false, true, false, 1 << 20)
+        );
+        assert_eq!(Config::default().sockbuf, DEFAULT_SOCKBUF);
+    }
+
+    #[test]
     fn loopback_config() {
         let c = Config::loopback("127.0.0.9".parse().unwrap());
         assert_eq!(c.addrs.len(), 1);

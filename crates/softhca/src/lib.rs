@@ -21,8 +21,8 @@
 //! ```
 //!
 //! Configuration (addresses, MTU, CPU, port, polling) comes from [`Config`], usually
-//! [`Config::from_env`]; see the `config` table there and [`Context::open`] for how
-//! addresses are chosen with zero configuration.
+//! [`Config::from_env`], the one reader of the `SOFTHCA_*` variables ([`ENV_VARS`]);
+//! see [`Context::open`] for how addresses are chosen with zero configuration.
 #![warn(missing_docs)]
 
 mod addr;
