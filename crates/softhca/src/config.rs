@@ -1,8 +1,10 @@
 //! Device configuration: which addresses to serve, MTU, CPU, UDP port and idle policy.
 //!
 //! The same environment variables configure the Rust API, the C library and the CLI.
-//! [`Config::from_env`] is the only place that reads them; [`ENV_VARS`] names each
-//! with its meaning, and a test keeps the README's table equal to that list.
+//! [`Config::from_env`] is the only place that reads them (the reporting switches
+//! through [`Diagnostics::from_env`], which the C library and the CLI also call before
+//! a device exists); [`ENV_VARS`] names each with its meaning, and a test keeps the
+//! README's table equal to that list.
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
 
