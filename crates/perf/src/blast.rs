@@ -1,6 +1,7 @@
 //! Raw UDP throughput ("blast"): how fast the kernel moves datagrams between two sockets
 //! with GSO and GRO, with no protocol on top. This is the ceiling for any transport built
-//! on [`RoceSocket`](softhca_io::RoceSocket), and what `softhca bench` and the `udp_blast` example compare against.
+//! on [`RoceSocket`], and what `softhca bench` and the `udp_blast` example compare
+//! against.
 //!
 //! The sender and the receiver are separate functions so that they can run in two
 //! threads ([`blast_loopback`]) or in two processes (`softhca bench`).

@@ -11,7 +11,7 @@
 //! no application thread is polling (timers, blocked or busy applications). On a 2-core
 //! machine every hand-off between threads costs more than the packet work itself: with
 //! the datapath thread alone in the loop, most of a 64 KiB transfer's time went to
-//! wake-ups and context switches (see issue 4's profile). While the application polls,
+//! wake-ups and context switches. While the application polls,
 //! the datapath thread sleeps on its doorbell only, not on the sockets, so arriving
 //! packets do not wake it for nothing.
 
