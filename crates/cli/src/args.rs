@@ -2,8 +2,8 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::exchange::DEFAULT_PORT;
 use crate::size::size_arg;
+use softhca_perf::DEFAULT_PORT;
 
 /// softhca: a user-space RoCEv2 RDMA device. Device information and perftest-style benchmarks.
 #[derive(Debug, Parser)]

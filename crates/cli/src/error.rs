@@ -3,6 +3,8 @@
 use std::io;
 use std::net::SocketAddr;
 
+use softhca_perf::PerfError;
+
 /// Everything that makes `softhca` exit with status 1.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -12,114 +14,49 @@ pub enum CliError {
     /// Another invalid argument combination.
     #[error("{0}")]
     Usage(String),
-    /// The TCP connection to the server failed.
-    #[error("cannot reach softhca server at {addr}: {}", io_msg(.source))]
-    Connect {
-        /// Server address.
-        addr: String,
-        /// Why.
-        source: io::Error,
-    },
-    /// The server address did not resolve.
-    #[error("cannot resolve server address '{0}'")]
-    Resolve(String),
-    /// The server cannot listen on its TCP port.
-    #[error("cannot listen on {addr}: {}", io_msg(.source))]
-    Listen {
-        /// Listen address.
-        addr: SocketAddr,
-        /// Why.
-        source: io::Error,
-    },
-    /// The TCP control connection broke or carried garbage.
-    #[error("connection exchange with {peer} failed: {msg}")]
-    Exchange {
-        /// The other side.
-        peer: String,
-        /// What went wrong.
-        msg: String,
-    },
-    /// The peer reported an error.
-    #[error("peer reported: {0}")]
-    Peer(String),
-    /// A verbs call failed.
-    #[error("{what}: {source}")]
-    Verbs {
-        /// Which call.
-        what: std::borrow::Cow<'static, str>,
-        /// The device error.
-        source: softhca::Error,
-    },
-    /// A work completion with an error status.
-    #[error("{op} on QP {qpn:#x} completed with status {status:?} (wr_id {wr_id})")]
-    Completion {
-        /// Operation.
-        op: &'static str,
-        /// Local QPN.
-        qpn: u32,
-        /// Status.
-        status: softhca::WcStatus,
-        /// Work request id.
-        wr_id: u64,
-    },
-    /// Nothing happened for too long.
-    #[error("timed out: {0}")]
-    Timeout(String),
-    /// Data did not match the pattern.
-    #[error("verification failed: {0}")]
-    Verify(String),
     /// Writing the output failed.
     #[error("output: {}", io_msg(.0))]
     Output(#[from] io::Error),
+    /// A test failed, or the bench failed in a way a test can (same wording).
+    #[error(transparent)]
+    Perf(#[from] PerfError),
 }
 
+/// The failures the CLI shares with the tests (`softhca_perf::PerfError`), so that both
+/// word them alike.
 impl CliError {
-    /// Wraps a device error with the name of the call that failed. A literal name costs
-    /// nothing until the error happens (this runs on every post of the benchmarks).
+    /// Wraps a device error with the name of the call that failed.
     pub fn verbs(
         what: impl Into<std::borrow::Cow<'static, str>>,
     ) -> impl FnOnce(softhca::Error) -> CliError {
-        let what = what.into();
-        move |source| CliError::Verbs { what, source }
+        let wrap = PerfError::verbs(what);
+        move |source| CliError::Perf(wrap(source))
     }
 
     /// A control-channel failure.
     pub fn exchange(peer: impl ToString, msg: impl ToString) -> CliError {
-        CliError::Exchange {
-            peer: peer.to_string(),
-            msg: msg.to_string(),
-        }
+        PerfError::exchange(peer, msg).into()
+    }
+
+    /// The peer reported an error.
+    pub fn peer(msg: String) -> CliError {
+        PerfError::Peer(msg).into()
+    }
+
+    /// Nothing happened for too long.
+    pub fn timeout(msg: String) -> CliError {
+        PerfError::Timeout(msg).into()
+    }
+
+    /// Data did not match.
+    pub fn verify(msg: String) -> CliError {
+        PerfError::Verify(msg).into()
+    }
+
+    /// Cannot listen on `addr`.
+    pub fn listen(addr: SocketAddr) -> impl FnOnce(io::Error) -> CliError {
+        move |source| PerfError::Listen { addr, source }.into()
     }
 }
 
-/// A short lower-case description of an I/O error ("connection refused", "address in use").
-///
-/// `io::Error`'s Display gives "Connection refused (os error 111)"; a one-line CLI
-/// message reads better without the errno suffix.
-pub fn io_msg(e: &io::Error) -> String {
-    use io::ErrorKind::*;
-    let s = match e.kind() {
-        ConnectionRefused => "connection refused",
-        ConnectionReset => "connection reset by peer",
-        ConnectionAborted => "connection aborted",
-        AddrInUse => "address in use",
-        AddrNotAvailable => "address not available",
-        TimedOut | WouldBlock => "timed out",
-        UnexpectedEof => "connection closed by peer",
-        BrokenPipe => "connection closed by peer",
-        PermissionDenied => "permission denied",
-        _ => {
-            let full = e.to_string();
-            let text = match full.find(" (os error") {
-                Some(i) => full[..i].to_string(),
-                None => full,
-            };
-            let mut c = text.chars();
-            return match c.next() {
-                Some(f) => f.to_lowercase().chain(c).collect(),
-                None => "unknown error".into(),
-            };
-        }
-    };
-    s.to_string()
-}
+pub use softhca_perf::io_msg;

@@ -5,8 +5,6 @@ mod args;
 mod bench;
 mod devinfo;
 mod error;
-mod exchange;
-mod pattern;
 mod perf;
 mod progress;
 mod report;
@@ -37,9 +35,9 @@ fn main() -> ExitCode {
         eprintln!("softhca: internal error: {}{loc}", msg.replace('\n', " "));
     }));
     // Logs only when asked for: errors must stay one line on stderr.
-    if std::env::var_os("SOFTHCA_LOG").is_some() {
+    if let Some(filter) = softhca::Diagnostics::from_env().log {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_env("SOFTHCA_LOG"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
             .try_init();
     }

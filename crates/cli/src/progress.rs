@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 /// Draws `\r`-updated status on stderr.
-pub struct Progress {
+pub struct ProgressLine {
     enabled: bool,
     start: Instant,
     next: Instant,
@@ -16,11 +16,11 @@ pub struct Progress {
 const QUIET_FOR: Duration = Duration::from_secs(2);
 const EVERY: Duration = Duration::from_millis(250);
 
-impl Progress {
+impl ProgressLine {
     /// A progress line for `label` (hidden unless stderr is a terminal, or `quiet`).
-    pub fn new(label: String, quiet: bool) -> Progress {
+    pub fn new(label: String, quiet: bool) -> ProgressLine {
         let now = Instant::now();
-        Progress {
+        ProgressLine {
             enabled: !quiet && std::io::stderr().is_terminal(),
             start: now,
             next: now + QUIET_FOR,
@@ -30,7 +30,7 @@ impl Progress {
     }
 
     /// Updates the line with messages done so far (`total` 0 = unknown / duration mode).
-    pub fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
+    fn draw(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
         if !self.enabled || now < self.next {
             return;
         }
@@ -56,7 +56,7 @@ impl Progress {
     }
 
     /// Erases the line.
-    pub fn finish(&mut self) {
+    fn erase(&mut self) {
         if self.drawn {
             let _ = write!(std::io::stderr(), "\r\x1b[K");
             self.drawn = false;
@@ -64,8 +64,23 @@ impl Progress {
     }
 }
 
-impl Drop for Progress {
+impl softhca_perf::Progress for ProgressLine {
+    fn begin(&mut self, now: Instant) {
+        self.start = now;
+        self.next = now + QUIET_FOR;
+    }
+
+    fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
+        self.draw(now, done, total, bytes_per_msg);
+    }
+
+    fn finish(&mut self) {
+        self.erase();
+    }
+}
+
+impl Drop for ProgressLine {
     fn drop(&mut self) {
-        self.finish();
+        self.erase();
     }
 }

@@ -2,8 +2,7 @@
 
 use crate::error::CliError;
 
-/// The largest message an RC QP carries (IBTA: a message is at most 2^31 bytes).
-pub const MAX_MESSAGE: u64 = 1 << 31;
+use softhca_perf::MAX_MESSAGE;
 
 /// Parses `N`, `NK`, `NM` or `NG` (binary multiples, case-insensitive, optional `B` or `iB`).
 ///

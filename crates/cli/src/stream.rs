@@ -119,7 +119,7 @@ fn finish(rows: &[RunReport], a: &StreamArgs) -> Result<(), CliError> {
         write_json(path, &doc)?;
     }
     if rows.iter().any(|r| r.corrupt > 0) {
-        return Err(CliError::Verify(
+        return Err(CliError::verify(
             "a frame reported complete did not match the camera's pattern".into(),
         ));
     }
@@ -312,7 +312,7 @@ fn gige(
         write_json(path, &doc)?;
     }
     if c.complete == 0 {
-        return Err(CliError::Verify("no complete frame from the camera".into()));
+        return Err(CliError::verify("no complete frame from the camera".into()));
     }
     Ok(())
 }

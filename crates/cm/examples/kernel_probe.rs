@@ -82,6 +82,7 @@ fn main() {
             allow_gso: false,
             allow_gro: false,
             recv_tos: false,
+            ..BindOptions::DEFAULT
         },
     )
     .expect("bind 10.99.0.1:4791 (run inside the rxevm namespace)");

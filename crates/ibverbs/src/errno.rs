@@ -33,7 +33,7 @@ pub(crate) fn set_errno(e: c_int) {
 /// logger a program would have configured).
 pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("SOFTHCA_IBV_DEBUG").is_some()) {
+    if *ON.get_or_init(|| softhca::Diagnostics::from_env().ibv_debug) {
         eprintln!("softhca-ibverbs: {args}");
     }
 }

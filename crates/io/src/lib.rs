@@ -16,14 +16,12 @@
 //! * [`EventFd`], [`Poller`], [`pin_current_thread`]: what a datapath thread needs to sleep
 //!   on its sockets and doorbells and to stay on one CPU.
 //!
-//! Environment: `SOFTHCA_GSO=0` disables GSO and `SOFTHCA_GRO=0` disables GRO (also
-//! accepted: `off`, `false`, `no`), for debugging or to compare performance.
+//! The crate reads no environment: offloads and buffer sizes come in [`BindOptions`].
 
 #![cfg(target_os = "linux")]
 #![warn(missing_docs)]
 
 mod affinity;
-pub mod blast;
 mod cmsg;
 mod connected;
 mod error;

@@ -107,7 +107,9 @@ fn sub_pieces(pieces: &[libc::iovec], off: usize, len: usize) -> Box<[libc::iove
     out.into_boxed_slice()
 }
 
-/// Offloads [`RoceSocket::bind_with`] may try; each is still probed.
+/// How [`RoceSocket::bind_with`] sets a socket up: the offloads it may try (each is
+/// still probed) and its buffer size. The caller decides (softhca from its `Config`);
+/// this crate reads no environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BindOptions {
     /// Try GSO (`UDP_SEGMENT`).
@@ -121,23 +123,25 @@ pub struct BindOptions {
     ///
     /// [`RecvMeta::tos`]: crate::RecvMeta::tos
     pub recv_tos: bool,
+    /// Send and receive buffer bytes (clamped to 64 KiB..1 GiB): forced when privileged
+    /// (`SO_*BUFFORCE`), else as much as `net.core.*mem_max` allows.
+    pub sockbuf: usize,
 }
 
 impl BindOptions {
-    /// Both allowed unless `SOFTHCA_GSO` / `SOFTHCA_GRO` is `0`, `off`, `false` or `no`.
-    pub fn from_env() -> Self {
-        BindOptions {
-            allow_gso: !env_disabled("SOFTHCA_GSO"),
-            allow_gro: !env_disabled("SOFTHCA_GRO"),
-            recv_tos: false,
-        }
-    }
+    /// GSO and GRO allowed, no TOS, 16 MiB buffers.
+    pub const DEFAULT: BindOptions = BindOptions {
+        allow_gso: true,
+        allow_gro: true,
+        recv_tos: false,
+        sockbuf: SOCKET_BUFFER,
+    };
 }
 
 impl Default for BindOptions {
-    /// Same as [`BindOptions::from_env`].
+    /// [`BindOptions::DEFAULT`].
     fn default() -> Self {
-        Self::from_env()
+        Self::DEFAULT
     }
 }
 
@@ -161,17 +165,6 @@ pub struct RoceSocket {
     peer: Option<SocketAddr>,
     /// Datagrams (messages: a GSO send is one) the kernel accepted from [`Self::send`].
     messages: AtomicU64,
-}
-
-/// True when the environment variable is set to a "disabled" value.
-fn env_disabled(name: &str) -> bool {
-    match std::env::var(name) {
-        Ok(v) => matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "false" | "no"
-        ),
-        Err(_) => false,
-    }
 }
 
 fn setsockopt_int(
@@ -214,15 +207,16 @@ impl RoceSocket {
     /// * `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` = `PMTUDISC_DO`: DF set and never
     ///   fragmented, like rxe (an oversized send fails with `EMSGSIZE`);
     /// * `IP_RECVTOS` / `IPV6_RECVTCLASS` for ECN/DSCP if [`BindOptions::recv_tos`];
-    ///   16 MiB socket buffers
-    ///   (`SO_*BUFFORCE` when privileged, else as much as `net.core.*mem_max` allows);
-    /// * GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`) probed, unless `SOFTHCA_GSO=0` /
-    ///   `SOFTHCA_GRO=0`; see [`RoceSocket::capabilities`].
+    ///   socket buffers of [`BindOptions::sockbuf`];
+    /// * GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`) probed, unless the options forbid them;
+    ///   see [`RoceSocket::capabilities`].
+    ///
+    /// This binds with [`BindOptions::DEFAULT`].
     pub fn bind(addr: SocketAddr) -> Result<Self, IoError> {
-        Self::bind_with(addr, BindOptions::from_env())
+        Self::bind_with(addr, BindOptions::DEFAULT)
     }
 
-    /// [`RoceSocket::bind`] with explicit offload choices instead of the environment.
+    /// [`RoceSocket::bind`] with explicit options.
     pub fn bind_with(addr: SocketAddr, options: BindOptions) -> Result<Self, IoError> {
         let domain = Domain::for_address(addr);
         let socket = Socket::new(
@@ -288,7 +282,7 @@ impl RoceSocket {
                 }
             }
         }
-        Self::grow_buffers(fd);
+        Self::grow_buffers(fd, options.sockbuf);
 
         // GSO: the option exists since Linux 4.18 together with the cmsg we really use.
         // Setting it socket-wide would segment *every* send, so switch it back off and
@@ -332,12 +326,8 @@ impl RoceSocket {
     }
 
     /// Asks for large buffers: forced (needs CAP_NET_ADMIN), else capped by sysctl.
-    fn grow_buffers(fd: RawFd) {
-        let size = std::env::var("SOFTHCA_SOCKBUF")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(SOCKET_BUFFER)
-            .clamp(64 << 10, 1 << 30) as libc::c_int;
+    fn grow_buffers(fd: RawFd, bytes: usize) {
+        let size = bytes.clamp(64 << 10, 1 << 30) as libc::c_int;
         for (force, plain, name) in [
             (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
             (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),

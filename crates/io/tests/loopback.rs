@@ -14,16 +14,19 @@ const BOTH: BindOptions = BindOptions {
     allow_gso: true,
     allow_gro: true,
     recv_tos: false,
+    ..BindOptions::DEFAULT
 };
 const NO_GRO: BindOptions = BindOptions {
     allow_gso: true,
     allow_gro: false,
     recv_tos: false,
+    ..BindOptions::DEFAULT
 };
 const NO_OFFLOAD: BindOptions = BindOptions {
     allow_gso: false,
     allow_gro: false,
     recv_tos: false,
+    ..BindOptions::DEFAULT
 };
 
 fn v4(last: u8) -> SocketAddr {

@@ -114,8 +114,8 @@ pub(crate) struct Served {
     pub loopback: bool,
 }
 
-fn bind(ip: IpAddr, port: u16) -> Result<RoceSocket, IoError> {
-    RoceSocket::bind(SocketAddr::new(ip, port))
+fn bind(ip: IpAddr, cfg: &Config) -> Result<RoceSocket, IoError> {
+    RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), cfg.into())
 }
 
 /// Binds the sockets `cfg` asks for, interface addresses first (so GID 0 names a
@@ -127,7 +127,7 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
     if !cfg.addrs.is_empty() {
         // Exactly these addresses: any failure is the user's to fix, with a clear message.
         for &ip in &cfg.addrs {
-            let socket = bind(ip, cfg.udp_port)?;
+            let socket = bind(ip, cfg)?;
             out.push(Served {
                 socket,
                 ip,
@@ -145,7 +145,7 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
             )));
         }
         for a in mine.into_iter().filter(|a| !is_link_local_v6(&a.ip)) {
-            let socket = bind(a.ip, cfg.udp_port)?;
+            let socket = bind(a.ip, cfg)?;
             out.push(Served {
                 socket,
                 ip: a.ip,
@@ -160,7 +160,7 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
         .iter()
         .filter(|a| a.up && !a.loopback && !a.ip.is_loopback() && !is_link_local_v6(&a.ip))
     {
-        match bind(a.ip, cfg.udp_port) {
+        match bind(a.ip, cfg) {
             Ok(socket) => out.push(Served {
                 socket,
                 ip: a.ip,
@@ -174,15 +174,15 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
         }
     }
     // ...plus the first free loopback address, so processes on one host each get one.
-    out.push(first_free_loopback(cfg.udp_port)?);
+    out.push(first_free_loopback(cfg)?);
     Ok(out)
 }
 
-/// 127.0.0.1, 127.0.0.2, ... 127.0.0.254: the first one nobody serves on `port`.
-fn first_free_loopback(port: u16) -> Result<Served, Error> {
+/// 127.0.0.1, 127.0.0.2, ... 127.0.0.254: the first one nobody serves on `cfg.udp_port`.
+fn first_free_loopback(cfg: &Config) -> Result<Served, Error> {
     for host in 1..=254u8 {
         let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, host));
-        match bind(ip, port) {
+        match bind(ip, cfg) {
             Ok(socket) => {
                 return Ok(Served {
                     socket,
@@ -196,7 +196,8 @@ fn first_free_loopback(port: u16) -> Result<Served, Error> {
         }
     }
     Err(Error::Config(format!(
-        "no free address for softhca: 127.0.0.1..254 port {port} all in use"
+        "no free address for softhca: 127.0.0.1..254 port {} all in use",
+        cfg.udp_port
     )))
 }
 

@@ -1,20 +1,10 @@
 //! Device configuration: which addresses to serve, MTU, CPU, UDP port and idle policy.
 //!
-//! The same environment variables configure the Rust API, the C library and the CLI:
-//!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `SOFTHCA_ADDR` | comma-separated IP addresses to serve, exactly | automatic |
-//! | `SOFTHCA_NETDEV` | serve the addresses of this interface | automatic |
-//! | `SOFTHCA_MTU` | largest path MTU: 256, 512, 1024, 2048 or 4096 | 4096 (capped by the netdev) |
-//! | `SOFTHCA_CPU` | pin the datapath thread to this CPU | not pinned |
-//! | `SOFTHCA_PORT` | UDP port to bind and send to | 4791 |
-//! | `SOFTHCA_POLL` | `busy`, `adaptive`, `adaptive:<spin µs>`, `blocking` or `auto` | `auto`: adaptive (50 µs) |
-//! | `SOFTHCA_NAME` | device name | `softhca0` |
-//! | `SOFTHCA_TX_DROP` | fault injection: drop each sent packet with this probability (e.g. `0.001`) | 0 |
-//! | `SOFTHCA_STATS` | print a device's non-zero counters to stderr when it closes, and at process exit for devices still open, with the phases of its turnarounds (`turnaround.rs`) (any value) | off |
-//! | `SOFTHCA_CONNECTED` | `0`: send every transmit from the device socket; `1`: those built wholly in the transmit buffer through a socket connected to their peer (see [`Config::connected_senders`]) | 1 |
-//! | `SOFTHCA_WRITE_SPLIT` | `0`: send a multi-packet RC RDMA WRITE as First/Middle/Last, as rxe does; `1`: as one WRITE Only per packet, one GSO batch (see [`Config::split_writes`]) | 1 |
+//! The same environment variables configure the Rust API, the C library and the CLI.
+//! [`Config::from_env`] is the only place that reads them (the reporting switches
+//! through [`Diagnostics::from_env`], which the C library and the CLI also call before
+//! a device exists); [`ENV_VARS`] names each with its meaning, and a test keeps the
+//! README's table equal to that list.
 //!
 //! "Automatic" addresses are described in [`crate::Context::open`].
 
@@ -84,12 +74,79 @@ impl PollMode {
             },
         }
     }
+}
 
-    /// `SOFTHCA_POLL` if set, else the default.
-    pub fn from_env() -> Result<PollMode, Error> {
-        match std::env::var("SOFTHCA_POLL") {
-            Ok(v) => PollMode::parse(&v),
-            Err(_) => Ok(PollMode::default()),
+/// Every environment variable softhca reads, with its meaning: the single list the
+/// README's configuration table is checked against (`tests/env_vars.rs`).
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("SOFTHCA_ADDR", "comma-separated addresses to serve"),
+    ("SOFTHCA_NETDEV", "serve this interface's addresses"),
+    ("SOFTHCA_PORT", "UDP port"),
+    (
+        "SOFTHCA_MTU",
+        "largest path MTU (256, 512, 1024, 2048, 4096)",
+    ),
+    ("SOFTHCA_CPU", "pin the datapath thread to this CPU"),
+    ("SOFTHCA_POLL", "idle policy of the datapath thread"),
+    ("SOFTHCA_GSO", "`0` turns UDP segmentation offload off"),
+    ("SOFTHCA_GRO", "`0` turns UDP receive offload off"),
+    ("SOFTHCA_NAME", "device name"),
+    (
+        "SOFTHCA_CONNECTED",
+        "send transmits built in the transmit buffer from a socket connected to their peer",
+    ),
+    (
+        "SOFTHCA_WRITE_SPLIT",
+        "send a multi-packet RC RDMA WRITE as one WRITE Only per packet",
+    ),
+    (
+        "SOFTHCA_TX_DROP",
+        "fault injection: drop each outgoing packet with this probability",
+    ),
+    ("SOFTHCA_SOCKBUF", "UDP socket buffer bytes"),
+    (
+        "SOFTHCA_STATS",
+        "print a device's counters and turnaround phases when it closes",
+    ),
+    (
+        "SOFTHCA_IBV_DEBUG",
+        "the C library prints why a verb failed",
+    ),
+    (
+        "SOFTHCA_PERF_COUNTERS",
+        "`softhca perf` prints each device's non-zero counters",
+    ),
+    ("SOFTHCA_LOG", "tracing filter of the CLI"),
+];
+
+/// Default of [`Config::sockbuf`]: 16 MiB, room for a burst of 64 KiB GSO sends.
+pub const DEFAULT_SOCKBUF: usize = 16 << 20;
+
+/// Switches that make softhca report on itself. Reading them never fails, so they work
+/// even when the rest of the configuration does not parse (the C library then still
+/// says why a verb failed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diagnostics {
+    /// `SOFTHCA_STATS`: print a device's non-zero counters to stderr when it closes, and
+    /// at process exit for devices still open, with the phases of its turnarounds.
+    pub stats: bool,
+    /// `SOFTHCA_IBV_DEBUG`: the C library prints each failure before it becomes an errno.
+    pub ibv_debug: bool,
+    /// `SOFTHCA_PERF_COUNTERS`: `softhca perf` prints each device's non-zero counters.
+    pub perf_counters: bool,
+    /// `SOFTHCA_LOG`: the CLI's tracing filter (e.g. `softhca=debug`); `None`: no logs.
+    pub log: Option<String>,
+}
+
+impl Diagnostics {
+    /// The switches the environment sets (any value, even empty, turns one on).
+    pub fn from_env() -> Diagnostics {
+        let set = |name: &str| std::env::var_os(name).is_some();
+        Diagnostics {
+            stats: set("SOFTHCA_STATS"),
+            ibv_debug: set("SOFTHCA_IBV_DEBUG"),
+            perf_counters: set("SOFTHCA_PERF_COUNTERS"),
+            log: std::env::var("SOFTHCA_LOG").ok(),
         }
     }
 }
@@ -128,6 +185,15 @@ pub struct Config {
     /// lookup per datagram (about 0.4 µs of an 8 B half round trip); see the datapath's
     /// `senders` module. Off under fault injection.
     pub connected_senders: bool,
+    /// Try UDP segmentation offload (`UDP_SEGMENT`) on the device's sockets; it is
+    /// still probed, and off when the kernel refuses it.
+    pub gso: bool,
+    /// Try UDP receive offload (`UDP_GRO`), probed likewise.
+    pub gro: bool,
+    /// Send and receive buffer bytes asked of each socket (forced when privileged).
+    pub sockbuf: usize,
+    /// Reporting switches ([`Diagnostics`]).
+    pub diagnostics: Diagnostics,
 }
 
 /// The RoCEv2 UDP destination port (IBTA Annex A17.2.3).
@@ -147,6 +213,10 @@ impl Default for Config {
             tx_drop_ppm: 0,
             split_writes: true,
             connected_senders: true,
+            gso: true,
+            gro: true,
+            sockbuf: DEFAULT_SOCKBUF,
+            diagnostics: Diagnostics::default(),
         }
     }
 }
@@ -167,10 +237,36 @@ fn zero_or_one(name: &str, v: &str) -> Result<bool, Error> {
     }
 }
 
+/// An offload switch: `0`, `off`, `false` or `no` turn it off, anything else leaves it on.
+fn not_disabled(v: &str) -> bool {
+    !matches!(
+        v.to_ascii_lowercase().as_str(),
+        "0" | "off" | "false" | "no"
+    )
+}
+
+/// The device's sockets as [`Config`] asks for them.
+impl From<&Config> for softhca_io::BindOptions {
+    fn from(cfg: &Config) -> Self {
+        softhca_io::BindOptions {
+            allow_gso: cfg.gso,
+            allow_gro: cfg.gro,
+            recv_tos: false,
+            sockbuf: cfg.sockbuf,
+        }
+    }
+}
+
 impl Config {
-    /// The configuration the environment asks for (see the module table).
+    /// The configuration the environment asks for (see [`ENV_VARS`]).
     pub fn from_env() -> Result<Config, Error> {
-        let mut cfg = Config::default();
+        Self::from_env_with(Config::default())
+    }
+
+    /// `defaults` with what the environment sets on top: for a program whose defaults
+    /// differ from a device's (e.g. blocking poll) but that still obeys `SOFTHCA_*`.
+    pub fn from_env_with(defaults: Config) -> Result<Config, Error> {
+        let mut cfg = defaults;
         if let Some(v) = env("SOFTHCA_ADDR") {
             for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
                 let ip = a.parse::<IpAddr>().map_err(|_| {
@@ -179,7 +275,9 @@ impl Config {
                 cfg.addrs.push(ip);
             }
         }
-        cfg.netdev = env("SOFTHCA_NETDEV");
+        if let Some(v) = env("SOFTHCA_NETDEV") {
+            cfg.netdev = Some(v);
+        }
         if let Some(v) = env("SOFTHCA_MTU") {
             cfg.mtu = v
                 .parse::<usize>()
@@ -203,7 +301,10 @@ impl Config {
                     Error::Config(format!("SOFTHCA_PORT: {v:?} is not a UDP port"))
                 })?;
         }
-        cfg.poll = PollMode::from_env()?;
+        // Set but empty means `auto`, as `PollMode::parse` reads it.
+        if let Ok(v) = std::env::var("SOFTHCA_POLL") {
+            cfg.poll = PollMode::parse(&v)?;
+        }
         if let Some(v) = env("SOFTHCA_NAME") {
             cfg.name = v;
         }
@@ -225,6 +326,17 @@ impl Config {
         if let Some(v) = env("SOFTHCA_CONNECTED") {
             cfg.connected_senders = zero_or_one("SOFTHCA_CONNECTED", &v)?;
         }
+        if let Some(v) = env("SOFTHCA_GSO") {
+            cfg.gso = not_disabled(&v);
+        }
+        if let Some(v) = env("SOFTHCA_GRO") {
+            cfg.gro = not_disabled(&v);
+        }
+        // A value that is not a byte count keeps the default, as it always has.
+        if let Some(n) = env("SOFTHCA_SOCKBUF").and_then(|v| v.parse::<usize>().ok()) {
+            cfg.sockbuf = n;
+        }
+        cfg.diagnostics = Diagnostics::from_env();
         Ok(cfg)
     }
 
@@ -254,6 +366,27 @@ mod tests {
             PollMode::Adaptive { spin_us: 7 }
         );
         assert!(PollMode::parse("sometimes").is_err());
+    }
+
+    #[test]
+    fn offload_switches_and_bind_options() {
+        for off in ["0", "off", "FALSE", "no"] {
+            assert!(!not_disabled(off), "{off}");
+        }
+        for on in ["1", "on", "yes", "2"] {
+            assert!(not_disabled(on), "{on}");
+        }
+        let cfg = Config {
+            gso: false,
+            sockbuf: 1 << 20,
+            ..Config::default()
+        };
+        let b = softhca_io::BindOptions::from(&cfg);
+        assert_eq!(
+            (b.allow_gso, b.allow_gro, b.recv_tos, b.sockbuf),
+            (false, true, false, 1 << 20)
+        );
+        assert_eq!(Config::default().sockbuf, DEFAULT_SOCKBUF);
     }
 
     #[test]

@@ -278,6 +278,8 @@ pub(crate) struct Shared {
     pub thread_wake: AtomicU64,
     /// Times each turnaround when `SOFTHCA_STATS` is set (`crate::turnaround`).
     pub turnaround: Option<Box<Turnaround>>,
+    /// `SOFTHCA_STATS`: print the counters when the device closes, or at exit.
+    pub print_stats: bool,
 }
 
 impl Shared {
@@ -447,7 +449,7 @@ extern "C" fn flush_all_at_exit() {
         if let Some(mut p) = shared.progress.try_lock_for(Duration::from_millis(10)) {
             p.flush_held(&shared);
         }
-        if std::env::var_os("SOFTHCA_STATS").is_some() {
+        if shared.print_stats {
             print_counters(&shared, "at exit");
         }
     }
@@ -731,6 +733,7 @@ impl Device {
             &sockets,
             cfg.tx_drop_ppm,
             cfg.connected_senders,
+            cfg.sockbuf,
         ));
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
@@ -751,7 +754,8 @@ impl Device {
             serve_until: AtomicU64::new(0),
             deadline: AtomicU64::new(Nanos::MAX),
             thread_wake: AtomicU64::new(Nanos::MAX),
-            turnaround: Turnaround::from_env(),
+            turnaround: cfg.diagnostics.stats.then(Turnaround::new),
+            print_stats: cfg.diagnostics.stats,
         });
         flush_at_exit(&shared);
         let dp = crate::datapath::Datapath::new(shared.clone())?;
@@ -1053,7 +1057,7 @@ impl Drop for Device {
                 tracing::error!(name = %self.name, "datapath thread panicked");
             }
         }
-        if std::env::var_os("SOFTHCA_STATS").is_some() {
+        if self.shared.print_stats {
             print_counters(&self.shared, "at close");
         }
     }

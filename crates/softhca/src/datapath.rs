@@ -11,7 +11,7 @@
 //! no application thread is polling (timers, blocked or busy applications). On a 2-core
 //! machine every hand-off between threads costs more than the packet work itself: with
 //! the datapath thread alone in the loop, most of a 64 KiB transfer's time went to
-//! wake-ups and context switches (see issue 4's profile). While the application polls,
+//! wake-ups and context switches. While the application polls,
 //! the datapath thread sleeps on its doorbell only, not on the sockets, so arriving
 //! packets do not wake it for nothing.
 
@@ -126,11 +126,16 @@ pub(crate) struct Progress {
 unsafe impl Send for Progress {}
 
 impl Progress {
-    pub(crate) fn new(sockets: &[RoceSocket], drop_ppm: u32, connected: bool) -> Progress {
+    pub(crate) fn new(
+        sockets: &[RoceSocket],
+        drop_ppm: u32,
+        connected: bool,
+        sockbuf: usize,
+    ) -> Progress {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
         let gso = sockets.iter().all(|s| s.capabilities().gso);
-        let senders = Senders::new(connected && drop_ppm == 0, gso);
+        let senders = Senders::new(connected && drop_ppm == 0, gso, sockbuf);
         Progress {
             rx: sockets
                 .iter()

@@ -21,8 +21,8 @@
 //! ```
 //!
 //! Configuration (addresses, MTU, CPU, port, polling) comes from [`Config`], usually
-//! [`Config::from_env`]; see the `config` table there and [`Context::open`] for how
-//! addresses are chosen with zero configuration.
+//! [`Config::from_env`], the one reader of the `SOFTHCA_*` variables ([`ENV_VARS`]);
+//! see [`Context::open`] for how addresses are chosen with zero configuration.
 #![warn(missing_docs)]
 
 mod addr;
@@ -45,12 +45,14 @@ pub use softhca_transport::verbs::*;
 pub use softhca_transport::Counters;
 
 pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
-pub use config::{Config, PollMode, DEFAULT_SPIN_US, ROCE_UDP_PORT};
+pub use config::{
+    Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
+};
 pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, Pd, RawMr, PAGE_SIZE};
-pub use qp::{defaults, Ah, Qp, QpInit, RemoteQp, Srq};
+pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;

@@ -60,6 +60,37 @@ pub struct RemoteQp {
     pub gid: Gid,
 }
 
+/// What [`Qp::connect_rc_with`] sets besides the peer's data; the default is
+/// [`Qp::connect_rc`]'s ([`defaults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code the responder asks for.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic, both directions (`max_rd_atomic`, `max_dest_rd_atomic`).
+    pub rd_atomic: u8,
+    /// Access the QP grants (`None`: all for RC; LOCAL_WRITE | REMOTE_WRITE for UC).
+    pub access: Option<AccessFlags>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: defaults::TIMEOUT,
+            retry_cnt: defaults::RETRY_CNT,
+            rnr_retry: defaults::RNR_RETRY,
+            min_rnr_timer: defaults::MIN_RNR_TIMER,
+            rd_atomic: defaults::RD_ATOMIC,
+            access: None,
+        }
+    }
+}
+
 /// Default connection parameters of [`Qp::connect_rc`], as perftest uses them.
 pub mod defaults {
     /// Local ACK timeout exponent (4.096 µs × 2^14 ≈ 67 ms).
@@ -228,13 +259,38 @@ impl Qp {
         mtu: Mtu,
         gid_index: u8,
     ) -> Result<(), Error> {
-        let rc = self.qp_type == QpType::Rc;
+        self.connect_rc_with(
+            local_psn,
+            remote,
+            mtu,
+            gid_index,
+            &ConnectOptions::default(),
+        )
+    }
+
+    /// [`Qp::connect_rc`] with other timers, retries, READ depth or access.
+    pub fn connect_rc_with(
+        &self,
+        local_psn: u32,
+        remote: &RemoteQp,
+        mtu: Mtu,
+        gid_index: u8,
+        opts: &ConnectOptions,
+    ) -> Result<(), Error> {
+        self.init_rc(opts.access)?;
+        self.ready_rc(local_psn, remote, mtu, gid_index, opts)
+    }
+
+    /// RESET → INIT for an RC (or UC) QP granting `access` (`None`: as
+    /// [`Qp::connect_rc`]). Receives may be posted from here on, before the peer is
+    /// known; [`Qp::ready_rc`] then connects it.
+    pub fn init_rc(&self, access: Option<AccessFlags>) -> Result<(), Error> {
         if self.qp_type == QpType::Ud {
             return Err(Error::InvalidArgument(
                 "connect_rc on a UD QP (use ready_ud)",
             ));
         }
-        let access = if rc {
+        let by_type = if self.qp_type == QpType::Rc {
             AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
@@ -246,7 +302,7 @@ impl Qp {
             qp_state: QpState::Init,
             pkey_index: 0,
             port_num: 1,
-            qp_access_flags: access,
+            qp_access_flags: access.unwrap_or(by_type),
             ..QpAttr::default()
         };
         self.modify(
@@ -255,8 +311,20 @@ impl Qp {
                 | QpAttrMask::PKEY_INDEX
                 | QpAttrMask::PORT
                 | QpAttrMask::ACCESS_FLAGS,
-        )?;
+        )
+    }
 
+    /// INIT → RTR → RTS for an RC (or UC) QP towards `remote` (see
+    /// [`Qp::connect_rc_with`]; a UC QP takes only the PSNs, path and MTU).
+    pub fn ready_rc(
+        &self,
+        local_psn: u32,
+        remote: &RemoteQp,
+        mtu: Mtu,
+        gid_index: u8,
+        opts: &ConnectOptions,
+    ) -> Result<(), Error> {
+        let rc = self.qp_type == QpType::Rc;
         let av = AddressVector {
             dgid: remote.gid,
             sgid_index: gid_index,
@@ -270,8 +338,8 @@ impl Qp {
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
             ah_attr: av,
-            max_dest_rd_atomic: defaults::RD_ATOMIC,
-            min_rnr_timer: defaults::MIN_RNR_TIMER,
+            max_dest_rd_atomic: opts.rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
             ..QpAttr::default()
         };
         let mut mask = QpAttrMask::STATE
@@ -287,10 +355,10 @@ impl Qp {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: local_psn,
-            timeout: defaults::TIMEOUT,
-            retry_cnt: defaults::RETRY_CNT,
-            rnr_retry: defaults::RNR_RETRY,
-            max_rd_atomic: defaults::RD_ATOMIC,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.rd_atomic,
             ..QpAttr::default()
         };
         let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;

@@ -67,15 +67,18 @@ enum Slot {
 pub(crate) struct Senders {
     enabled: bool,
     gso: bool,
+    /// Buffer bytes of each socket (`Config::sockbuf`).
+    sockbuf: usize,
     slots: Vec<Slot>,
     by_peer: HashMap<(IpAddr, SocketAddr), usize>,
 }
 
 impl Senders {
-    pub(crate) fn new(enabled: bool, gso: bool) -> Senders {
+    pub(crate) fn new(enabled: bool, gso: bool, sockbuf: usize) -> Senders {
         Senders {
             enabled,
             gso,
+            sockbuf,
             slots: Vec::new(),
             by_peer: HashMap::default(),
         }
@@ -181,6 +184,7 @@ impl Senders {
                 allow_gso: self.gso,
                 allow_gro: false,
                 recv_tos: false,
+                sockbuf: self.sockbuf,
             };
             self.slots[slot] = match ConnectedSender::open(src, dst, options) {
                 Ok(sender) => {

@@ -74,14 +74,12 @@ pub(crate) struct Turnaround {
 }
 
 impl Turnaround {
-    /// A timer when `SOFTHCA_STATS` is set.
-    pub(crate) fn from_env() -> Option<Box<Turnaround>> {
-        std::env::var_os("SOFTHCA_STATS").map(|_| {
-            Box::new(Turnaround {
-                received: AtomicU64::new(0),
-                taken: AtomicU64::new(0),
-                phases: std::array::from_fn(|_| Histogram::new()),
-            })
+    /// A timer (made when `SOFTHCA_STATS` is set, `Config::diagnostics`).
+    pub(crate) fn new() -> Box<Turnaround> {
+        Box::new(Turnaround {
+            received: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            phases: std::array::from_fn(|_| Histogram::new()),
         })
     }
 

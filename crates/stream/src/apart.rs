@@ -148,16 +148,17 @@ fn recv_line<T: serde::de::DeserializeOwned>(
 /// Opens a softhca device on `ip`, named `name` (its datapath thread is
 /// `softhca-dp-<name>`).
 fn open_device(ip: IpAddr, name: &str, tx_drop_ppm: u32) -> Result<Arc<Context>, StreamError> {
-    let base = Config::from_env().map_err(StreamError::verbs("configuration"))?;
+    // Blocking unless SOFTHCA_POLL says otherwise: the receiver's CPU numbers then show
+    // work, not spinning.
+    let base = Config::from_env_with(Config {
+        poll: PollMode::Blocking,
+        ..Config::default()
+    })
+    .map_err(StreamError::verbs("configuration"))?;
     let cfg = Config {
         addrs: vec![ip],
         name: name.into(),
         tx_drop_ppm,
-        poll: if std::env::var_os("SOFTHCA_POLL").is_some() {
-            base.poll
-        } else {
-            PollMode::Blocking
-        },
         ..base
     };
     Context::open(&cfg).map_err(StreamError::verbs(format!("open device on {ip}")))

@@ -170,19 +170,19 @@ pub struct Live {
 
 /// Opens two devices on free loopback addresses (127.0.0.x), named `cam` and `host`.
 fn open_pair(cam_drop_ppm: u32) -> Result<(Arc<Context>, Arc<Context>), StreamError> {
-    let base = Config::from_env().map_err(StreamError::verbs("configuration"))?;
+    // Blocking unless SOFTHCA_POLL says otherwise: the receiver's CPU numbers then show
+    // work, not spinning.
+    let base = Config::from_env_with(Config {
+        poll: PollMode::Blocking,
+        ..Config::default()
+    })
+    .map_err(StreamError::verbs("configuration"))?;
     let mut got: Vec<Arc<Context>> = Vec::new();
     for octet in 1..255u8 {
         let cfg = Config {
             addrs: vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet))],
             name: if got.is_empty() { "cam" } else { "host" }.into(),
             tx_drop_ppm: if got.is_empty() { cam_drop_ppm } else { 0 },
-            // Blocking: the receiver's CPU numbers then show work, not spinning.
-            poll: if std::env::var_os("SOFTHCA_POLL").is_some() {
-                base.poll
-            } else {
-                PollMode::Blocking
-            },
             ..base.clone()
         };
         match Context::open(&cfg) {

@@ -72,63 +72,19 @@ fn side(ctx: Arc<Context>, mr_len: usize) -> Side {
 /// INIT → RTR → RTS towards `remote` with this file's TIMEOUT and RETRY_CNT.
 fn connect(s: &Side, local_psn: u32, remote_qpn: u32, remote_psn: u32, remote_ip: IpAddr) {
     let gid_index = s.ctx.gid_index_for(remote_ip).unwrap_or(0);
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ACCESS,
-        ..QpAttr::default()
+    let remote = RemoteQp {
+        qpn: remote_qpn,
+        psn: remote_psn,
+        gid: Gid::from_ip(remote_ip),
     };
-    s.qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .expect("INIT");
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: s.ctx.active_mtu(),
-        dest_qp_num: remote_qpn,
-        rq_psn: remote_psn,
-        ah_attr: AddressVector {
-            dgid: Gid::from_ip(remote_ip),
-            sgid_index: gid_index,
-            hop_limit: 64,
-            port_num: 1,
-            ..AddressVector::default()
-        },
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 12,
-        ..QpAttr::default()
-    };
-    s.qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: local_psn,
+    let opts = ConnectOptions {
         timeout: TIMEOUT,
         retry_cnt: RETRY_CNT,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        ..QpAttr::default()
+        access: Some(ACCESS),
+        ..ConnectOptions::default()
     };
-    s.qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    s.qp.connect_rc_with(local_psn, &remote, s.ctx.active_mtu(), gid_index, &opts)
+        .expect("INIT → RTR → RTS");
 }
 
 fn write_wr(s: &Side, wr_id: u64, off: usize, len: u32, raddr: u64, rkey: u32) -> SendWr {

@@ -111,7 +111,7 @@ impl Proc {
                 Ok((p, line)) if p == pipe && line.contains(marker) => return Ok(line),
                 Ok((p, line)) => self.keep(p, line),
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(CliError::Timeout(format!(
+                    return Err(CliError::timeout(format!(
                         "{} did not get ready within {} s",
                         self.name,
                         timeout.as_secs()
@@ -120,7 +120,7 @@ impl Proc {
                 Err(RecvTimeoutError::Disconnected) => {
                     // Exited before it got ready: its stderr says why.
                     let why = self.why();
-                    return Err(CliError::Peer(format!("{} failed: {why}", self.name)));
+                    return Err(CliError::peer(format!("{} failed: {why}", self.name)));
                 }
             }
         }
@@ -174,12 +174,12 @@ impl Proc {
         let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
         let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
         if killed {
-            return Err(CliError::Timeout(format!("{} did not finish", self.name)));
+            return Err(CliError::timeout(format!("{} did not finish", self.name)));
         }
         let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
         if !ok {
             let why = self.why();
-            return Err(CliError::Peer(format!("{} failed: {why}", self.name)));
+            return Err(CliError::peer(format!("{} failed: {why}", self.name)));
         }
         Ok(Finished {
             out: std::mem::take(&mut self.out),
@@ -213,5 +213,5 @@ pub fn last_json(f: &Finished, name: &str) -> Result<serde_json::Value, CliError
         .rev()
         .filter(|l| l.trim_start().starts_with('{'))
         .find_map(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| CliError::Peer(format!("{name} printed no result")))
+        .ok_or_else(|| CliError::peer(format!("{name} printed no result")))
 }

@@ -156,7 +156,7 @@ fn plan(quick: bool) -> Vec<Point> {
             }
         }
     }
-    // Many connections on one device (issue 4: aggregate against the 1-QP row).
+    // Many connections on one device (its aggregate is compared with the 1-QP row).
     v.push(Point::Bw {
         op: "write",
         size: 65536,
@@ -491,7 +491,7 @@ fn wait_listening(port: u16, timeout: Duration) -> Result<(), CliError> {
             return Ok(());
         }
         if Instant::now() > end {
-            return Err(CliError::Peer(format!(
+            return Err(CliError::peer(format!(
                 "perftest server not listening on TCP port {port} after {} s",
                 timeout.as_secs()
             )));
@@ -564,10 +564,10 @@ fn free_device_pair() -> Result<(IpAddr, IpAddr), CliError> {
 /// A TCP port nobody listens on right now (the kernel's choice for port 0).
 fn free_tcp_port() -> Result<u16, CliError> {
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let l = TcpListener::bind(addr).map_err(|source| CliError::Listen { addr, source })?;
+    let l = TcpListener::bind(addr).map_err(CliError::listen(addr))?;
     l.local_addr()
         .map(|a| a.port())
-        .map_err(|source| CliError::Listen { addr, source })
+        .map_err(CliError::listen(addr))
 }
 
 /// What every measurement needs.
@@ -606,7 +606,7 @@ impl Runner<'_> {
     fn perftest(&self, prog: &str, op: &'static str, size: u64) -> Result<Row, CliError> {
         let dir = self
             .dropin
-            .ok_or_else(|| CliError::Peer("no drop-in library".into()))?;
+            .ok_or_else(|| CliError::peer("no drop-in library".into()))?;
         let port = free_tcp_port()?;
         // perftest takes whole seconds.
         let secs = self.duration.ceil().max(1.0).to_string();
@@ -626,7 +626,7 @@ impl Runner<'_> {
         let cf = client.finish(self.deadline())?;
         let sf = server.finish(Instant::now() + SLACK)?;
         let (iters, gbps) = perftest_bw_result(&cf.out)
-            .ok_or_else(|| CliError::Peer(format!("{prog}: no result line in its output")))?;
+            .ok_or_else(|| CliError::peer(format!("{prog}: no result line in its output")))?;
         let bytes = iters * size;
         let seconds = if gbps > 0.0 {
             bytes as f64 * 8.0 / (gbps * 1e9)
@@ -782,7 +782,7 @@ impl Runner<'_> {
             .trim()
             .strip_prefix("READY ")
             .and_then(|p| p.parse().ok())
-            .ok_or_else(|| CliError::Peer(format!("{kind} server said {line:?}")))?;
+            .ok_or_else(|| CliError::peer(format!("{kind} server said {line:?}")))?;
         let to = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port).to_string();
         let mut cc = Command::new(self.exe);
         cc.args(["bench-peer", kind, "client", "--to", &to])

@@ -11,8 +11,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use softhca_io::blast::{blast_recv, blast_send, RecvStop};
 use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
+use softhca_perf::blast::{blast_recv, blast_send, RecvStop};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -148,11 +148,8 @@ fn ready(port: u16) -> Result<(), CliError> {
 }
 
 fn listen(bind: SocketAddr) -> Result<TcpListener, CliError> {
-    let l = TcpListener::bind(bind).map_err(|source| CliError::Listen { addr: bind, source })?;
-    let port = l
-        .local_addr()
-        .map_err(|source| CliError::Listen { addr: bind, source })?
-        .port();
+    let l = TcpListener::bind(bind).map_err(CliError::listen(bind))?;
+    let port = l.local_addr().map_err(CliError::listen(bind))?.port();
     ready(port)?;
     Ok(l)
 }
@@ -165,9 +162,12 @@ fn accept(l: &TcpListener) -> Result<TcpStream, CliError> {
 }
 
 fn connect(to: SocketAddr) -> Result<TcpStream, CliError> {
-    TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|source| CliError::Connect {
-        addr: to.to_string(),
-        source,
+    TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|source| {
+        softhca_perf::PerfError::Connect {
+            addr: to.to_string(),
+            source,
+        }
+        .into()
     })
 }
 
@@ -242,7 +242,7 @@ fn tcp_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Valu
 
 /// Half round trips in µs, p50 and p99 (perftest's convention for send/write latency).
 fn lat_json(samples: &mut [u64], iters: u64, seconds: f64, lost: u64) -> serde_json::Value {
-    let l = crate::report::LatStats::from_ns(samples, 0.5);
+    let l = softhca_perf::LatStats::from_ns(samples, 0.5);
     json!({
         "iters": iters,
         "seconds": seconds,
@@ -284,16 +284,13 @@ fn tcp_pingpong_client(
 }
 
 fn udp_bind(bind: SocketAddr) -> Result<UdpSocket, CliError> {
-    UdpSocket::bind(bind).map_err(|source| CliError::Listen { addr: bind, source })
+    UdpSocket::bind(bind).map_err(CliError::listen(bind))
 }
 
 /// Echoes every datagram; an empty datagram ends the test.
 fn udp_pingpong_server(bind: SocketAddr, size: usize) -> Result<serde_json::Value, CliError> {
     let s = udp_bind(bind)?;
-    let port = s
-        .local_addr()
-        .map_err(|source| CliError::Listen { addr: bind, source })?
-        .port();
+    let port = s.local_addr().map_err(CliError::listen(bind))?.port();
     ready(port)?;
     s.set_nonblocking(true).map_err(net("udp client"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -542,11 +539,11 @@ fn roce_pingpong_client(
     Ok(lat_json(&mut samples, n, seconds, lost))
 }
 
+/// GSO and GRO on, and the buffer size a softhca device would ask for.
 fn offloads() -> BindOptions {
     BindOptions {
-        allow_gso: true,
-        allow_gro: true,
-        recv_tos: false,
+        sockbuf: softhca::Config::from_env().map_or(softhca::DEFAULT_SOCKBUF, |c| c.sockbuf),
+        ..BindOptions::DEFAULT
     }
 }
 

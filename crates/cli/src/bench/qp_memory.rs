@@ -8,10 +8,10 @@ use std::sync::Arc;
 use softhca::{Config, Context};
 
 use crate::error::CliError;
-use crate::exchange::TestParams;
-use crate::perf::setup::{pick_gid, Side};
+use softhca_perf::exchange::TestParams;
+use softhca_perf::setup::{pick_gid, Side};
 
-/// QPs created for the measurement (issue 4 asks about 1024).
+/// QPs created for the measurement (1024: the many-QP case the bench reports).
 pub const IDLE_QPS: u32 = 1024;
 
 /// Resident bytes of this process (`/proc/self/statm`, second field, in pages).

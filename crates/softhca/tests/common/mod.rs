@@ -27,7 +27,7 @@ pub fn ip(s: &str) -> IpAddr {
 
 pub fn open(addr: &str) -> Arc<Context> {
     let mut cfg = Config::loopback(ip(addr));
-    cfg.poll = PollMode::from_env().unwrap();
+    cfg.poll = Config::from_env().unwrap().poll;
     Context::open(&cfg).unwrap_or_else(|e| panic!("open {addr}: {e}"))
 }
 

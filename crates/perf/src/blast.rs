@@ -1,6 +1,7 @@
 //! Raw UDP throughput ("blast"): how fast the kernel moves datagrams between two sockets
 //! with GSO and GRO, with no protocol on top. This is the ceiling for any transport built
-//! on [`RoceSocket`], and what `softhca bench` and the `udp_blast` example compare against.
+//! on [`RoceSocket`], and what `softhca bench` and the `udp_blast` example compare
+//! against.
 //!
 //! The sender and the receiver are separate functions so that they can run in two
 //! threads ([`blast_loopback`]) or in two processes (`softhca bench`).
@@ -10,8 +11,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::{pin_current_thread, segments, Capabilities, Events, Poller, RecvBatch, RoceSocket};
-use crate::{BindOptions, IoError, Transmit};
+use softhca_io::{
+    pin_current_thread, segments, BindOptions, Capabilities, Events, IoError, Poller, RecvBatch,
+    RoceSocket, Transmit,
+};
 
 /// Largest UDP payload of one IPv4 GSO message (65535 − IPv4 and UDP headers).
 const MAX_GSO_PAYLOAD: usize = 65_507;

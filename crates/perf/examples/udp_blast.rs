@@ -1,15 +1,15 @@
 //! Loopback UDP throughput: one sender thread, one receiver thread, for each offload mode.
 //!
-//! `cargo run --release -p softhca-io --example udp_blast -- [seconds] [segment_size]`
+//! `cargo run --release -p softhca-perf --example udp_blast -- [seconds] [segment_size]`
 //! (defaults 2 s, 4096 B). Prints payload Gb/s received for GSO+GRO, GSO only and none.
 //! Sender and receiver are pinned to CPUs 0 and 1 unless `BLAST_PIN=0`; the receiver
 //! sleeps in epoll when idle unless `BLAST_BUSY=1`. The measuring code is
-//! [`softhca_io::blast`], which `softhca bench` also uses.
+//! [`softhca_perf::blast`], which `softhca bench` also uses.
 
 use std::time::Duration;
 
-use softhca_io::blast::{blast_loopback, LoopbackBlast};
 use softhca_io::BindOptions;
+use softhca_perf::blast::{blast_loopback, LoopbackBlast};
 
 fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
     let cfg = LoopbackBlast {
@@ -53,16 +53,19 @@ fn main() {
         allow_gso: true,
         allow_gro: true,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     let no_gro = BindOptions {
         allow_gso: true,
         allow_gro: false,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     let off = BindOptions {
         allow_gso: false,
         allow_gro: false,
         recv_tos: false,
+        ..BindOptions::DEFAULT
     };
     run("gso+gro", on, on, secs, seg);
     run("gso only", on, no_gro, secs, seg);

@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use softhca::{smallvec, Completion, Payload, SendFlags, SendWr, WcOpcode, WrOpcode};
 
-use super::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
-use super::{Op, Outcome, ServerOutcome, STALL};
-use crate::error::CliError;
+use crate::error::PerfError;
 use crate::exchange::{Control, Ctl, QpInfo, TestParams};
 use crate::pattern;
 use crate::progress::Progress;
+use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
+use crate::{Op, Outcome, ServerOutcome, STALL};
 
 /// Most WRs per `post_send` list of small messages ([`SMALL`]): as many as one GSO send
 /// carries (64 segments), so that the list leaves in one send and the peer answers it
@@ -40,8 +40,8 @@ pub fn client(
     cq_mod: u32,
     remote: &[QpInfo],
     ctl: &mut Control,
-    progress: &mut Progress,
-) -> Result<Outcome, CliError> {
+    progress: &mut dyn Progress,
+) -> Result<Outcome, PerfError> {
     let size = p.size;
     // Without --verify every WR reuses slot 0 (perftest does the same), so only the send
     // queue bounds the window; with --verify a slot must not be rewritten before its
@@ -120,7 +120,7 @@ pub fn client(
                             pattern::fill(&mut scratch, qi as u32, i);
                             side.mr
                                 .write(side.off(qi, local_slot) as usize, &scratch)
-                                .map_err(CliError::verbs("writing the pattern"))?;
+                                .map_err(PerfError::verbs("writing the pattern"))?;
                         }
                         wr.payload = Payload::Sges(smallvec![side.sge(qi, local_slot, size)]);
                         if op == Op::Send {
@@ -158,7 +158,7 @@ pub fn client(
             if !wrs.is_empty() {
                 side.qps[qi]
                     .post_send_batch(wrs.drain(..))
-                    .map_err(|(_, e)| CliError::verbs("post_send")(e))?;
+                    .map_err(|(_, e)| PerfError::verbs("post_send")(e))?;
             }
         }
         if all_done {
@@ -169,7 +169,7 @@ pub fn client(
             check_wc(wc, op.name())?;
             let (qi, last) = split_wr_id(wc.wr_id);
             let l = lanes.get_mut(qi).ok_or_else(|| {
-                CliError::Verify(format!("completion for unknown wr_id {:#x}", wc.wr_id))
+                PerfError::Verify(format!("completion for unknown wr_id {:#x}", wc.wr_id))
             })?;
             if p.verify && matches!(op, Op::Read | Op::Atomic) {
                 for i in l.done..=last {
@@ -177,17 +177,17 @@ pub fn client(
                     if op == Op::Read {
                         side.mr
                             .read(local, &mut scratch)
-                            .map_err(CliError::verbs("reading the buffer"))?;
+                            .map_err(PerfError::verbs("reading the buffer"))?;
                         pattern::check(&scratch, qi as u32, i % nslots)
-                            .map_err(|m| CliError::Verify(pattern::describe(qi as u32, i, m)))?;
+                            .map_err(|m| PerfError::Verify(pattern::describe(qi as u32, i, m)))?;
                     } else {
                         let mut v = [0u8; 8];
                         side.mr
                             .read(local, &mut v)
-                            .map_err(CliError::verbs("reading the buffer"))?;
+                            .map_err(PerfError::verbs("reading the buffer"))?;
                         let got = u64::from_ne_bytes(v);
                         if got != i {
-                            return Err(CliError::Verify(format!(
+                            return Err(PerfError::Verify(format!(
                                 "QP {qi} atomic {i}: fetched {got}, expected {i}"
                             )));
                         }
@@ -227,7 +227,7 @@ pub fn client(
     })
 }
 
-fn apply_credit(lanes: &mut [Lane], c: Ctl, ctl: &Control) -> Result<(), CliError> {
+fn apply_credit(lanes: &mut [Lane], c: Ctl, ctl: &Control) -> Result<(), PerfError> {
     match c {
         Ctl::Credit { qp, count } => {
             if let Some(l) = lanes.get_mut(qp as usize) {
@@ -235,7 +235,7 @@ fn apply_credit(lanes: &mut [Lane], c: Ctl, ctl: &Control) -> Result<(), CliErro
             }
             Ok(())
         }
-        other => Err(CliError::exchange(
+        other => Err(PerfError::exchange(
             ctl.peer(),
             format!("unexpected {other:?} during the test"),
         )),
@@ -257,7 +257,7 @@ pub fn server_rx_depth(op: Op, p: &TestParams, max_wr: u32) -> u32 {
 }
 
 /// Posts the server's initial receives and fills READ sources (before it is connected).
-pub fn server_prepare(side: &Side, op: Op, p: &TestParams, max_wr: u32) -> Result<(), CliError> {
+pub fn server_prepare(side: &Side, op: Op, p: &TestParams, max_wr: u32) -> Result<(), PerfError> {
     let rx = server_rx_depth(op, p, max_wr);
     for qi in 0..side.qps.len() {
         match op {
@@ -277,7 +277,7 @@ pub fn server_prepare(side: &Side, op: Op, p: &TestParams, max_wr: u32) -> Resul
                     pattern::fill(&mut buf, qi as u32, s);
                     side.mr
                         .write(side.off(qi, s) as usize, &buf)
-                        .map_err(CliError::verbs("writing the pattern"))?;
+                        .map_err(PerfError::verbs("writing the pattern"))?;
                 }
             }
             _ => {}
@@ -293,7 +293,7 @@ pub fn server(
     op: Op,
     p: &TestParams,
     ctl: &mut Control,
-) -> Result<ServerOutcome, CliError> {
+) -> Result<ServerOutcome, PerfError> {
     let active = op == Op::Send || (op == Op::Write && p.verify);
     let end_wait = if p.duration_ms > 0 {
         Duration::from_millis(p.duration_ms) + STALL
@@ -308,7 +308,7 @@ pub fn server(
                 let mut v = [0u8; 8];
                 side.mr
                     .read(side.off(qi, 0) as usize, &mut v)
-                    .map_err(CliError::verbs("reading the buffer"))?;
+                    .map_err(PerfError::verbs("reading the buffer"))?;
                 let got = u64::from_ne_bytes(v);
                 if got != n {
                     verdict = Err(format!(
@@ -336,7 +336,7 @@ pub fn server(
             let i = match received.get(qi) {
                 Some(&i) => i,
                 None => {
-                    return Err(CliError::Verify(format!(
+                    return Err(PerfError::Verify(format!(
                         "receive for unknown wr_id {:#x}",
                         wc.wr_id
                     )))
@@ -361,7 +361,7 @@ pub fn server(
                 } else {
                     side.mr
                         .read(off as usize, &mut scratch)
-                        .map_err(CliError::verbs("reading the buffer"))?;
+                        .map_err(PerfError::verbs("reading the buffer"))?;
                     if let Err(m) = pattern::check(&scratch, qi as u32, i) {
                         verdict = Err(pattern::describe(qi as u32, i, m));
                     }
@@ -391,7 +391,7 @@ pub fn server(
                         idle.progress();
                     }
                     Some(other) => {
-                        return Err(CliError::exchange(
+                        return Err(PerfError::exchange(
                             ctl.peer(),
                             format!("unexpected {other:?}"),
                         ))
@@ -417,7 +417,7 @@ pub fn server(
 /// (WRITE, READ) cannot tell how long a client's fixed count takes (1024 QPs x 5000
 /// 64 KiB WRITEs is minutes), and a server that left mid-run failed the client with
 /// RETRY_EXC_ERR. perftest's server waits for as long as the client runs.
-pub fn wait_end(ctl: &mut Control, side: &Side, stall: Duration) -> Result<Vec<u64>, CliError> {
+pub fn wait_end(ctl: &mut Control, side: &Side, stall: Duration) -> Result<Vec<u64>, PerfError> {
     let mut seen = side.traffic();
     let mut deadline = Instant::now() + stall;
     loop {
@@ -425,7 +425,7 @@ pub fn wait_end(ctl: &mut Control, side: &Side, stall: Duration) -> Result<Vec<u
         match ctl.recv_until(slice)? {
             Some(Ctl::End(c)) => return Ok(c),
             Some(other) => {
-                return Err(CliError::exchange(
+                return Err(PerfError::exchange(
                     ctl.peer(),
                     format!("unexpected {other:?}"),
                 ))
@@ -437,7 +437,7 @@ pub fn wait_end(ctl: &mut Control, side: &Side, stall: Duration) -> Result<Vec<u
             seen = now;
             deadline = Instant::now() + stall;
         } else if Instant::now() >= deadline {
-            return Err(CliError::Timeout(format!(
+            return Err(PerfError::Timeout(format!(
                 "client {} did not finish",
                 ctl.peer()
             )));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use softhca::Gid;
 
-use crate::error::CliError;
+use crate::error::PerfError;
 
 /// Default TCP port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
@@ -230,7 +230,7 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Control {
     /// Connects to a server; `addr` is `host` or `host:port`.
-    pub fn connect(host: &str, port: u16) -> Result<(Control, SocketAddr), CliError> {
+    pub fn connect(host: &str, port: u16) -> Result<(Control, SocketAddr), PerfError> {
         let display = if host.contains(':')
             && !host.starts_with('[')
             && host.parse::<std::net::Ipv6Addr>().is_ok()
@@ -241,7 +241,7 @@ impl Control {
         };
         let addrs: Vec<SocketAddr> = (host, port)
             .to_socket_addrs()
-            .map_err(|_| CliError::Resolve(host.to_string()))?
+            .map_err(|_| PerfError::Resolve(host.to_string()))?
             .collect();
         let mut last = io::Error::new(ErrorKind::NotFound, "no address");
         for a in &addrs {
@@ -250,21 +250,21 @@ impl Control {
                 Err(e) => last = e,
             }
         }
-        Err(CliError::Connect {
+        Err(PerfError::Connect {
             addr: display,
             source: last,
         })
     }
 
     /// Wraps an accepted connection.
-    pub fn new(stream: TcpStream, peer: String) -> Result<Control, CliError> {
+    pub fn new(stream: TcpStream, peer: String) -> Result<Control, PerfError> {
         let _ = stream.set_nodelay(true);
         let writer = stream
             .try_clone()
-            .map_err(|e| CliError::exchange(&peer, e))?;
+            .map_err(|e| PerfError::exchange(&peer, e))?;
         stream
             .set_read_timeout(Some(SETUP_TIMEOUT))
-            .map_err(|e| CliError::exchange(&peer, e))?;
+            .map_err(|e| PerfError::exchange(&peer, e))?;
         Ok(Control {
             peer,
             reader: BufReader::new(stream),
@@ -278,21 +278,21 @@ impl Control {
         &self.peer
     }
 
-    fn err(&self, e: impl ToString) -> CliError {
-        CliError::exchange(&self.peer, e)
+    fn err(&self, e: impl ToString) -> PerfError {
+        PerfError::exchange(&self.peer, e)
     }
 
-    fn send_line(&mut self, line: &str) -> Result<(), CliError> {
+    fn send_line(&mut self, line: &str) -> Result<(), PerfError> {
         let mut l = String::with_capacity(line.len() + 1);
         l.push_str(line);
         l.push('\n');
         self.writer
             .write_all(l.as_bytes())
-            .map_err(|e| CliError::exchange(&self.peer, crate::error::io_msg(&e)))
+            .map_err(|e| PerfError::exchange(&self.peer, crate::error::io_msg(&e)))
     }
 
     /// Reads one line, waiting up to `timeout` (None = forever). `Ok(None)` on timeout.
-    fn read_line(&mut self, timeout: Option<Duration>) -> Result<Option<String>, CliError> {
+    fn read_line(&mut self, timeout: Option<Duration>) -> Result<Option<String>, PerfError> {
         let t = match timeout {
             Some(d) if d.is_zero() => Some(Duration::from_micros(1)),
             t => t,
@@ -313,7 +313,7 @@ impl Control {
         }
     }
 
-    fn expect_line(&mut self, what: &str) -> Result<String, CliError> {
+    fn expect_line(&mut self, what: &str) -> Result<String, PerfError> {
         match self.read_line(Some(SETUP_TIMEOUT))? {
             Some(l) => Ok(l),
             None => Err(self.err(format!("no {what} within {} s", SETUP_TIMEOUT.as_secs()))),
@@ -321,7 +321,7 @@ impl Control {
     }
 
     /// Client: sends the parameters and the client's QPs.
-    pub fn send_request(&mut self, p: &TestParams, qps: &[QpInfo]) -> Result<(), CliError> {
+    pub fn send_request(&mut self, p: &TestParams, qps: &[QpInfo]) -> Result<(), PerfError> {
         self.send_line(&p.to_line())?;
         for q in qps {
             self.send_line(&q.to_line())?;
@@ -330,18 +330,18 @@ impl Control {
     }
 
     /// Server: reads the parameters (the QP lines follow; see [`Control::recv_qps`]).
-    pub fn recv_params(&mut self) -> Result<TestParams, CliError> {
+    pub fn recv_params(&mut self) -> Result<TestParams, PerfError> {
         let l = self.expect_line("test parameters")?;
         TestParams::parse(&l).map_err(|e| self.err(e))
     }
 
     /// Reads `n` QP lines (or an `error` line from the peer).
-    pub fn recv_qps(&mut self, n: u32) -> Result<Vec<QpInfo>, CliError> {
+    pub fn recv_qps(&mut self, n: u32) -> Result<Vec<QpInfo>, PerfError> {
         let mut v = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let l = self.expect_line("QP data")?;
             if let Some(Ctl::Error(m)) = Ctl::parse(&l) {
-                return Err(CliError::Peer(m));
+                return Err(PerfError::Peer(m));
             }
             v.push(QpInfo::parse(&l).ok_or_else(|| self.err(format!("bad QP line '{l}'")))?);
         }
@@ -349,7 +349,7 @@ impl Control {
     }
 
     /// Server: sends its QPs (its side is ready to receive).
-    pub fn send_qps(&mut self, qps: &[QpInfo]) -> Result<(), CliError> {
+    pub fn send_qps(&mut self, qps: &[QpInfo]) -> Result<(), PerfError> {
         for q in qps {
             self.send_line(&q.to_line())?;
         }
@@ -357,15 +357,15 @@ impl Control {
     }
 
     /// Server: accepts the test with this path MTU (its QP lines follow).
-    pub fn send_accept(&mut self, mtu: u32) -> Result<(), CliError> {
+    pub fn send_accept(&mut self, mtu: u32) -> Result<(), PerfError> {
         self.send_line(&format!("accept mtu={mtu}"))
     }
 
     /// Client: waits for the server's accept line (or its error) and returns the MTU.
-    pub fn recv_accept(&mut self) -> Result<u32, CliError> {
+    pub fn recv_accept(&mut self) -> Result<u32, PerfError> {
         let l = self.expect_line("answer from the server")?;
         if let Some(Ctl::Error(m)) = Ctl::parse(&l) {
-            return Err(CliError::Peer(m));
+            return Err(PerfError::Peer(m));
         }
         l.strip_prefix("accept mtu=")
             .and_then(|m| m.trim().parse().ok())
@@ -373,17 +373,17 @@ impl Control {
     }
 
     /// Sends a control message.
-    pub fn send(&mut self, m: &Ctl) -> Result<(), CliError> {
+    pub fn send(&mut self, m: &Ctl) -> Result<(), PerfError> {
         self.send_line(&m.to_line())
     }
 
     /// Receives a control message, waiting up to `timeout`; an `error` line from the
-    /// peer becomes [`CliError::Peer`].
-    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<Ctl>, CliError> {
+    /// peer becomes [`PerfError::Peer`].
+    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<Ctl>, PerfError> {
         match self.read_line(timeout)? {
             None => Ok(None),
             Some(l) => match Ctl::parse(&l) {
-                Some(Ctl::Error(m)) => Err(CliError::Peer(m)),
+                Some(Ctl::Error(m)) => Err(PerfError::Peer(m)),
                 Some(c) => Ok(Some(c)),
                 None => Err(self.err(format!("unexpected message '{l}'"))),
             },
@@ -391,7 +391,7 @@ impl Control {
     }
 
     /// Waits for a message until `deadline`.
-    pub fn recv_until(&mut self, deadline: Instant) -> Result<Option<Ctl>, CliError> {
+    pub fn recv_until(&mut self, deadline: Instant) -> Result<Option<Ctl>, PerfError> {
         let left = deadline.saturating_duration_since(Instant::now());
         self.recv(Some(left.max(Duration::from_millis(1))))
     }

@@ -5,15 +5,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use softhca::{
-    smallvec, AccessFlags, AddressVector, Completion, Context, Cq, Gid, Mr, Mtu, Pd, Qp, QpAttr,
-    QpAttrMask, QpCap, QpInit, QpState, QpType, RecvWr, Sge, WcStatus,
+    smallvec, AccessFlags, Completion, ConnectOptions, Context, Cq, Gid, Mr, Mtu, Pd, Qp, QpCap,
+    QpInit, QpType, RecvWr, RemoteQp, Sge, WcStatus,
 };
 
-use crate::error::CliError;
+use crate::error::PerfError;
 use crate::exchange::{QpInfo, TestParams};
 
 /// Bytes between slots: messages start on cache lines (and atomics on 8 bytes).
-fn stride(size: u64) -> u64 {
+pub(crate) fn stride(size: u64) -> u64 {
     size.div_ceil(64) * 64
 }
 
@@ -54,18 +54,18 @@ pub fn all_access() -> AccessFlags {
 
 impl Side {
     /// Creates the resources for `p`, with `rx_depth` receive WQEs room per QP.
-    pub fn create(ctx: &Arc<Context>, p: &TestParams, rx_depth: u32) -> Result<Side, CliError> {
+    pub fn create(ctx: &Arc<Context>, p: &TestParams, rx_depth: u32) -> Result<Side, PerfError> {
         let size = p.size;
         let nslots = u64::from(p.slots) + 1;
         let region = stride(size) * nslots;
         let regions = if p.shared { 1 } else { u64::from(p.qps) };
         let total = region * regions;
         let len = usize::try_from(total)
-            .map_err(|_| CliError::Usage(format!("buffer of {total} bytes is too large")))?;
-        let pd = ctx.alloc_pd().map_err(CliError::verbs("alloc_pd"))?;
+            .map_err(|_| PerfError::Usage(format!("buffer of {total} bytes is too large")))?;
+        let pd = ctx.alloc_pd().map_err(PerfError::verbs("alloc_pd"))?;
         let mr = pd
             .reg_mr(len, all_access())
-            .map_err(CliError::verbs(format!("reg_mr({len} bytes)")))?;
+            .map_err(PerfError::verbs(format!("reg_mr({len} bytes)")))?;
         let attr = ctx.query_device();
         let max_wr = attr.max_qp_wr.max(1);
         let send_wr = p.tx_depth.clamp(1, max_wr);
@@ -75,10 +75,10 @@ impl Side {
             .clamp(16, attr.max_cqe.max(16));
         let scq = ctx
             .create_cq(cqe, None)
-            .map_err(CliError::verbs("create_cq"))?;
+            .map_err(PerfError::verbs("create_cq"))?;
         let rcq = ctx
             .create_cq(cqe, None)
-            .map_err(CliError::verbs("create_cq"))?;
+            .map_err(PerfError::verbs("create_cq"))?;
         let mut qps = Vec::new();
         let mut psns = Vec::new();
         for _ in 0..p.qps {
@@ -97,22 +97,10 @@ impl Side {
                     },
                     sq_sig_all: false,
                 })
-                .map_err(CliError::verbs("create_qp"))?;
-            let attr = QpAttr {
-                qp_state: QpState::Init,
-                pkey_index: 0,
-                port_num: 1,
-                qp_access_flags: all_access(),
-                ..QpAttr::default()
-            };
-            qp.modify(
-                &attr,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .map_err(CliError::verbs("modify_qp(INIT)"))?;
+                .map_err(PerfError::verbs("create_qp"))?;
+            // INIT now: the server posts its receives before the client's QPs are known.
+            qp.init_rc(Some(all_access()))
+                .map_err(PerfError::verbs("modify_qp(INIT)"))?;
             psns.push(initial_psn(qp.qpn()));
             qps.push(qp);
         }
@@ -158,7 +146,7 @@ impl Side {
 
     /// Posts a receive for `len` bytes into `slot` of QP `qp` (`len` 0: no scatter entry,
     /// as for RDMA WRITE with immediate).
-    pub fn post_recv(&self, qp: usize, slot: u64, len: u64) -> Result<(), CliError> {
+    pub fn post_recv(&self, qp: usize, slot: u64, len: u64) -> Result<(), PerfError> {
         let sg_list = if len == 0 {
             smallvec![]
         } else {
@@ -169,7 +157,7 @@ impl Side {
                 wr_id: wr_id(qp, slot),
                 sg_list,
             })
-            .map_err(CliError::verbs("post_recv"))
+            .map_err(PerfError::verbs("post_recv"))
     }
 
     /// Packets the device has sent and received so far: whether a peer that owes us
@@ -184,73 +172,38 @@ impl Side {
     }
 
     /// Moves every QP to RTS connected to `remote` (perftest's attributes).
-    pub fn connect(&self, remote: &[QpInfo], gid_index: u8, mtu: Mtu) -> Result<(), CliError> {
+    pub fn connect(&self, remote: &[QpInfo], gid_index: u8, mtu: Mtu) -> Result<(), PerfError> {
         // Outstanding READs / atomics: the device's most, as perftest's default (`-o`).
         let rd_atomic = self
             .ctx
             .query_device()
             .max_qp_rd_atom
             .clamp(1, u32::from(u8::MAX)) as u8;
+        let opts = ConnectOptions {
+            rd_atomic,
+            ..ConnectOptions::default()
+        };
         for (i, (qp, r)) in self.qps.iter().zip(remote).enumerate() {
-            let rtr = QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: mtu,
-                dest_qp_num: r.qpn,
-                rq_psn: r.psn,
-                max_dest_rd_atomic: rd_atomic,
-                min_rnr_timer: 12,
-                ah_attr: AddressVector {
-                    dgid: r.gid,
-                    sgid_index: gid_index,
-                    hop_limit: 64,
-                    port_num: 1,
-                    ..AddressVector::default()
-                },
-                ..QpAttr::default()
+            let peer = RemoteQp {
+                qpn: r.qpn,
+                psn: r.psn,
+                gid: r.gid,
             };
-            qp.modify(
-                &rtr,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .map_err(CliError::verbs("modify_qp(RTR)"))?;
-            let rts = QpAttr {
-                qp_state: QpState::Rts,
-                timeout: 14,
-                retry_cnt: 7,
-                rnr_retry: 7,
-                sq_psn: self.psns[i],
-                max_rd_atomic: rd_atomic,
-                ..QpAttr::default()
-            };
-            qp.modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .map_err(CliError::verbs("modify_qp(RTS)"))?;
+            qp.ready_rc(self.psns[i], &peer, mtu, gid_index, &opts)
+                .map_err(PerfError::verbs("modify_qp(RTR/RTS)"))?;
         }
         Ok(())
     }
 }
 
 /// The GID index to send from towards `peer`: the one that routes there, or the only one.
-pub fn pick_gid(ctx: &Context, peer: IpAddr) -> Result<(u8, Gid), CliError> {
+pub fn pick_gid(ctx: &Context, peer: IpAddr) -> Result<(u8, Gid), PerfError> {
     let gids = ctx.gids();
     let idx = match ctx.gid_index_for(peer) {
         Some(i) => i,
         None if gids.len() == 1 => 0,
         None => {
-            return Err(CliError::Usage(format!(
+            return Err(PerfError::Usage(format!(
                 "no GID of {} routes to {peer}",
                 ctx.name()
             )))
@@ -259,7 +212,7 @@ pub fn pick_gid(ctx: &Context, peer: IpAddr) -> Result<(u8, Gid), CliError> {
     let gid = gids
         .get(usize::from(idx))
         .copied()
-        .ok_or_else(|| CliError::Usage(format!("{} has no GID {idx}", ctx.name())))?;
+        .ok_or_else(|| PerfError::Usage(format!("{} has no GID {idx}", ctx.name())))?;
     Ok((idx, gid))
 }
 
@@ -283,11 +236,11 @@ pub fn split_wr_id(id: u64) -> (usize, u64) {
 }
 
 /// Fails on an unsuccessful completion.
-pub fn check_wc(wc: &Completion, op: &'static str) -> Result<(), CliError> {
+pub fn check_wc(wc: &Completion, op: &'static str) -> Result<(), PerfError> {
     if wc.status == WcStatus::Success {
         Ok(())
     } else {
-        Err(CliError::Completion {
+        Err(PerfError::Completion {
             op,
             qpn: wc.qp_num,
             status: wc.status,
@@ -321,7 +274,7 @@ impl Idle {
     }
 
     /// Nothing happened: back off; `Err` once stalled for longer than the limit.
-    pub fn idle(&mut self, what: &str) -> Result<(), CliError> {
+    pub fn idle(&mut self, what: &str) -> Result<(), PerfError> {
         self.spins = self.spins.saturating_add(1);
         if self.spins < 64 {
             std::hint::spin_loop();
@@ -329,7 +282,7 @@ impl Idle {
             std::thread::yield_now();
         }
         if self.spins & 1023 == 0 && self.last.elapsed() > self.limit {
-            return Err(CliError::Timeout(format!(
+            return Err(PerfError::Timeout(format!(
                 "no progress for {} s while {what}",
                 self.limit.as_secs()
             )));

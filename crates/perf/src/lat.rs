@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use softhca::{smallvec, Completion, Payload, SendFlags, SendWr, WrOpcode};
 
-use super::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
-use super::{Op, Outcome, ServerOutcome, STALL};
-use crate::error::CliError;
+use crate::error::PerfError;
 use crate::exchange::{Control, Ctl, QpInfo, TestParams};
 use crate::pattern;
 use crate::progress::Progress;
+use crate::setup::{check_wc, split_wr_id, wr_id, Idle, Side};
+use crate::{Op, Outcome, ServerOutcome, STALL};
 
 const SRC: u64 = 2;
 
@@ -24,7 +24,13 @@ fn tag(i: u64) -> u8 {
 }
 
 /// Writes message `i`'s content into the send slot.
-fn fill_src(side: &Side, op: Op, i: u64, verify: bool, scratch: &mut [u8]) -> Result<(), CliError> {
+fn fill_src(
+    side: &Side,
+    op: Op,
+    i: u64,
+    verify: bool,
+    scratch: &mut [u8],
+) -> Result<(), PerfError> {
     let off = side.off(0, SRC) as usize;
     let size = scratch.len();
     if verify {
@@ -34,11 +40,11 @@ fn fill_src(side: &Side, op: Op, i: u64, verify: bool, scratch: &mut [u8]) -> Re
         }
         side.mr
             .write(off, scratch)
-            .map_err(CliError::verbs("writing the pattern"))
+            .map_err(PerfError::verbs("writing the pattern"))
     } else if op == Op::Write {
         side.mr
             .write(off + size - 1, &[tag(i)])
-            .map_err(CliError::verbs("writing the buffer"))
+            .map_err(PerfError::verbs("writing the buffer"))
     } else {
         Ok(())
     }
@@ -101,7 +107,7 @@ fn send_wr(side: &Side, op: Op, i: u64, size: u64, remote: &QpInfo, rslot: u64) 
 }
 
 /// Posts the receives a latency side needs (SEND only) before connecting.
-pub fn prepare(side: &Side, op: Op, p: &TestParams) -> Result<(), CliError> {
+pub fn prepare(side: &Side, op: Op, p: &TestParams) -> Result<(), PerfError> {
     if op == Op::Send {
         for j in 0..2 {
             side.post_recv(0, j, p.size)?;
@@ -113,7 +119,7 @@ pub fn prepare(side: &Side, op: Op, p: &TestParams) -> Result<(), CliError> {
             pattern::fill(&mut buf, 0, s);
             side.mr
                 .write(side.off(0, s) as usize, &buf)
-                .map_err(CliError::verbs("writing the pattern"))?;
+                .map_err(PerfError::verbs("writing the pattern"))?;
         }
     }
     Ok(())
@@ -141,7 +147,7 @@ impl Waiter {
         op: Op,
         outstanding: &mut u64,
         spins: &mut u32,
-    ) -> Result<(), CliError> {
+    ) -> Result<(), PerfError> {
         *spins = spins.wrapping_add(1);
         if op != Op::Send || spins.is_multiple_of(REAP_EVERY) {
             self.reap_sends(side, op, outstanding)?;
@@ -150,7 +156,7 @@ impl Waiter {
     }
 
     /// Drains send completions without waiting.
-    fn reap_sends(&mut self, side: &Side, op: Op, outstanding: &mut u64) -> Result<(), CliError> {
+    fn reap_sends(&mut self, side: &Side, op: Op, outstanding: &mut u64) -> Result<(), PerfError> {
         let n = side.scq.poll(&mut self.wcs);
         for wc in &self.wcs[..n] {
             check_wc(wc, op.name())?;
@@ -166,7 +172,7 @@ impl Waiter {
         op: Op,
         i: u64,
         size: u64,
-    ) -> Result<Option<u64>, CliError> {
+    ) -> Result<Option<u64>, PerfError> {
         match op {
             Op::Send => {
                 let n = side.rcq.poll(&mut self.wcs[..1]);
@@ -177,7 +183,7 @@ impl Waiter {
                 check_wc(&wc, "receive")?;
                 let (_, slot) = split_wr_id(wc.wr_id);
                 if u64::from(wc.byte_len) != size {
-                    return Err(CliError::Verify(format!(
+                    return Err(PerfError::Verify(format!(
                         "message {i}: {} bytes, expected {size}",
                         wc.byte_len
                     )));
@@ -188,7 +194,7 @@ impl Waiter {
                 let mut b = [0u8; 1];
                 side.mr
                     .read((side.off(0, 0) + size - 1) as usize, &mut b)
-                    .map_err(CliError::verbs("reading the buffer"))?;
+                    .map_err(PerfError::verbs("reading the buffer"))?;
                 Ok((b[0] == tag(i)).then_some(0))
             }
         }
@@ -201,8 +207,8 @@ pub fn client(
     op: Op,
     p: &TestParams,
     remote: &QpInfo,
-    progress: &mut Progress,
-) -> Result<Outcome, CliError> {
+    progress: &mut dyn Progress,
+) -> Result<Outcome, PerfError> {
     let size = p.size;
     let mut scratch = vec![0u8; size as usize];
     let iters = if p.iters > 0 { p.iters } else { u64::MAX };
@@ -228,7 +234,7 @@ pub fn client(
         let t0 = Instant::now();
         side.qps[0]
             .post_send(send_wr(side, op, i, size, remote, i % side.nslots))
-            .map_err(CliError::verbs("post_send"))?;
+            .map_err(PerfError::verbs("post_send"))?;
         outstanding += 1;
         w.idle.progress();
         match op {
@@ -243,7 +249,7 @@ pub fn client(
                 };
                 samples.push(t0.elapsed().as_nanos() as u64);
                 if p.verify {
-                    check_slot(side, op, slot, i, &mut scratch).map_err(CliError::Verify)?;
+                    check_slot(side, op, slot, i, &mut scratch).map_err(PerfError::Verify)?;
                 }
                 if op == Op::Send {
                     side.post_recv(0, slot, size)?;
@@ -261,18 +267,18 @@ pub fn client(
                     if op == Op::Read {
                         side.mr
                             .read(side.off(0, 0) as usize, &mut scratch)
-                            .map_err(CliError::verbs("reading"))?;
+                            .map_err(PerfError::verbs("reading"))?;
                         let src = i % side.nslots;
                         pattern::check(&scratch, 0, src)
-                            .map_err(|m| CliError::Verify(pattern::describe(0, i, m)))?;
+                            .map_err(|m| PerfError::Verify(pattern::describe(0, i, m)))?;
                     } else {
                         let mut v = [0u8; 8];
                         side.mr
                             .read(side.off(0, 0) as usize, &mut v)
-                            .map_err(CliError::verbs("reading"))?;
+                            .map_err(PerfError::verbs("reading"))?;
                         let got = u64::from_ne_bytes(v);
                         if got != i {
-                            return Err(CliError::Verify(format!(
+                            return Err(PerfError::Verify(format!(
                                 "atomic {i}: fetched {got}, expected {i}"
                             )));
                         }
@@ -311,7 +317,7 @@ pub fn server(
     p: &TestParams,
     remote: &QpInfo,
     ctl: &mut Control,
-) -> Result<ServerOutcome, CliError> {
+) -> Result<ServerOutcome, PerfError> {
     let limit = if p.duration_ms > 0 {
         Duration::from_millis(p.duration_ms) + STALL
     } else {
@@ -324,7 +330,7 @@ pub fn server(
             let mut v = [0u8; 8];
             side.mr
                 .read(side.off(0, 0) as usize, &mut v)
-                .map_err(CliError::verbs("reading"))?;
+                .map_err(PerfError::verbs("reading"))?;
             let got = u64::from_ne_bytes(v);
             if Some(&got) != counts.first() {
                 verdict = Err(format!(
@@ -367,7 +373,7 @@ pub fn server(
                         }
                     }
                     Some(other) => {
-                        return Err(CliError::exchange(
+                        return Err(PerfError::exchange(
                             ctl.peer(),
                             format!("unexpected {other:?}"),
                         ))
@@ -392,7 +398,7 @@ pub fn server(
         }
         side.qps[0]
             .post_send(send_wr(side, op, i, size, remote, 0))
-            .map_err(CliError::verbs("post_send"))?;
+            .map_err(PerfError::verbs("post_send"))?;
         outstanding += 1;
         i += 1;
     }
