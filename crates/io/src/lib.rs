@@ -15,6 +15,7 @@
 //!   into the datagrams the peer sent.
 //! * [`EventFd`], [`Poller`], [`pin_current_thread`]: what a datapath thread needs to sleep
 //!   on its sockets and doorbells and to stay on one CPU.
+//! * [`Impair`]: seeded random loss of outgoing packets, for recovery tests on one host.
 //!
 //! Environment: `SOFTHCA_GSO=0` disables GSO and `SOFTHCA_GRO=0` disables GRO (also
 //! accepted: `off`, `false`, `no`), for debugging or to compare performance.
@@ -28,6 +29,7 @@ mod cmsg;
 mod connected;
 mod error;
 mod event;
+mod impair;
 mod recv;
 mod sockaddr;
 mod socket;
@@ -36,5 +38,6 @@ pub use affinity::{pin_current_thread, request_short_slice};
 pub use connected::ConnectedSender;
 pub use error::IoError;
 pub use event::{Event, EventFd, Events, Interest, Poller};
+pub use impair::Impair;
 pub use recv::{segments, RecvBatch, RecvMeta, Segments};
 pub use socket::{BindOptions, Capabilities, RoceSocket, Transmit, ROCE_UDP_PORT};
