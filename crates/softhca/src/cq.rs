@@ -103,7 +103,7 @@ impl Cq {
         let n = self.pop(out);
         if n > 0 {
             // This thread polls: work it posts is run at its next empty poll
-            // (datapath.rs). (An empty poll says so in its inline step, with the clock
+            // (`datapath`). (An empty poll says so in its inline step, with the clock
             // reading the step takes anyway: one clock read less per empty poll.)
             shared.app_polling();
             return n;

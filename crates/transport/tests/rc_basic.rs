@@ -660,3 +660,45 @@ fn gathered_packets_are_sealed_by_the_caller() {
     assert_eq!(net.mem(&dst), net.mem(&src));
     assert_eq!(net.nodes[1].engine.counters().drop_bad_icrc, 0);
 }
+
+/// The engine says what it built and what it received, so that a datapath never reads
+/// opcodes: a requester's WRITE is not `only_acks` and its packets are `Other`; the
+/// responder's answer is `only_acks`, and `segment_kind` reads it as an ACK to the
+/// requester's QP, whose send CQ it completes on.
+#[test]
+fn transmits_and_segments_say_whether_they_are_acks() {
+    let mut net = SimNet::new(41, 2, Mtu::M1024);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let src = net.reg(0, 4096, full_access());
+    let dst = net.reg(1, 4096, full_access());
+    let mut wr = send_wr(1, WrOpcode::RdmaWrite, src.sges(0, 2048));
+    wr.remote_addr = dst.addr;
+    wr.rkey = dst.rkey;
+    net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    let mut buf = vec![0u8; 65_507];
+    let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
+    assert!(!t.only_acks);
+    assert_eq!(t.packets(), 2);
+    let from = std::net::SocketAddr::new(t.src, t.src_port);
+    let to = net.nodes[1].ip;
+    for (k, pkt) in buf[..t.len].chunks(t.segment_size).enumerate() {
+        assert_eq!(Engine::segment_kind(pkt), SegmentKind::Other);
+        let info = DatagramInfo {
+            src: from,
+            dst: to,
+            segment_index: k as u16,
+        };
+        net.nodes[1].engine.handle_datagram(0, &info, pkt);
+    }
+    let ack = net.nodes[1]
+        .engine
+        .poll_transmit(0, &mut buf)
+        .expect("the WRITE's ACK");
+    assert!(ack.only_acks);
+    assert_eq!(ack.packets(), 1);
+    assert_eq!(
+        Engine::segment_kind(&buf[..ack.len]),
+        SegmentKind::Ack { qpn: a }
+    );
+    assert_eq!(net.nodes[0].engine.send_cq(a), Some(net.nodes[0].cq));
+}
