@@ -257,8 +257,12 @@ impl<'p> Batch<'p> {
                 return RunEnd::Ended;
             };
             let (dst, src) = (plan.dst, plan.src);
-            let pseudo = UdpPseudo::from_addrs(src, dst.ip(), sport, dst.port(), self.count as u16);
-            let Some(in_buf) = seal_built(&pseudo, pkt, &built, in_place) else {
+            // A gathered transmit is sealed by the caller; a copied one here, each packet
+            // with the IPv4 ID of its GSO segment index.
+            let pseudo = (!in_place).then(|| {
+                UdpPseudo::from_addrs(src, dst.ip(), sport, dst.port(), self.count as u16)
+            });
+            let Some(in_buf) = seal_built(pseudo.as_ref(), pkt, &built) else {
                 return RunEnd::Ended;
             };
             self.only_acks &= plan.hdr.bth.opcode.is_ack();
@@ -290,20 +294,19 @@ impl<'p> Batch<'p> {
     }
 }
 
-/// Write the ICRC of a packet `build_placed` wrote at the start of `pkt`, or, for a
-/// gathered transmit (`gathered`), zeroes for the caller to seal ([`Transmit::seal`]);
+/// Write the ICRC of a packet `build_placed` wrote at the start of `pkt` for `pseudo`, or,
+/// without one (a gathered transmit), zeroes for the caller to seal ([`Transmit::seal`]);
 /// returns its bytes in `pkt`. Only a gathered build leaves payloads in registered
 /// memory, so the engine never reads them.
-fn seal_built(pseudo: &UdpPseudo, pkt: &mut [u8], built: &Built, gathered: bool) -> Option<usize> {
-    if gathered {
-        let end = built.in_buf + wire::ICRC_LEN;
-        let icrc = pkt.get_mut(built.in_buf..end)?;
-        icrc.fill(0);
-        return Some(end);
-    }
-    match built.external {
-        None => seal_packet(pseudo, pkt, built.in_buf, built.tail_crc),
-        Some(_) => None,
+fn seal_built(pseudo: Option<&UdpPseudo>, pkt: &mut [u8], built: &Built) -> Option<usize> {
+    match (pseudo, built.external) {
+        (Some(pseudo), None) => seal_packet(pseudo, pkt, built.in_buf, built.tail_crc),
+        (Some(_), Some(_)) => None,
+        (None, _) => {
+            let end = built.in_buf + wire::ICRC_LEN;
+            pkt.get_mut(built.in_buf..end)?.fill(0);
+            Some(end)
+        }
     }
 }
 
