@@ -20,7 +20,8 @@ use crate::{CqId, Nanos};
 pub(crate) struct DatapathShared {
     /// The engine, and where its completions and events go.
     pub engine: Mutex<LockedEngine>,
-    pub(crate) epoch: Instant,
+    /// When the device opened: time zero of the engine's clock.
+    pub epoch: Instant,
     pub sockets: Vec<RoceSocket>,
     pub doorbell: EventFd,
     /// Set by the datapath just before it sleeps in epoll: posters ring the doorbell only
@@ -39,7 +40,8 @@ pub(crate) struct DatapathShared {
     /// application threads; 0 when an application is about to block.
     pub app_active_until: AtomicU64,
     /// Until when (engine clock) application polls open no window: the datapath thread
-    /// serves the sockets (see [`DatapathShared::app_window`]); written by the datapath thread.
+    /// serves the sockets (see [`DatapathShared::app_window`]); written by the datapath
+    /// thread.
     pub serve_until: AtomicU64,
     /// The engine's next timer (engine clock; `Nanos::MAX`: none), as of the last step.
     pub deadline: AtomicU64,
