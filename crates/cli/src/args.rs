@@ -165,7 +165,7 @@ pub struct PerfArgs {
     /// Run for this many seconds instead of a fixed count.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
-    /// Number of queue pairs (issue 4 measures 1024 connected RC QPs on one device).
+    /// Number of queue pairs (e.g. 1024 connected RC QPs on one device).
     #[arg(short = 'q', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub qps: u32,
     /// Every QP sends from and receives into the same buffer (bandwidth mode; by

@@ -15,6 +15,7 @@
 //!   into the datagrams the peer sent.
 //! * [`EventFd`], [`Poller`], [`pin_current_thread`]: what a datapath thread needs to sleep
 //!   on its sockets and doorbells and to stay on one CPU.
+//! * [`Impair`]: seeded random loss of outgoing packets, for recovery tests on one host.
 //!
 //! The crate reads no environment: offloads and buffer sizes come in [`BindOptions`].
 
@@ -26,6 +27,7 @@ mod cmsg;
 mod connected;
 mod error;
 mod event;
+mod impair;
 mod recv;
 mod sockaddr;
 mod socket;
@@ -34,5 +36,6 @@ pub use affinity::{pin_current_thread, request_short_slice};
 pub use connected::ConnectedSender;
 pub use error::IoError;
 pub use event::{Event, EventFd, Events, Interest, Poller};
+pub use impair::Impair;
 pub use recv::{segments, RecvBatch, RecvMeta, Segments};
 pub use socket::{BindOptions, Capabilities, RoceSocket, Transmit, ROCE_UDP_PORT};

@@ -121,6 +121,19 @@ pub struct Rereg {
     pub translation: Option<Translation>,
 }
 
+/// A payload left in registered memory for a zero-copy send
+/// ([`MemoryTable::gather_in_place`]): its host address and length, and the lkey it was
+/// found under. Only this crate makes one; [`MemoryTable::external_payload`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct External {
+    /// Host address of the first byte (an address, not a pointer, so that transmit lists
+    /// stay `Send`; for the kernel's iovecs).
+    pub addr: usize,
+    /// Bytes.
+    pub len: usize,
+    lkey: u32,
+}
+
 #[derive(Clone, Copy)]
 pub(crate) struct Region {
     pub(crate) pd: PdId,
@@ -640,29 +653,65 @@ impl MemoryTable {
     }
 
     /// Where `[offset, offset + len)` of the concatenation of `sges` lives, when it lies
-    /// inside one SGE: the host address of its first byte, after the same checks as
-    /// [`MemoryTable::gather`] (so a send can hand the kernel registered memory instead
-    /// of a copy). `Ok(None)` when the range spans SGEs (copy it with `gather`).
-    ///
-    /// The address stays readable until the region is deregistered; a caller that reads
-    /// it after releasing its hold on the table must keep deregistration out meanwhile.
+    /// inside one SGE, after the same checks as [`MemoryTable::gather`] (so a send can
+    /// hand the kernel registered memory instead of a copy). `Ok(None)` when the range
+    /// spans SGEs (copy it with `gather`). Read it with [`MemoryTable::external_payload`].
     pub fn gather_in_place(
         &self,
         pd: PdId,
         sges: &[Sge],
         offset: usize,
         len: usize,
-    ) -> Result<Option<*const u8>, MemError> {
+    ) -> Result<Option<External>, MemError> {
         let mut first: Option<(*mut u8, usize)> = None;
         let mut pieces = 0usize;
         self.walk(pd, sges, offset, len, AccessFlags::empty(), |p, _, n| {
             pieces += 1;
             first.get_or_insert((p, n));
         })?;
-        Ok(match first {
-            Some((p, n)) if pieces == 1 && n == len => Some(p.cast_const()),
-            _ => None,
-        })
+        let (p, n) = match first {
+            Some(f) if pieces == 1 && f.1 == len => f,
+            _ => return Ok(None),
+        };
+        // The SGE `walk` found it in: the first one that ends after `offset`.
+        let mut skip = offset as u64;
+        let lkey = sges.iter().find_map(|s| {
+            let l = u64::from(s.length);
+            if skip >= l {
+                skip -= l;
+                None
+            } else {
+                Some(s.lkey)
+            }
+        });
+        Ok(lkey.map(|lkey| External {
+            addr: p as usize,
+            len: n,
+            lkey,
+        }))
+    }
+
+    /// The bytes of a payload [`MemoryTable::gather_in_place`] left in registered memory,
+    /// or `InvalidKey` / `OutOfBounds` when its region was deregistered (or re-registered
+    /// elsewhere) since. One key lookup, no copy.
+    pub fn external_payload(&self, e: &External) -> Result<&[u8], MemError> {
+        let region = self.lookup(e.lkey, false)?;
+        let out = MemError::OutOfBounds {
+            key: e.lkey,
+            va: e.addr as u64,
+            len: e.len as u64,
+        };
+        let off = e.addr.checked_sub(region.addr as usize).ok_or(out)?;
+        if off as u64 > region.len || e.len as u64 > region.len - off as u64 {
+            return Err(out);
+        }
+        // SAFETY: `addr..addr + len` lies inside a region registered right now (checked
+        // above), which `register`'s contract keeps readable until it is deregistered;
+        // deregistration takes `&mut self`, so it cannot happen while the returned slice
+        // borrows `self`. The application may write the bytes meanwhile only by breaking
+        // the verbs contract (a send buffer is the application's again at its
+        // completion); the bytes read are then garbage, as a NIC's DMA would read.
+        Ok(unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len) })
     }
 
     /// Copy `src` into the concatenation of `sges` starting `offset` bytes in (a receive

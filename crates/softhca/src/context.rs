@@ -15,417 +15,28 @@ use softhca_transport::{Engine, EngineConfig};
 use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
 use crate::config::{Config, PollMode};
-use crate::cq::{CompChannel, Cq, CqRing, PushRun};
-use crate::datapath::{Progress, APP_WINDOW_NS, INLINE_STEPS};
+use crate::cq::{CompChannel, Cq};
+use crate::datapath::{DatapathShared, DatapathThread, Stepper};
 use crate::error::Error;
-use crate::event::{AsyncEvent, AsyncQueue, EventObject};
-use crate::mr::Pd;
+use crate::event::{AsyncEvent, AsyncQueue};
+use crate::pd::Pd;
+use crate::ring::{CqRing, LockedEngine};
+use crate::stats::Stats;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
 
 /// Largest CQ (rxe `RXE_MAX_CQE`).
 pub const MAX_CQE: u32 = (1 << 15) - 1;
 
-/// I/O counters of the datapath, updated once per batch.
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub rx_datagrams: AtomicU64,
-    pub rx_packets: AtomicU64,
-    pub rx_batches: AtomicU64,
-    pub rx_gro_datagrams: AtomicU64,
-    pub rx_truncated: AtomicU64,
-    pub rx_errors: AtomicU64,
-    pub tx_transmits: AtomicU64,
-    pub tx_batches: AtomicU64,
-    pub tx_errors: AtomicU64,
-    pub tx_no_socket: AtomicU64,
-    /// Packets dropped by fault injection ([`crate::Config::tx_drop_ppm`]).
-    pub tx_injected_drops: AtomicU64,
-    pub tx_would_block: AtomicU64,
-    /// Transmits sent through a socket connected to their peer (see `senders`).
-    pub tx_connected: AtomicU64,
-    /// Connected sockets set up (each learns its IPv4 ID counter), and failed ones
-    /// (not set up, or a send failed: the peer uses the device socket for a while).
-    pub tx_connected_opened: AtomicU64,
-    pub tx_connected_failed: AtomicU64,
-    /// Steps whose packets were held for the polling application's answer.
-    pub tx_held: AtomicU64,
-    /// Posts whose last transmit was kept back to be filled by the next one.
-    pub tx_deferred: AtomicU64,
-    /// Steps that left the trailing ACKs of their last datagram for the next step, to
-    /// hand the polling application its completion first.
-    pub rx_acks_deferred: AtomicU64,
-    /// Application polling windows that ended with packets waiting in the sockets, and
-    /// periods in which the datapath thread served an application that waits without
-    /// polling (see `crate::strand`).
-    pub app_strandings: AtomicU64,
-    pub app_served: AtomicU64,
-    pub loop_iterations: AtomicU64,
-    pub sleeps: AtomicU64,
-    pub doorbells: AtomicU64,
-    pub cq_overflows: AtomicU64,
-    pub completions_no_cq: AtomicU64,
-}
-
-impl Stats {
-    pub(crate) fn add(c: &AtomicU64, n: u64) {
-        if n != 0 {
-            c.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
-            ("io_rx_datagrams", r(&self.rx_datagrams)),
-            ("io_rx_packets", r(&self.rx_packets)),
-            ("io_rx_batches", r(&self.rx_batches)),
-            ("io_rx_gro_datagrams", r(&self.rx_gro_datagrams)),
-            ("io_rx_truncated", r(&self.rx_truncated)),
-            ("io_rx_errors", r(&self.rx_errors)),
-            ("io_tx_transmits", r(&self.tx_transmits)),
-            ("io_tx_batches", r(&self.tx_batches)),
-            ("io_tx_errors", r(&self.tx_errors)),
-            ("io_tx_no_socket", r(&self.tx_no_socket)),
-            ("io_tx_injected_drops", r(&self.tx_injected_drops)),
-            ("io_tx_would_block", r(&self.tx_would_block)),
-            ("io_tx_connected", r(&self.tx_connected)),
-            ("io_tx_connected_opened", r(&self.tx_connected_opened)),
-            ("io_tx_connected_failed", r(&self.tx_connected_failed)),
-            ("dp_tx_held", r(&self.tx_held)),
-            ("dp_tx_deferred", r(&self.tx_deferred)),
-            ("dp_rx_acks_deferred", r(&self.rx_acks_deferred)),
-            ("dp_app_strandings", r(&self.app_strandings)),
-            ("dp_app_served", r(&self.app_served)),
-            ("dp_loop_iterations", r(&self.loop_iterations)),
-            ("dp_sleeps", r(&self.sleeps)),
-            ("dp_doorbells", r(&self.doorbells)),
-            ("cq_overflows", r(&self.cq_overflows)),
-            ("completions_no_cq", r(&self.completions_no_cq)),
-        ]
-        .into_iter()
-    }
-}
-
-/// Everything behind the one engine lock: the engine and the CQ rings it feeds (so the
-/// ring table needs no lock of its own).
-pub(crate) struct Core {
-    pub engine: Engine,
-    pub cqs: HashMap<u32, Arc<CqRing>>,
-    /// The async event queue of the context that created each QP and SRQ: events go to
-    /// that context only, as the kernel queues them on the creating uverbs file.
-    pub owners: HashMap<EventObject, Weak<AsyncQueue>>,
-}
-
-// SAFETY: the engine holds raw pointers into registered memory (the MR table). They are
-// only dereferenced by engine code running under `Shared::core`'s mutex, and the memory
-// stays valid until deregistered under that same mutex (see `crate::mr`), so moving the
-// engine between threads is sound. Everything else in `Core` is Send already.
-unsafe impl Send for Core {}
-
-/// A completion as the engine hands it out, with the CQ it goes to.
-pub(crate) type EngineCompletion = (CqId, softhca_transport::Completion);
-
-/// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
-type RingRun<'a> = (
-    CqId,
-    &'a Arc<CqRing>,
-    parking_lot::MutexGuard<'a, std::collections::VecDeque<crate::Completion>>,
-    PushRun,
-);
-
-impl Core {
-    /// Moves every completion the engine has into its CQ ring and every async event into
-    /// the event queue. Called with the engine lock held, once per datapath batch and
-    /// after each control/post call. Completions for the same CQ in a row share one ring
-    /// lock and one notification.
-    pub(crate) fn deliver(&mut self, shared: &Shared) {
-        self.deliver_after(shared, &mut Vec::new());
-    }
-
-    /// [`Core::deliver`], the completions in `earlier` (taken from the engine before,
-    /// see `Progress::after_send`) first, in their order.
-    pub(crate) fn deliver_after(&mut self, shared: &Shared, earlier: &mut Vec<EngineCompletion>) {
-        if self.deliver_once(shared, earlier) {
-            // The flush completions of the QPs just moved to ERR.
-            self.deliver(shared);
-        }
-    }
-
-    /// One pass of [`Core::deliver_after`]; true when a CQ overrun moved a QP to ERR.
-    fn deliver_once(&mut self, shared: &Shared, earlier: &mut Vec<EngineCompletion>) -> bool {
-        let Core {
-            engine,
-            cqs,
-            owners,
-        } = self;
-        let mut run: Option<RingRun<'_>> = None;
-        // QPs whose completion was lost to a full CQ (rare; usually empty).
-        let mut overrun: Vec<u32> = Vec::new();
-        let mut earlier = earlier.drain(..);
-        while let Some((cq, c)) = earlier.next().or_else(|| engine.poll_completion()) {
-            if run.as_ref().map(|r| r.0) != Some(cq) {
-                if let Some((_, ring, guard, pr)) = run.take() {
-                    drop(guard);
-                    ring.notify(pr);
-                }
-                match cqs.get(&cq.0) {
-                    Some(ring) => run = Some((cq, ring, ring.lock(), PushRun::default())),
-                    None => {
-                        Stats::add(&shared.stats.completions_no_cq, 1);
-                        continue;
-                    }
-                }
-            }
-            if let Some((_, ring, guard, pr)) = run.as_mut() {
-                let before = ring.overflows.load(Ordering::Relaxed);
-                let qpn = c.qp_num;
-                ring.push_locked(guard, c, pr);
-                if ring.overflows.load(Ordering::Relaxed) != before {
-                    Stats::add(&shared.stats.cq_overflows, 1);
-                    if !overrun.contains(&qpn) {
-                        overrun.push(qpn);
-                    }
-                }
-            }
-        }
-        if let Some((_, ring, guard, pr)) = run.take() {
-            drop(guard);
-            ring.notify(pr);
-        }
-        // A completion the QP could not report is a work queue catastrophic error
-        // (IBTA 11.6.3.1, "CQ overrun": the affiliated QPs go to the error state; mlx4/5
-        // raise IBV_EVENT_QP_FATAL for them): the QP moves to ERR, which flushes what is
-        // still queued on it, and its owner hears of it on the async event fd.
-        let mut moved = false;
-        for qpn in overrun {
-            let to_err = softhca_transport::QpAttr {
-                qp_state: softhca_transport::QpState::Err,
-                ..Default::default()
-            };
-            let q = softhca_transport::Qpn::new(qpn);
-            let was_err = engine
-                .query_qp(q)
-                .is_ok_and(|(a, _)| a.qp_state == softhca_transport::QpState::Err);
-            if !was_err
-                && engine
-                    .modify_qp(
-                        shared.now(),
-                        q,
-                        &to_err,
-                        softhca_transport::QpAttrMask::STATE,
-                    )
-                    .is_ok()
-            {
-                route(owners, AsyncEvent::QpFatal(q));
-                moved = true;
-            }
-        }
-        while let Some(e) = engine.poll_event() {
-            route(owners, AsyncEvent::from(e));
-        }
-        moved
-    }
-
-    /// Records that `obj` belongs to `ctx`: its async events go to that context.
-    pub(crate) fn own(&mut self, obj: EventObject, ctx: &Context) {
-        self.owners.insert(obj, Arc::downgrade(&ctx.events));
-    }
-
-    /// Forgets `obj` (destroyed): events still queued for it are dropped.
-    pub(crate) fn disown(&mut self, obj: EventObject) {
-        if let Some(q) = self.owners.remove(&obj).and_then(|w| w.upgrade()) {
-            q.retire(|e| e.names(obj));
-        }
-    }
-}
-
-/// Queues `e` on the async queue of the context owning its object; an event for an
-/// object no live context owns (destroyed meanwhile) is dropped.
-fn route(owners: &HashMap<EventObject, Weak<AsyncQueue>>, e: AsyncEvent) {
-    if let Some(q) = owners.get(&e.object()).and_then(Weak::upgrade) {
-        q.push(e);
-    }
-}
-
-/// State shared by the application-facing handles and the datapath thread.
-pub(crate) struct Shared {
-    pub core: Mutex<Core>,
-    epoch: Instant,
-    pub sockets: Vec<RoceSocket>,
-    pub doorbell: EventFd,
-    /// Set by the datapath just before it sleeps in epoll: posters ring the doorbell only
-    /// then, so a busy datapath costs posters no syscall.
-    pub sleeping: AtomicBool,
-    /// Set by posters: the engine has new work (the datapath must lock it even if no
-    /// packet arrived). Dekker pair with `sleeping` (both SeqCst).
-    pub pending: AtomicBool,
-    pub stop: AtomicBool,
-    pub stats: Stats,
-    pub poll: PollMode,
-    /// The datapath's buffers: whoever holds this runs a datapath step (the datapath
-    /// thread, or an application thread polling a CQ).
-    pub progress: Mutex<Progress>,
-    /// Until when (engine clock) the datapath thread leaves the sockets to the
-    /// application threads; 0 when an application is about to block.
-    pub app_active_until: AtomicU64,
-    /// Until when (engine clock) application polls open no window: the datapath thread
-    /// serves the sockets (see [`Shared::app_window`]); written by the datapath thread.
-    pub serve_until: AtomicU64,
-    /// The engine's next timer (engine clock; `Nanos::MAX`: none), as of the last step.
-    pub deadline: AtomicU64,
-    /// When the sleeping datapath thread wakes by itself (`Nanos::MAX`: only for I/O).
-    pub thread_wake: AtomicU64,
-    /// Times each turnaround when `SOFTHCA_STATS` is set (`crate::turnaround`).
-    pub turnaround: Option<Box<Turnaround>>,
-    /// `SOFTHCA_STATS`: print the counters when the device closes, or at exit.
-    pub print_stats: bool,
-}
-
-impl Shared {
-    /// Nanoseconds since the device was opened: the engine's clock.
-    pub(crate) fn now(&self) -> Nanos {
-        self.epoch.elapsed().as_nanos() as Nanos
-    }
-
-    /// How long an application thread's poll at `now` leaves the sockets to application
-    /// threads: [`APP_WINDOW_NS`], or 0 while the application is known to wait for
-    /// traffic without polling (see `crate::strand`).
-    pub(crate) fn app_window(&self, now: Nanos) -> Nanos {
-        if now < self.serve_until.load(Ordering::Relaxed) {
-            0
-        } else {
-            APP_WINDOW_NS
-        }
-    }
-
-    /// Whether an application thread progressed the datapath within the last window.
-    pub(crate) fn app_polls(&self) -> bool {
-        self.now() < self.app_active_until.load(Ordering::Relaxed)
-    }
-
-    /// Posts with `post` under the engine lock, and transmits what it made ready at once
-    /// in the same lock hold (as a NIC starts sending at its doorbell) unless another
-    /// thread is in a datapath step: that one then sees `pending`. The datapath thread
-    /// is woken only when nobody polls and it may sleep.
-    pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> R {
-        if let Some(mut p) = self.progress.try_lock() {
-            let (r, more) = p.transmit_with(self, true, post);
-            self.after_transmit(p, more);
-            return r;
-        }
-        let r = {
-            let mut core = self.core.lock();
-            let r = post(&mut core, self.now());
-            core.deliver(self);
-            r
-        };
-        self.posted();
-        r
-    }
-
-    /// Work was posted (see [`Shared::post`]).
-    pub(crate) fn posted(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        if let Some(mut p) = self.progress.try_lock() {
-            let more = p.transmit(self);
-            self.after_transmit(p, more);
-        } else if !self.app_polls() {
-            self.kick();
-        }
-    }
-
-    /// After a transmit step that filled every buffer (`more`), runs further ones, up to
-    /// [`INLINE_STEPS`] in all, then hands what is left to the datapath thread.
-    fn after_transmit(&self, mut p: parking_lot::MutexGuard<'_, Progress>, mut more: bool) {
-        for _ in 1..INLINE_STEPS {
-            if !more {
-                break;
-            }
-            more = p.transmit(self);
-        }
-        drop(p);
-        if more {
-            self.pending.store(true, Ordering::SeqCst);
-            self.kick();
-        } else {
-            self.wake_for_timer();
-        }
-    }
-
-    /// A timer earlier than the sleeping datapath thread's wake-up: wake it (the
-    /// application may stop polling at any time and never come back for it).
-    fn wake_for_timer(&self) {
-        if self.deadline.load(Ordering::Relaxed) < self.thread_wake.load(Ordering::SeqCst) {
-            self.kick();
-        }
-    }
-
-    /// An application thread polls a CQ: it will run the datapath itself (even when the
-    /// datapath thread holds it right now, that thread hands the sockets back after its
-    /// step).
-    pub(crate) fn app_polling(&self) {
-        let now = self.now();
-        self.app_active_until
-            .store(now + self.app_window(now), Ordering::Relaxed);
-    }
-
-    /// Called by an application thread that polls and finds its CQ empty: runs datapath
-    /// steps itself unless another thread is in one. Returns whether packets moved.
-    /// `polled`: the CQ the thread polls (its completions come first, see
-    /// `Progress::step`).
-    pub(crate) fn progress_inline(&self, polled: CqId) -> bool {
-        let Some(mut p) = self.progress.try_lock() else {
-            self.app_polling();
-            return false;
-        };
-        let mut any = false;
-        for _ in 0..INLINE_STEPS {
-            let step = p.step(self, false, Some(polled));
-            any |= step.active;
-            if !step.more_tx {
-                break;
-            }
-            // More to send: the next step must run the engine even with nothing new.
-            self.pending.store(true, Ordering::SeqCst);
-        }
-        drop(p);
-        self.wake_for_timer();
-        any
-    }
-
-    /// Sends packets held for an application's answer now (see `Progress::step`).
-    pub(crate) fn flush_held(&self) {
-        self.progress.lock().flush_held(self);
-    }
-
-    /// An application thread is about to block (arming a CQ, a blocking wait): the
-    /// datapath thread takes the sockets back at once.
-    pub(crate) fn app_will_block(&self) {
-        if self.app_active_until.swap(0, Ordering::SeqCst) != 0 {
-            self.kick();
-        }
-    }
-
-    /// Tells the datapath there is new work; rings the doorbell only if it sleeps.
-    pub(crate) fn kick(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
-            Stats::add(&self.stats.doorbells, 1);
-            self.doorbell.notify();
-        }
-    }
-}
-
 /// Open devices, for [`flush_all_at_exit`].
-static OPEN_DEVICES: std::sync::Mutex<Vec<std::sync::Weak<Shared>>> =
+static OPEN_DEVICES: std::sync::Mutex<Vec<std::sync::Weak<DatapathShared>>> =
     std::sync::Mutex::new(Vec::new());
 static AT_EXIT: std::sync::Once = std::sync::Once::new();
 
 /// Remembers `shared` so that a process that exits without closing its devices still
-/// sends the packets held for an answer (`Progress::step`): the last ACKs of what it
+/// sends the packets held for an answer (`Stepper::step`): the last ACKs of what it
 /// received, which the peer needs to complete its sends.
-fn flush_at_exit(shared: &Arc<Shared>) {
+fn flush_at_exit(shared: &Arc<DatapathShared>) {
     if let Ok(mut v) = OPEN_DEVICES.lock() {
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(shared));
@@ -446,7 +57,7 @@ extern "C" fn flush_all_at_exit() {
     };
     for shared in v.iter().filter_map(std::sync::Weak::upgrade) {
         // The datapath thread may be in a step (it then sends them itself).
-        if let Some(mut p) = shared.progress.try_lock_for(Duration::from_millis(10)) {
+        if let Some(mut p) = shared.stepper.try_lock_for(Duration::from_millis(10)) {
             p.flush_held(&shared);
         }
         if shared.print_stats {
@@ -458,8 +69,8 @@ extern "C" fn flush_all_at_exit() {
 /// `SOFTHCA_STATS`: the counters of a device when it closes, or at exit for one still
 /// open, for a program we cannot change (perftest exits on a failed completion without
 /// closing its device). Non-zero ones only, on one stderr line.
-fn print_counters(shared: &Shared, when: &str) {
-    let Some(core) = shared.core.try_lock_for(Duration::from_millis(10)) else {
+fn print_counters(shared: &DatapathShared, when: &str) {
+    let Some(core) = shared.engine.try_lock_for(Duration::from_millis(10)) else {
         return;
     };
     let mut line = format!("softhca: counters {when}:");
@@ -487,7 +98,7 @@ struct ServedAddr {
 /// It lives while any context (or object created from one) does; the datapath thread
 /// stops (and is joined) when the last reference goes.
 pub(crate) struct Device {
-    shared: Arc<Shared>,
+    shared: Arc<DatapathShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     name: String,
     served: Vec<ServedAddr>,
@@ -721,22 +332,19 @@ impl Device {
             .collect();
         let mut engine = Engine::new(ecfg);
         // Every datagram leaves from the socket bound to `udp_port`, so that is its UDP
-        // source port; the ICRC covers it, so the engine must seal with it (rxe picks a
+        // source port; the ICRC covers it, so packets are sealed with it (rxe picks a
         // per-QP source port instead, 0xC000 + hash(QPN); one socket per QP would be
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
-        // Small packets are sealed once, when their socket is known (`Progress::send`).
-        // Not under fault injection: it sends copies, built sealed (`Progress::new`).
-        engine.set_late_seal(cfg.tx_drop_ppm == 0);
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
-        let progress = Mutex::new(Progress::new(
+        let stepper = Stepper::new(
             &sockets,
-            cfg.tx_drop_ppm,
+            softhca_io::Impair::loss_ppm(cfg.tx_drop_ppm),
             cfg.connected_senders,
             cfg.sockbuf,
-        ));
-        let shared = Arc::new(Shared {
-            core: Mutex::new(Core {
+        );
+        let shared = Arc::new(DatapathShared {
+            engine: Mutex::new(LockedEngine {
                 engine,
                 cqs: HashMap::default(),
                 owners: HashMap::default(),
@@ -749,7 +357,7 @@ impl Device {
             stop: AtomicBool::new(false),
             stats: Stats::default(),
             poll: cfg.poll,
-            progress,
+            stepper: Mutex::new(stepper),
             app_active_until: AtomicU64::new(0),
             serve_until: AtomicU64::new(0),
             deadline: AtomicU64::new(Nanos::MAX),
@@ -758,7 +366,7 @@ impl Device {
             print_stats: cfg.diagnostics.stats,
         });
         flush_at_exit(&shared);
-        let dp = crate::datapath::Datapath::new(shared.clone())?;
+        let dp = DatapathThread::new(shared.clone())?;
         let cpu = cfg.cpu;
         let thread = std::thread::Builder::new()
             .name(format!("softhca-dp-{}", cfg.name))
@@ -965,7 +573,7 @@ impl Context {
     /// `Engine::resource_gauges`), then the datapath's I/O counters.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let mut v: Vec<(&'static str, u64)> = {
-            let core = self.dev.shared.core.lock();
+            let core = self.dev.shared.engine.lock();
             let mut v: Vec<_> = core.engine.counters().iter().collect();
             v.extend(core.engine.resource_gauges());
             v
@@ -989,20 +597,26 @@ impl Context {
     /// Runs `f` on the engine under its lock, then moves any completions and events it
     /// produced into the CQ rings / event queue. Fails with [`Error::Closed`] once the
     /// datapath has stopped.
-    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
+    pub(crate) fn with_core<R>(
+        &self,
+        f: impl FnOnce(&mut LockedEngine, Nanos) -> R,
+    ) -> Result<R, Error> {
         self.with_core_untimed(|core| {
             let now = self.dev.shared.now();
             f(core, now)
         })
     }
 
-    /// [`Context::with_core`] for engine calls that take no time (posting a receive
-    /// is per message at high message rates: the clock read was 2.5 % of a 64 B run).
-    pub(crate) fn with_core_untimed<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, Error> {
+    /// [`Context::with_core`] for engine calls that take no time (posting a receive is
+    /// per message: no clock read for it at high message rates).
+    pub(crate) fn with_core_untimed<R>(
+        &self,
+        f: impl FnOnce(&mut LockedEngine) -> R,
+    ) -> Result<R, Error> {
         if self.dev.shared.stop.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        let mut core = self.dev.shared.core.lock();
+        let mut core = self.dev.shared.engine.lock();
         let r = f(&mut core);
         core.deliver(&self.dev.shared);
         Ok(r)
@@ -1010,8 +624,8 @@ impl Context {
 
     /// Like [`Context::with_core`] but also after the datapath stopped: for teardown
     /// (deregistering memory must always happen).
-    pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let mut core = self.dev.shared.core.lock();
+    pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut LockedEngine) -> R) -> R {
+        let mut core = self.dev.shared.engine.lock();
         let r = f(&mut core);
         core.deliver(&self.dev.shared);
         r
@@ -1020,11 +634,11 @@ impl Context {
     /// [`Context::with_core_always`] while no datapath step runs and no transmit is held:
     /// for taking registered memory away, which a transmit may still point into until
     /// its `sendmmsg` returns (zero-copy send).
-    pub(crate) fn with_core_no_transmit<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let mut progress = self.dev.shared.progress.lock();
-        progress.flush_held(&self.dev.shared);
+    pub(crate) fn with_core_no_transmit<R>(&self, f: impl FnOnce(&mut LockedEngine) -> R) -> R {
+        let mut stepper = self.dev.shared.stepper.lock();
+        stepper.flush_held(&self.dev.shared);
         let r = self.with_core_always(f);
-        drop(progress);
+        drop(stepper);
         r
     }
 
@@ -1033,16 +647,24 @@ impl Context {
         self.dev.shared.kick();
     }
 
-    /// Runs `post` on the engine and transmits what it made ready (see [`Shared::post`]).
+    /// Runs `post` on the engine and transmits what it made ready (see [`DatapathShared::post`]).
     /// Fails with [`Error::Closed`] once the datapath has stopped.
-    pub(crate) fn post<R>(&self, post: impl FnOnce(&mut Core, Nanos) -> R) -> Result<R, Error> {
+    pub(crate) fn post<R>(
+        &self,
+        post: impl FnOnce(&mut LockedEngine, Nanos) -> R,
+    ) -> Result<R, Error> {
         if self.dev.shared.stop.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
         Ok(self.dev.shared.post(post))
     }
 
-    pub(crate) fn shared(&self) -> &Shared {
+    /// This context's async event queue.
+    pub(crate) fn events(&self) -> &Arc<AsyncQueue> {
+        &self.events
+    }
+
+    pub(crate) fn shared(&self) -> &DatapathShared {
         &self.dev.shared
     }
 }

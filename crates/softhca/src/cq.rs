@@ -4,143 +4,20 @@
 //! drains: [`Cq::poll`] takes only the ring's own lock, never the engine's, so polling
 //! costs no more than a hardware CQ poll plus an uncontended mutex.
 
-use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
 use crate::context::Context;
 use crate::error::Error;
-use crate::event::{AsyncEvent, AsyncQueue, EventObject, EventQueue};
-use crate::{Completion, CqId, WcStatus};
+use crate::event::{EventObject, EventQueue};
+use crate::ring::{pop_into, CqRing, ARM_NEXT, ARM_SOLICITED};
+use crate::{Completion, CqId};
 
 /// Which CQ a completion channel event is about: the [`CqId`] of the [`Cq`]
 /// (compare with [`Cq::id`]).
 pub type CqHandleId = CqId;
-
-const ARM_NONE: u8 = 0;
-const ARM_SOLICITED: u8 = 1;
-const ARM_NEXT: u8 = 2;
-
-/// The ring shared by the datapath (producer) and the [`Cq`] handle (consumer).
-#[derive(Debug)]
-pub(crate) struct CqRing {
-    pub(crate) id: CqId,
-    /// Entries the ring holds (`cqe`); changed only by [`Cq::resize`] under the ring lock.
-    cap: AtomicUsize,
-    q: Mutex<VecDeque<Completion>>,
-    cv: Condvar,
-    waiters: AtomicUsize,
-    arm: AtomicU8,
-    overflowed: AtomicBool,
-    channel: Option<Arc<ChannelShared>>,
-    /// The async event queue of the context that created the CQ (`IBV_EVENT_CQ_ERR`).
-    events: Arc<AsyncQueue>,
-    pub(crate) overflows: AtomicU64,
-}
-
-/// What a run of pushes into one ring saw, to notify once per run.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct PushRun {
-    any: bool,
-    solicited: bool,
-}
-
-/// A completion that wakes a solicited-only arm: IBTA 11.4.2.2 — the next solicited
-/// completion or the next unsuccessful one.
-fn wakes_solicited(c: &Completion) -> bool {
-    // The transport does not (yet) say whether a receive had the SE bit; until it does,
-    // only error completions count as solicited (see the crate report).
-    c.status != WcStatus::Success
-}
-
-impl CqRing {
-    pub(crate) fn new(
-        id: CqId,
-        cap: usize,
-        channel: Option<Arc<ChannelShared>>,
-        events: Arc<AsyncQueue>,
-    ) -> Self {
-        CqRing {
-            id,
-            cap: AtomicUsize::new(cap),
-            q: Mutex::new(VecDeque::with_capacity(cap)),
-            cv: Condvar::new(),
-            waiters: AtomicUsize::new(0),
-            arm: AtomicU8::new(ARM_NONE),
-            overflowed: AtomicBool::new(false),
-            channel,
-            events,
-            overflows: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, VecDeque<Completion>> {
-        self.q.lock()
-    }
-
-    /// Pushes under the held lock. A full ring drops the completion and, once per
-    /// overflow episode, raises `IBV_EVENT_CQ_ERR` (rxe `rxe_cq_post`).
-    pub(crate) fn push_locked(
-        &self,
-        q: &mut VecDeque<Completion>,
-        c: Completion,
-        run: &mut PushRun,
-    ) {
-        if q.len() >= self.cap.load(Ordering::Relaxed) {
-            self.overflows.fetch_add(1, Ordering::Relaxed);
-            if !self.overflowed.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    cq = self.id.0,
-                    "completion queue overflow; completions lost"
-                );
-                self.events.push(AsyncEvent::CqErr(self.id));
-            }
-            return;
-        }
-        run.any = true;
-        run.solicited |= wakes_solicited(&c);
-        q.push_back(c);
-    }
-
-    /// After a run of pushes, with the ring lock released: fire the channel if armed,
-    /// wake [`Cq::wait`]ers.
-    pub(crate) fn notify(&self, run: PushRun) {
-        if !run.any {
-            return;
-        }
-        let arm = self.arm.load(Ordering::Acquire);
-        let fire = match arm {
-            ARM_NEXT => true,
-            ARM_SOLICITED => run.solicited,
-            _ => false,
-        };
-        if fire
-            && self
-                .arm
-                .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            if let Some(ch) = &self.channel {
-                ch.fire(self.id);
-            }
-        }
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.cv.notify_all();
-        }
-    }
-}
-
-fn pop_into(q: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
-    let n = out.len().min(q.len());
-    for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
-        *slot = c;
-    }
-    n
-}
 
 /// A completion queue (`ibv_cq`). Dropping it destroys the CQ; QPs that use it keep it
 /// alive, so it is never destroyed under them.
@@ -226,7 +103,7 @@ impl Cq {
         let n = self.pop(out);
         if n > 0 {
             // This thread polls: work it posts is run at its next empty poll
-            // (datapath.rs). (An empty poll says so in its inline step, with the clock
+            // (`datapath`). (An empty poll says so in its inline step, with the clock
             // reading the step takes anyway: one clock read less per empty poll.)
             shared.app_polling();
             return n;
@@ -236,7 +113,7 @@ impl Cq {
             return self.pop(out);
         }
         let n = self.pop(out);
-        if n == 0 && shared.progress.is_locked() {
+        if n == 0 && shared.stepper.is_locked() {
             // The datapath thread is in a step: an application spinning on an empty CQ
             // (as ibv_rc_pingpong and perftest do) must not starve it on a small machine
             // (with 2 cores and two spinning processes it ran only at scheduler ticks).
@@ -322,7 +199,7 @@ pub(crate) struct ChannelShared {
 }
 
 impl ChannelShared {
-    fn fire(&self, cq: CqId) {
+    pub(crate) fn fire(&self, cq: CqId) {
         self.events.push(cq);
     }
 }

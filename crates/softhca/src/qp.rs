@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::cq::{Cq, CqInner};
 use crate::error::Error;
 use crate::event::EventObject;
-use crate::mr::Pd;
+use crate::pd::Pd;
 use crate::{
     AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     Qpn, RecvWr, SendWr, SrqAttr, SrqId, UdDest,

@@ -6,9 +6,9 @@
 //! Why: a half round trip of an 8 B SEND is the sender's `sendmmsg` (on loopback it
 //! also runs the receiver's whole IP/UDP receive path in the sender's system call), the
 //! receiver's discovery of the datagram, and the receiver's own user-space turnaround.
-//! Only the last is softhca's. End-to-end latency on a shared 2-core VM moves by more
-//! than any change to it (the same binary measured 5.0 and 8 µs an hour apart); the
-//! phases time user space alone and show what a change to the datapath did.
+//! Only the last is softhca's. End-to-end latency on a shared machine moves by more
+//! than any change to it; the phases time user space alone and show what a change to
+//! the datapath did.
 //!
 //! Off (the default), the hooks are one branch on a `None`. On, each turnaround costs
 //! two clock reads more (the completion taken, the send's end).

@@ -1,5 +1,5 @@
 //! Packets held for the application's answer (the ACK of a SEND it just completed, see
-//! `Progress::step`) must still leave when the process exits without destroying its
+//! `Stepper::step`) must still leave when the process exits without destroying its
 //! QP or closing its device: the peer's SEND completes successfully.
 
 mod common;

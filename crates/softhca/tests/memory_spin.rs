@@ -3,7 +3,7 @@
 //! then watches the last byte of its buffer, calling nothing. The peer's WRITE must
 //! still be placed: after a few round trips in which it waited for the end of the
 //! application's polling window, the datapath thread serves the sockets itself (see
-//! `strand.rs`; `dp_app_served` counts the periods).
+//! `datapath/takeover.rs`; `dp_app_served` counts the periods).
 
 mod common;
 

@@ -18,11 +18,10 @@ use crate::verbs::*;
 /// perftest's timeout 14, doubling) takes over again. Why: a lost retransmission (a
 /// re-requested READ, the packet a sequence NAK asked for) or a lost response to it
 /// left the requester waiting a whole timeout: nothing else reports it, least of all
-/// with the window full. That was most of READ's time at 1 % loss. A responder serves
-/// requests in order, so silence with a retransmission outstanding means loss. The
-/// round trip is measured (`Requester::srtt`): a fixed 1 ms made spurious resends on
-/// the testbed's 10 ms-delay link. A responder that only stalls gets at most two
-/// duplicates (see `rto_deadline`).
+/// with the window full. A responder serves requests in order, so silence with a
+/// retransmission outstanding means loss. The round trip is measured
+/// (`Requester::srtt`), not fixed: a fixed one resends spuriously on a long-delay link.
+/// A responder that only stalls gets at most two duplicates (see `rto_deadline`).
 const MAX_QUIET_RESENDS: u8 = 2;
 
 impl Qp {

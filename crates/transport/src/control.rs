@@ -15,13 +15,13 @@ impl Engine {
     pub fn create_cq(&mut self) -> CqId {
         let id = self.next_cq;
         self.next_cq += 1;
-        self.cqs.insert(id, ());
+        self.cqs.insert(id);
         CqId(id)
     }
 
     /// Destroy a completion queue (Busy while QPs use it). Its pending completions go.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), TransportError> {
-        if !self.cqs.contains_key(&cq.0) {
+        if !self.cqs.contains(&cq.0) {
             return Err(TransportError::NotFound);
         }
         if self
@@ -138,7 +138,7 @@ impl Engine {
     /// The checks of a QP's creation attributes, with its SRQ counted and its
     /// capabilities rounded as rxe does.
     fn admit_qp(&mut self, init: &QpInitAttr) -> Result<QpInitAttr, TransportError> {
-        if !self.cqs.contains_key(&init.send_cq.0) || !self.cqs.contains_key(&init.recv_cq.0) {
+        if !self.cqs.contains(&init.send_cq.0) || !self.cqs.contains(&init.recv_cq.0) {
             return Err(TransportError::InvalidArgument("no such cq"));
         }
         let c = &init.cap;

@@ -2,8 +2,8 @@
 //! ([`DatagramInfo`]), and the batches of packets to send ([`Transmit`], [`TxPiece`]).
 
 use std::net::{IpAddr, SocketAddr};
-use std::ops::Range;
 
+use softhca_memory::External;
 use softhca_wire::{self as wire, UdpPseudo};
 
 /// Where a received datagram came from.
@@ -29,58 +29,45 @@ pub struct Transmit {
     pub len: usize,
     /// Size of each packet but the last.
     pub segment_size: usize,
-    /// UDP source port the packets were sealed with (the ICRC covers it): rxe's fixed
-    /// per-QP port, or the one set by [`crate::Engine::set_source_port`].
+    /// UDP source port of the packets (the ICRC covers it): rxe's fixed per-QP port, or
+    /// the one set by [`crate::Engine::set_source_port`].
     pub src_port: u16,
+    /// Every packet is an RC ACKNOWLEDGE (ACK or NAK): nothing in it is a request or a
+    /// READ or atomic response, so it may leave after transmits built later (an ACK is
+    /// cumulative, IBTA 9.7.5.1).
+    pub only_acks: bool,
 }
 
 impl Transmit {
-    /// Seals packet `index` of this Transmit (again, unless [`crate::Engine::set_late_seal`] left
-    /// it unsealed), laid out back to back in `buf` (no external payload), for the UDP
-    /// source port and IPv4 ID it will really leave with:
-    /// the datapath's connected per-peer sockets (`softhca_io::ConnectedSender`) send
-    /// from their own port, and Linux numbers their packets from a per-socket counter.
-    /// Returns false when the packet is not in `buf`.
-    pub fn reseal(&self, buf: &mut [u8], index: usize, sport: u16, ipv4_id: u16) -> bool {
-        let seg = self.segment_size.max(1);
-        let start = index.saturating_mul(seg);
-        let end = (start + seg).min(self.len);
-        self.seal_at(buf, start..end, sport, ipv4_id, None)
-    }
-
-    /// Seals `piece`, a packet of this Transmit built wholly in `buf` (no external
-    /// payload) and left unsealed ([`crate::Engine::set_late_seal`]), for the UDP source port and
-    /// IPv4 ID it leaves with. Returns false when it is not wholly in `buf`.
-    pub fn seal(&self, buf: &mut [u8], piece: &TxPiece, sport: u16, ipv4_id: u16) -> bool {
-        piece.external.is_none()
-            && self.seal_at(
-                buf,
-                piece.start..piece.start + piece.head + piece.tail,
-                sport,
-                ipv4_id,
-                piece.tail_crc,
-            )
-    }
-
-    /// Writes the ICRC of the packet at `buf[at]` (its last 4 bytes); with `tail`, from
-    /// its headers and the CRC its payload got as it was copied in.
-    fn seal_at(
+    /// Seals `piece`, a packet of this Transmit from [`crate::Engine::poll_transmit_gather`]
+    /// (which leaves every packet unsealed), for the UDP source port and IPv4 ID it leaves
+    /// with: the ICRC covers both (IBTA A17.4.1 masks neither), and only the caller knows
+    /// which socket sends it. `payload` is the piece's external payload (empty when it has
+    /// none; read it with `MemoryTable::external_payload`). Returns false when the piece
+    /// is not laid out as it says.
+    pub fn seal(
         &self,
         buf: &mut [u8],
-        at: Range<usize>,
+        piece: &TxPiece,
+        payload: &[u8],
         sport: u16,
         ipv4_id: u16,
-        tail: Option<TailCrc>,
     ) -> bool {
-        let Some(pkt) = buf.get_mut(at) else {
+        let Some(pkt) = buf.get_mut(piece.start..piece.start + piece.head + piece.tail) else {
             return false;
         };
-        let Some(body) = pkt.len().checked_sub(softhca_wire::ICRC_LEN) else {
+        let Some(body) = pkt.len().checked_sub(wire::ICRC_LEN) else {
             return false;
         };
         let pseudo =
             UdpPseudo::from_addrs(self.src, self.dst.ip(), sport, self.dst.port(), ipv4_id);
-        seal_packet(&pseudo, pkt, body, tail).is_some()
+        match piece.external {
+            None => seal_packet(&pseudo, pkt, body, piece.tail_crc).is_some(),
+            Some(e) => {
+                e.len == payload.len()
+                    && wire::seal_pieces(&pseudo, pkt, piece.head, payload, body).is_ok()
+            }
+        }
     }
 
     /// Packets in this Transmit.
@@ -123,17 +110,6 @@ impl TxPiece {
     pub fn wire_len(&self) -> usize {
         self.head + self.external.map_or(0, |e| e.len) + self.tail
     }
-}
-
-/// A packet payload left in registered memory by a zero-copy build: the host address
-/// of its first byte and its length. It stays readable until its MR is deregistered
-/// (see [`crate::Engine::poll_transmit_gather`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct External {
-    /// Host address (an address, not a pointer, so that transmit lists stay `Send`).
-    pub addr: usize,
-    /// Bytes.
-    pub len: usize,
 }
 
 /// Append the ICRC to the packet `pkt[..len]`; with `tail`, hashing only its headers

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use softhca_wire::{self as wire, UdpPseudo};
 
 use crate::config::EngineConfig;
@@ -36,8 +36,8 @@ use crate::verbs::*;
 ///   [`Engine::poll_event`] for async events, and [`Engine::poll_timeout`] for the next
 ///   deadline (call `handle_timeout` when it passes; it may change after any input).
 /// - **Queries**: [`Engine::has_transmit`], [`Engine::only_acks_ready`],
-///   [`Engine::has_completions`], [`Engine::counters`] and the like, cheap checks that
-///   change nothing.
+///   [`Engine::segment_kind`], [`Engine::has_completions`], [`Engine::counters`] and the
+///   like, cheap checks that change nothing.
 ///
 /// A datapath loop is then: feed received datagrams and expired timers, post work,
 /// send what `poll_transmit` gives until `None`, deliver completions and events, and
@@ -49,7 +49,7 @@ pub struct Engine {
     pub(crate) counters: Counters,
     pub(crate) qps: HashMap<u32, Qp>,
     pub(crate) next_qpn: u32,
-    pub(crate) cqs: HashMap<u32, ()>,
+    pub(crate) cqs: HashSet<u32>,
     pub(crate) next_cq: u32,
     pub(crate) srqs: HashMap<u32, Srq>,
     pub(crate) next_srq: u32,
@@ -59,13 +59,23 @@ pub struct Engine {
     ready: VecDeque<u32>,
     timers: Timers,
     source_port: Option<u16>,
-    /// Leave the ICRC of packets built wholly in the transmit buffer to the caller
-    /// (see [`Engine::set_late_seal`]).
-    late_seal: bool,
     /// Per peer flow, the IPv4 ID its packets carry (for the ICRC, see `ipv4_id`).
     ip_ids: Ipv4IdTracker,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
+}
+
+/// What a received segment is, as [`Engine::segment_kind`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentKind {
+    /// An RC ACKNOWLEDGE (ACK or NAK) to QP `qpn`: it completes sends on its send CQ
+    /// ([`Engine::send_cq`]) and nothing else.
+    Ack {
+        /// The QP it acknowledges to.
+        qpn: Qpn,
+    },
+    /// A request, a READ or atomic response, or not a BTH.
+    Other,
 }
 
 /// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
@@ -163,6 +173,8 @@ struct Batch<'p> {
     count: usize,
     /// Set by the first packet.
     flow: Option<Flow>,
+    /// Every packet so far is an RC ACKNOWLEDGE ([`Transmit::only_acks`]).
+    only_acks: bool,
     /// For a gathered transmit: where each packet's bytes are.
     pieces: Option<&'p mut Vec<TxPiece>>,
 }
@@ -178,15 +190,6 @@ enum RunEnd {
     TooSmall,
 }
 
-/// How to seal the packets of a batch.
-#[derive(Debug, Clone, Copy)]
-struct Sealing {
-    /// Every packet's UDP source port instead of its path's ([`Engine::set_source_port`]).
-    source_port: Option<u16>,
-    /// Leave packets wholly in the buffer unsealed ([`Engine::set_late_seal`]).
-    late: bool,
-}
-
 impl<'p> Batch<'p> {
     /// A new batch, or one that goes on after `prev`'s packets (see
     /// `poll_transmit_append`).
@@ -196,6 +199,7 @@ impl<'p> Batch<'p> {
             wire_len: 0,
             count: 0,
             flow: None,
+            only_acks: true,
             pieces: None,
         };
         match (prev, pieces.as_deref_mut()) {
@@ -203,6 +207,7 @@ impl<'p> Batch<'p> {
                 b.off = list.last().map_or(0, |l| l.start + l.head + l.tail);
                 b.wire_len = p.len;
                 b.count = list.len();
+                b.only_acks = p.only_acks;
                 b.flow = Some(Flow {
                     dst: p.dst,
                     src: p.src,
@@ -224,14 +229,14 @@ impl<'p> Batch<'p> {
         ctx: &mut Ctx<'_>,
         buf: &mut [u8],
         max_segs: usize,
-        sealing: Sealing,
+        source_port: Option<u16>,
     ) -> RunEnd {
         while self.count < max_segs {
             let Some(plan) = qp.plan(ctx) else {
                 return RunEnd::Drained;
             };
             let wl = plan.wire_len();
-            let sport = sealing.source_port.unwrap_or(plan.sport);
+            let sport = source_port.unwrap_or(plan.sport);
             if let Some(f) = &self.flow {
                 if plan.dst != f.dst || plan.src != f.src || sport != f.sport || wl > f.seg {
                     return RunEnd::Ended;
@@ -252,10 +257,15 @@ impl<'p> Batch<'p> {
                 return RunEnd::Ended;
             };
             let (dst, src) = (plan.dst, plan.src);
-            let pseudo = UdpPseudo::from_addrs(src, dst.ip(), sport, dst.port(), self.count as u16);
-            let Some(in_buf) = seal_built(&pseudo, pkt, &built, sealing.late && in_place) else {
+            // A gathered transmit is sealed by the caller; a copied one here, each packet
+            // with the IPv4 ID of its GSO segment index.
+            let pseudo = (!in_place).then(|| {
+                UdpPseudo::from_addrs(src, dst.ip(), sport, dst.port(), self.count as u16)
+            });
+            let Some(in_buf) = seal_built(pseudo.as_ref(), pkt, &built) else {
                 return RunEnd::Ended;
             };
+            self.only_acks &= plan.hdr.bth.opcode.is_ack();
             let total = in_buf + built.external.map_or(0, |e| e.len);
             if let Some(list) = self.pieces.as_deref_mut() {
                 list.push(TxPiece {
@@ -284,27 +294,18 @@ impl<'p> Batch<'p> {
     }
 }
 
-/// Write the ICRC of a packet `build_placed` wrote at the start of `pkt` (zeroes with
-/// `late`, for the caller to seal); returns its bytes in `pkt`.
-fn seal_built(pseudo: &UdpPseudo, pkt: &mut [u8], built: &Built, late: bool) -> Option<usize> {
-    match built.external {
-        None if late => {
+/// Write the ICRC of a packet `build_placed` wrote at the start of `pkt` for `pseudo`, or,
+/// without one (a gathered transmit), zeroes for the caller to seal ([`Transmit::seal`]);
+/// returns its bytes in `pkt`. Only a gathered build leaves payloads in registered
+/// memory, so the engine never reads them.
+fn seal_built(pseudo: Option<&UdpPseudo>, pkt: &mut [u8], built: &Built) -> Option<usize> {
+    match (pseudo, built.external) {
+        (Some(pseudo), None) => seal_packet(pseudo, pkt, built.in_buf, built.tail_crc),
+        (Some(_), Some(_)) => None,
+        (None, _) => {
             let end = built.in_buf + wire::ICRC_LEN;
-            pkt.get_mut(built.in_buf..end).map(|icrc| {
-                icrc.fill(0);
-                end
-            })
-        }
-        None => seal_packet(pseudo, pkt, built.in_buf, built.tail_crc),
-        Some(ext) => {
-            // SAFETY: `ext` was resolved by `gather_in_place` on the engine's memory
-            // table during this `poll_transmit_*` call; deregistration needs `&mut
-            // Engine`, so the range is still a live registered region. Registered memory
-            // may be written by the application while it is read here only if it breaks
-            // the verbs contract (a send buffer is the application's again at its
-            // completion); the CRC and the data are then both garbage, as on any NIC.
-            let payload = unsafe { std::slice::from_raw_parts(ext.addr as *const u8, ext.len) };
-            wire::seal_pieces(pseudo, pkt, built.head, payload, built.in_buf).ok()
+            pkt.get_mut(built.in_buf..end)?.fill(0);
+            Some(end)
         }
     }
 }
@@ -397,7 +398,7 @@ impl Engine {
             counters: Counters::default(),
             qps: HashMap::default(),
             next_qpn,
-            cqs: HashMap::default(),
+            cqs: HashSet::default(),
             next_cq: 1,
             srqs: HashMap::default(),
             next_srq: 1,
@@ -406,7 +407,6 @@ impl Engine {
             ready: VecDeque::new(),
             timers: Timers::default(),
             source_port: None,
-            late_seal: false,
             ip_ids: Ipv4IdTracker::default(),
             budget: Budget::default(),
         }
@@ -446,20 +446,6 @@ impl Engine {
     /// I/O layer that cannot choose the source port per datagram). None restores rxe's.
     pub fn set_source_port(&mut self, port: Option<u16>) {
         self.source_port = port;
-    }
-
-    /// With `on`, [`Engine::poll_transmit_gather`] and [`Engine::poll_transmit_append`]
-    /// build the packets that lie wholly in the transmit buffer (no external payload)
-    /// without their ICRC (left zero): the caller seals each with [`Transmit::seal`] once
-    /// it knows the UDP source port and IPv4 ID it leaves with, both of which the ICRC
-    /// covers (IBTA A17.4.1 masks neither).
-    ///
-    /// Why: softhca's datapath sends small transmits through a socket connected to the
-    /// peer, from another source port and with IDs Linux counts per socket, and would
-    /// otherwise seal those packets twice. Packets with an external payload are always
-    /// sealed here, while their memory is known to be registered.
-    pub fn set_late_seal(&mut self, on: bool) {
-        self.late_seal = on;
     }
 
     /// The memory table (PDs and MRs).
@@ -683,11 +669,13 @@ impl Engine {
         self.transmit_into(now, buf, None, None)
     }
 
-    /// [`Engine::poll_transmit`] without copying request payloads: a packet whose payload
-    /// lies in one SGE of registered memory leaves it there, and `pieces` (cleared
-    /// first) says, packet by packet, where the bytes are: [`TxPiece`]. The Transmit's
-    /// `len` and `segment_size` count the wire bytes as with `poll_transmit`, but `buf`
-    /// holds only headers, pads and ICRCs of such packets.
+    /// [`Engine::poll_transmit`] without copying request payloads and without sealing: a
+    /// packet whose payload lies in one SGE of registered memory leaves it there, and
+    /// `pieces` (cleared first) says, packet by packet, where the bytes are: [`TxPiece`].
+    /// The Transmit's `len` and `segment_size` count the wire bytes as with
+    /// `poll_transmit`, but `buf` holds only headers, pads and ICRC slots of such packets.
+    /// The caller seals every piece with [`Transmit::seal`] once it knows the UDP source
+    /// port and IPv4 ID the packet leaves with.
     ///
     /// The external payloads stay valid until their MR is deregistered: the caller must
     /// keep deregistration out until it has sent them (softhca's datapath holds its
@@ -742,10 +730,7 @@ impl Engine {
         // QP. A QP's packets stay in order and each QP still goes to the back of the
         // ready queue once drawn from (round robin as before).
         let mut batch = Batch::new(pieces, prev);
-        let sealing = Sealing {
-            source_port: self.source_port,
-            late: self.late_seal,
-        };
+        let source_port = self.source_port;
         // At most one pass over the QPs ready now (a QP put back by `sync` is not
         // drawn from twice).
         let mut visits = self.ready.len();
@@ -765,7 +750,7 @@ impl Engine {
                 continue;
             };
             let before = batch.count;
-            let end = batch.fill_from(qp, &mut ctx, buf, max_segs, sealing);
+            let end = batch.fill_from(qp, &mut ctx, buf, max_segs, source_port);
             if end == RunEnd::TooSmall {
                 return None;
             }
@@ -794,6 +779,7 @@ impl Engine {
             len: batch.wire_len,
             segment_size: f.seg,
             src_port: f.sport,
+            only_acks: batch.only_acks,
         })
     }
 
@@ -884,13 +870,18 @@ impl Engine {
         self.completions.iter().any(|(c, _)| *c == cq)
     }
 
-    /// The CQ where an ACK (or any response) in `udp_payload` would complete sends: the
-    /// send CQ of the QP its BTH names. None when it names no QP here or does not parse.
-    /// Lets a caller decide, before feeding a packet, whether the application it serves
-    /// waits for what the packet completes.
-    pub fn send_cq_for(&self, udp_payload: &[u8]) -> Option<CqId> {
-        let bth = softhca_wire::Bth::parse(udp_payload).ok()?;
-        self.qps.get(&bth.dest_qp.value()).map(|qp| qp.init.send_cq)
+    /// What a received segment (a UDP payload, BTH first) is, from its BTH alone: not
+    /// checked, for a caller deciding in which order to feed what it received.
+    pub fn segment_kind(udp_payload: &[u8]) -> SegmentKind {
+        match softhca_wire::Bth::parse(udp_payload) {
+            Ok(bth) if bth.opcode.is_ack() => SegmentKind::Ack { qpn: bth.dest_qp },
+            _ => SegmentKind::Other,
+        }
+    }
+
+    /// The send CQ of QP `qpn` (where an ACK to it completes work), if it is here.
+    pub fn send_cq(&self, qpn: Qpn) -> Option<CqId> {
+        self.qps.get(&qpn.value()).map(|qp| qp.init.send_cq)
     }
 
     /// Take one completion.

@@ -39,7 +39,8 @@ pub mod verbs;
 
 pub use config::EngineConfig;
 pub use counters::Counters;
-pub use datagram::{DatagramInfo, External, TailCrc, Transmit, TxPiece};
-pub use engine::Engine;
+pub use datagram::{DatagramInfo, TailCrc, Transmit, TxPiece};
+pub use engine::{Engine, SegmentKind};
 pub use error::TransportError;
+pub use softhca_memory::External;
 pub use verbs::*;

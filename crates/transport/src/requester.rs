@@ -10,12 +10,13 @@ use softhca_wire::{
 };
 
 use crate::config::EngineConfig;
-use crate::datagram::{External, TailCrc};
+use crate::datagram::TailCrc;
 use crate::path::Path;
 use crate::qp::{Ctx, Qp, RespOut, SendWqe};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::timers::ack_timeout_ns;
 use crate::verbs::*;
+use softhca_memory::External;
 
 /// Most PSNs in flight before the requester waits for ACKs (rxe: RXE_MAX_UNACKED_PSNS).
 pub(crate) const MAX_UNACKED_PSNS: i32 = 1024;
@@ -415,10 +416,7 @@ impl Qp {
             return Some(InPlace::Copy);
         };
         match ctx.mem.gather_in_place(pd, sges, off, n) {
-            Ok(Some(p)) => Some(InPlace::Left(External {
-                addr: p as usize,
-                len: n,
-            })),
+            Ok(Some(external)) => Some(InPlace::Left(external)),
             Ok(None) => Some(InPlace::Copy), // spans SGEs
             Err(_) => {
                 w.status = Some(WcStatus::LocProtErr);
@@ -429,8 +427,8 @@ impl Qp {
 
     /// Copy the next READ response payload out of the responder's memory into
     /// `payload` (nothing for an ACK). Built for a gathered transmit (`with_crc`), the
-    /// packet is sealed later (`Engine::set_late_seal`): the payload is CRC'd as it is
-    /// copied, and the seal hashes the headers only (see `TailCrc`).
+    /// packet is sealed by the caller ([`crate::Transmit::seal`]): the payload is CRC'd
+    /// as it is copied, and the seal hashes the headers only (see `TailCrc`).
     fn copy_read_response(
         &self,
         ctx: &Ctx<'_>,

@@ -23,8 +23,8 @@ pub(crate) struct RxMeta {
 
 /// Most out-of-sequence requests a QP keeps for later (see `on_rc`): a requester's
 /// whole window (`requester::MAX_UNACKED_PSNS`), so that after one loss everything
-/// behind it is kept and only the lost packet needs to come again (with 256, most of
-/// a window was dropped and resent at 1 % loss). Bounded per device by DEVICE_OOO_BYTES.
+/// behind it is kept and only the lost packet needs to come again. Bounded per device by
+/// DEVICE_OOO_BYTES.
 pub(crate) const OOO_MAX: usize = 1024;
 /// Only packets less than this far ahead of the expected PSN are kept.
 pub(crate) const OOO_WINDOW: i32 = 1024;
@@ -34,13 +34,13 @@ pub(crate) const OOO_NAK_DELAY_NS: u64 = 1_000_000;
 /// requester has sent nothing for 4 round trips (at least 1 ms), then twice that
 /// (`timers::quiet_wait`). IBTA C9-88 sends one NAK per gap and lets the requester's
 /// timeout recover a lost one; but the timeout is 67 ms at perftest's timeout 14, and
-/// at 1 % loss a lost NAK, or a lost retransmission of the packet it asked for, was
-/// most of the remaining timeouts of a READ stream. A repeated NAK is one the requester
+/// under loss a lost NAK, or a lost retransmission of the packet it asked for, makes
+/// most of a READ stream's timeouts. A repeated NAK is one the requester
 /// may have lost: rxe and softhca retransmit from its PSN again. The round trip is this
 /// QP's own requester's, or the time from an earlier NAK to the packet it asked for;
 /// with neither measured yet, the NAK is not repeated. Silence, not a fixed time after
-/// the NAK, decides: on the testbed's slow, queueing links a retransmission arrived
-/// many round trips after its NAK, and repeating it there cost a go-back-N each time.
+/// the NAK, decides: on a slow, queueing link a retransmission may arrive many round
+/// trips after its NAK, and repeating the NAK there costs a go-back-N each time.
 pub(crate) const MAX_NAK_REPEATS: u8 = 2;
 /// A gap this many packets old is a loss: NAK it (once), as IBTA C9-88 would at once.
 const OOO_NAK_AFTER: i32 = 128;
@@ -713,9 +713,9 @@ impl Qp {
 
     /// Responder resources (IBTA 9.5.x: max_dest_rd_atomic): a requester keeps at most
     /// that many READ/atomic requests outstanding, so several times more responses
-    /// than that waiting to go out means a flood. The extra request is dropped before it executes (its
-    /// PSN is not consumed; a real requester resends it after its timeout), so the
-    /// response queue, and the memory behind it, stays bounded.
+    /// than that waiting to go out means a flood. The extra request is dropped before it
+    /// executes (its PSN is not consumed; a real requester resends it after its timeout),
+    /// so the response queue, and the memory behind it, stays bounded.
     fn check_rd_atomic_room(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fail> {
         // Room for a go-back-N's re-executed duplicates besides the new requests: a
         // new READ dropped here costs a real requester a whole retransmit timeout.

@@ -556,7 +556,9 @@ fn a_short_transmit_is_filled_by_the_next_post() {
     assert_eq!(t2.packets(), 2);
 
     for (i, t) in [t0, t1, t2].iter().enumerate() {
-        let bytes = join_pieces(&bufs[i], &pieces[i]);
+        let mem = net.nodes[0].engine.memory();
+        seal_gathered(mem, t, &mut bufs[i], &pieces[i]);
+        let bytes = join_pieces(mem, &bufs[i], &pieces[i]);
         net.send_transmit(0, t, &bytes);
     }
     net.run(1_000_000_000);
@@ -576,12 +578,13 @@ fn a_short_transmit_is_filled_by_the_next_post() {
     );
 }
 
-/// With late sealing, the packets built in the buffer come unsealed (ICRC zero) and
-/// `Transmit::seal` seals them for the port and IPv4 ID given; packets whose payload
-/// stays in registered memory are sealed by the engine either way. The ICRC of each is
-/// checked here, then by the receiver.
+/// A gathered build leaves every packet unsealed (ICRC zero), those built in the buffer
+/// and those whose payload stays in registered memory alike, and `Transmit::seal` seals
+/// them for the port and IPv4 ID given (an external payload read through
+/// `MemoryTable::external_payload`). The ICRC of each is checked here, then by the
+/// receiver.
 #[test]
-fn late_sealed_packets_are_sealed_by_the_caller() {
+fn gathered_packets_are_sealed_by_the_caller() {
     const SMALL: usize = 64;
     const LARGE: usize = 8192;
     let mut net = SimNet::new(37, 2, Mtu::M4096);
@@ -589,7 +592,6 @@ fn late_sealed_packets_are_sealed_by_the_caller() {
     let src = net.reg(0, SMALL + LARGE, full_access());
     let dst = net.reg(1, SMALL + LARGE, full_access());
     net.fill_random(&src);
-    net.nodes[0].engine.set_late_seal(true);
     for (id, off, len) in [(1, 0, SMALL), (2, SMALL, LARGE)] {
         let mut wr = send_wr(id, WrOpcode::RdmaWrite, src.sges(off, len));
         wr.remote_addr = dst.addr + off as u64;
@@ -607,21 +609,27 @@ fn late_sealed_packets_are_sealed_by_the_caller() {
         else {
             break;
         };
+        let mem = net.nodes[0].engine.memory();
         for (i, p) in pieces.iter().enumerate() {
             let end = p.start + p.head + p.tail;
-            if p.external.is_none() {
-                assert_eq!(buf[end - 4..end], [0; 4], "left for the caller");
-                assert!(t.seal(&mut buf, p, t.src_port, i as u16));
-                unsealed += 1;
-            } else {
-                assert!(
-                    !t.seal(&mut buf, p, t.src_port, i as u16),
-                    "not in the buffer"
-                );
-                external += 1;
+            assert_eq!(buf[end - 4..end], [0; 4], "left for the caller");
+            match p.external {
+                None => {
+                    assert!(t.seal(&mut buf, p, &[], t.src_port, i as u16));
+                    unsealed += 1;
+                }
+                Some(e) => {
+                    let payload = mem.external_payload(&e).unwrap();
+                    assert!(
+                        !t.seal(&mut buf, p, &payload[1..], t.src_port, i as u16),
+                        "a payload of another length is refused"
+                    );
+                    assert!(t.seal(&mut buf, p, payload, t.src_port, i as u16));
+                    external += 1;
+                }
             }
         }
-        let bytes = join_pieces(&buf, &pieces);
+        let bytes = join_pieces(mem, &buf, &pieces);
         let seg = t.segment_size.max(1);
         for (i, pkt) in bytes.chunks(seg).enumerate() {
             let (IpAddr::V4(s), IpAddr::V4(d)) = (t.src, t.dst.ip()) else {
@@ -651,4 +659,46 @@ fn late_sealed_packets_are_sealed_by_the_caller() {
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(net.mem(&dst), net.mem(&src));
     assert_eq!(net.nodes[1].engine.counters().drop_bad_icrc, 0);
+}
+
+/// The engine says what it built and what it received, so that a datapath never reads
+/// opcodes: a requester's WRITE is not `only_acks` and its packets are `Other`; the
+/// responder's answer is `only_acks`, and `segment_kind` reads it as an ACK to the
+/// requester's QP, whose send CQ it completes on.
+#[test]
+fn transmits_and_segments_say_whether_they_are_acks() {
+    let mut net = SimNet::new(41, 2, Mtu::M1024);
+    let (a, _b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let src = net.reg(0, 4096, full_access());
+    let dst = net.reg(1, 4096, full_access());
+    let mut wr = send_wr(1, WrOpcode::RdmaWrite, src.sges(0, 2048));
+    wr.remote_addr = dst.addr;
+    wr.rkey = dst.rkey;
+    net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    let mut buf = vec![0u8; 65_507];
+    let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
+    assert!(!t.only_acks);
+    assert_eq!(t.packets(), 2);
+    let from = std::net::SocketAddr::new(t.src, t.src_port);
+    let to = net.nodes[1].ip;
+    for (k, pkt) in buf[..t.len].chunks(t.segment_size).enumerate() {
+        assert_eq!(Engine::segment_kind(pkt), SegmentKind::Other);
+        let info = DatagramInfo {
+            src: from,
+            dst: to,
+            segment_index: k as u16,
+        };
+        net.nodes[1].engine.handle_datagram(0, &info, pkt);
+    }
+    let ack = net.nodes[1]
+        .engine
+        .poll_transmit(0, &mut buf)
+        .expect("the WRITE's ACK");
+    assert!(ack.only_acks);
+    assert_eq!(ack.packets(), 1);
+    assert_eq!(
+        Engine::segment_kind(&buf[..ack.len]),
+        SegmentKind::Ack { qpn: a }
+    );
+    assert_eq!(net.nodes[0].engine.send_cq(a), Some(net.nodes[0].cq));
 }

@@ -286,11 +286,11 @@ fn duplicate_atomic_replayed_not_reexecuted() {
     assert_eq!(net.nodes[1].engine.counters().duplicate_request, 2);
 }
 
-/// Reordering without loss on a 10 Gb/s link (30 % of packets 0–20 µs late, well inside the 200 µs reorder
-/// timer): early WRITE requests are kept by the responder and early READ responses
-/// placed by the requester, so not one sequence NAK, retransmission or timeout happens,
-/// and every byte arrives. (Plain go-back-N NAKed and resent the window on each
-/// reordering: over a real link with 20 us of jitter that was 0.02 Gb/s.)
+/// Reordering without loss on a 10 Gb/s link (30 % of packets 0–20 µs late, well inside
+/// the 200 µs reorder timer): early WRITE requests are kept by the responder and early
+/// READ responses placed by the requester, so not one sequence NAK, retransmission or
+/// timeout happens, and every byte arrives (plain go-back-N would NAK and resend the
+/// window on each reordering).
 #[test]
 fn reordering_is_absorbed_without_go_back_n() {
     let mut net = SimNet::new(21, 2, Mtu::M1024);

@@ -156,7 +156,7 @@ fn plan(quick: bool) -> Vec<Point> {
             }
         }
     }
-    // Many connections on one device (its aggregate is compared with the 1-QP row).
+    // Many connections on one device: aggregate against the 1-QP row.
     v.push(Point::Bw {
         op: "write",
         size: 65536,

@@ -11,7 +11,7 @@ use crate::error::CliError;
 use softhca_perf::exchange::TestParams;
 use softhca_perf::setup::{pick_gid, Side};
 
-/// QPs created for the measurement (1024: the many-QP case the bench reports).
+/// QPs created for the measurement (1024: many connections on one device).
 pub const IDLE_QPS: u32 = 1024;
 
 /// Resident bytes of this process (`/proc/self/statm`, second field, in pages).

@@ -267,7 +267,9 @@ impl SimNet {
                 let bytes = if gather {
                     self.external_payloads +=
                         pieces.iter().filter(|p| p.external.is_some()).count();
-                    join_pieces(&self.buf, &pieces)
+                    let mem = self.nodes[i].engine.memory();
+                    seal_gathered(mem, &t, &mut self.buf, &pieces);
+                    join_pieces(mem, &self.buf, &pieces)
                 } else {
                     self.buf[..t.len].to_vec()
                 };
@@ -596,18 +598,29 @@ pub fn recv_wr(wr_id: u64, sges: SmallVec<[Sge; 4]>) -> RecvWr {
 
 /// The wire bytes of a zero-copy transmit: headers from `buf`, payloads from registered
 /// memory.
-pub fn join_pieces(buf: &[u8], pieces: &[TxPiece]) -> Vec<u8> {
+pub fn join_pieces(mem: &MemoryTable, buf: &[u8], pieces: &[TxPiece]) -> Vec<u8> {
     let mut out = Vec::new();
     for p in pieces {
         out.extend_from_slice(&buf[p.start..p.start + p.head]);
         if let Some(e) = p.external {
-            // SAFETY: the MR it lies in is registered by this test and not deregistered
-            // between the engine call that produced `pieces` and this one.
-            out.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(e.addr as *const u8, e.len)
-            });
+            out.extend_from_slice(mem.external_payload(&e).expect("registered"));
         }
         out.extend_from_slice(&buf[p.start + p.head..p.start + p.head + p.tail]);
     }
     out
+}
+
+/// Seals the packets of a gathered transmit as a GSO send from its `src_port` would
+/// carry them: packet `i` with IPv4 ID `i`.
+pub fn seal_gathered(mem: &MemoryTable, t: &Transmit, buf: &mut [u8], pieces: &[TxPiece]) {
+    for (i, p) in pieces.iter().enumerate() {
+        let payload = match p.external {
+            Some(e) => mem.external_payload(&e).expect("registered"),
+            None => &[],
+        };
+        assert!(
+            t.seal(buf, p, payload, t.src_port, i as u16),
+            "piece {i} sealed"
+        );
+    }
 }

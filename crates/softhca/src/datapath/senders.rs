@@ -3,43 +3,37 @@
 //!
 //! Why: the kernel looks the route up for every datagram sent on an unconnected socket,
 //! and keeps it on a connected one. For small messages that is a large share of the
-//! latency: an 8 B RC SEND half round trip on loopback went from 5.45 to 4.98 µs (Linux
-//! 6.18, 2-core VM). It shows in bulk too where datagrams are many: a 64 KiB RDMA READ
-//! is answered with two GSO sends, and the lookups were about 3 % of the responder's
-//! time (READ 64 KiB, interleaved runs: 25.7 → 26.5 Gb/s).
+//! latency, and it shows in bulk too where datagrams are many (a 64 KiB RDMA READ is
+//! answered with two GSO sends).
 //!
 //! Which transmits: those whose packets all lie in the transmit buffer (small messages,
-//! ACKs, READ and atomic responses, whose payload is copied out of the MR): their
-//! packets are sealed here, for the connected socket's UDP source port and the IPv4 ID
-//! Linux will write (see `softhca_io::ConnectedSender`). The engine leaves such packets
-//! unsealed (`Engine::set_late_seal`), so each is sealed once. A transmit whose payloads
-//! stay in registered memory (zero-copy requests) keeps the device socket (source port
-//! 4791, ID 0 or the GSO segment index): the engine sealed it, and sealing it again here
-//! would read every payload byte a second time. Both kinds leave in the order the
-//! datapath sends them, so a QP's packets stay in order; a responder's output (ACKs and
-//! responses) all takes the connected socket.
+//! ACKs, READ and atomic responses, whose payload is copied out of the MR); they are
+//! sealed for the connected socket's UDP source port and the IPv4 ID Linux will write
+//! (see `softhca_io::ConnectedSender`). A transmit whose payloads stay in registered
+//! memory (zero-copy requests) keeps the device socket (source port 4791, ID 0 or the
+//! GSO segment index), so that it is sealed while the engine lock still guards its
+//! memory. Both kinds leave in the order the datapath sends them, so a QP's packets stay
+//! in order; a responder's output (ACKs and responses) all takes the connected socket.
 //!
 //! Linux numbers a connected socket's datagrams, not its packets: a GSO datagram (an
 //! answer and the ACK that goes with it) takes one ID, and its segments, if the kernel
 //! cuts it on the way, carry that ID plus their position. Sent as two plain datagrams
-//! instead, an answer and its ACK arrive apart: an application that needs the ACK's
-//! completion before it answers again (perftest's ib_write_lat waits for each WRITE's)
-//! then waits for the second datagram, 2-3 µs more per half round trip here, where an
-//! 8 B SEND ping-pong gained 0.3 µs (its ACK was handled after the answer).
+//! instead, an answer and its ACK would arrive apart, and an application that needs the
+//! ACK's completion before it answers again (perftest's `ib_write_lat`) would wait for
+//! the second one.
 //!
 //! A peer whose connected socket cannot be set up uses the device socket for
 //! [`REOPEN_AFTER`], one whose send failed (the ID count is then unsure) for
-//! [`RETRY_AFTER`], before a new try.
-//! `SOFTHCA_CONNECTED=0` turns the path off.
+//! [`RETRY_AFTER`], before a new try. `SOFTHCA_CONNECTED=0` turns the path off.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::context::Stats;
+use crate::stats::Stats;
 use softhca_io::{BindOptions, ConnectedSender, RoceSocket};
-use softhca_transport::{Transmit, TxPiece};
+use softhca_transport::Transmit;
 
 /// Peers with a connected socket per device; more use the device socket.
 const MAX_PEERS: usize = 256;
@@ -63,6 +57,18 @@ enum Slot {
     },
 }
 
+/// How a transmit leaves through a connected socket (see [`Senders::way`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Way {
+    pub slot: usize,
+    /// The socket's UDP source port.
+    pub sport: u16,
+    /// The IPv4 ID of the transmit's first packet.
+    pub first_id: u16,
+    /// The datagrams the kernel will count for it.
+    datagrams: usize,
+}
+
 /// The connected sockets of one device, by (source IP, destination).
 pub(crate) struct Senders {
     enabled: bool,
@@ -84,29 +90,20 @@ impl Senders {
         }
     }
 
-    /// Whether `t` goes through a connected socket; if so its packets in `buf` are
-    /// sealed for that socket (in the order of these calls, which must be the send
-    /// order) and the socket's slot is returned. If not, they are as they were, or
-    /// partly sealed for the socket: the caller seals them for the device socket.
-    pub(crate) fn route(
-        &mut self,
-        t: &Transmit,
-        pieces: &[TxPiece],
-        buf: &mut [u8],
-        stats: &Stats,
-    ) -> Option<usize> {
-        let in_buffer = pieces.iter().all(|p| p.external.is_none());
-        if !self.enabled || !in_buffer || t.src.is_unspecified() {
+    /// The connected socket `t` (built wholly in the transmit buffer) leaves through, if
+    /// any, with the UDP source port and the IPv4 ID of its first packet to seal it for
+    /// (ask in send order). Once it is sealed for it, [`Senders::planned`].
+    pub(crate) fn way(&mut self, t: &Transmit, stats: &Stats) -> Option<Way> {
+        if !self.enabled || t.src.is_unspecified() {
             return None;
         }
         let slot = self.slot_for(t.src, t.dst, stats)?;
-        let Slot::Ready { sender, planned } = &mut self.slots[slot] else {
+        let Slot::Ready { sender, planned } = &self.slots[slot] else {
             return None;
         };
-        let sport = sender.source_port();
         // Packet `i` takes the ID of its datagram plus `i`: as a GSO datagram's segment,
         // or as the `i`-th plain datagram when the socket has no GSO.
-        let first = sender
+        let first_id = sender
             .next_ipv4_id()
             .wrapping_add((*planned & 0xffff) as u16);
         let datagrams = if t.packets() > 1 && sender.socket().capabilities().gso {
@@ -114,23 +111,19 @@ impl Senders {
         } else {
             t.packets()
         };
-        // By its pieces when it has them: a piece knows the CRC of a payload taken as it
-        // was copied in (a READ response's, `TailCrc`), and then only its headers are
-        // hashed here.
-        let sealed = if pieces.is_empty() {
-            (0..t.packets()).all(|i| t.reseal(buf, i, sport, first.wrapping_add(i as u16)))
-        } else {
-            pieces
-                .iter()
-                .enumerate()
-                .all(|(i, p)| t.seal(buf, p, sport, first.wrapping_add(i as u16)))
-        };
-        if !sealed {
-            // Not laid out as expected: the caller seals it for the device socket.
-            return None;
+        Some(Way {
+            slot,
+            sport: sender.source_port(),
+            first_id,
+            datagrams,
+        })
+    }
+
+    /// A transmit was sealed for `way`: its datagrams come before the next one's.
+    pub(crate) fn planned(&mut self, way: &Way) {
+        if let Some(Slot::Ready { planned, .. }) = self.slots.get_mut(way.slot) {
+            *planned += way.datagrams;
         }
-        *planned += datagrams;
-        Some(slot)
     }
 
     /// The slot's socket.

@@ -1,23 +1,21 @@
-//! When the datapath thread serves the sockets although the application polls.
+//! When the datapath thread takes the sockets over although the application polls.
 //!
 //! While an application thread polls a CQ, the datapath thread leaves the sockets to it
-//! for a window (`APP_WINDOW_NS`, 2 ms) after each poll: it progresses the datapath
-//! itself, with no hand-off between threads (see `datapath`). That assumes what the
-//! application waits for arrives while it polls. perftest's `ib_write_lat` breaks it:
-//! each side spins on the last byte of its buffer, where the peer's RDMA WRITE lands,
-//! and polls only its send CQ, right after posting. The peer's WRITE then sat in the
-//! socket until the window ran out: every half round trip took 2.1 ms (`ib_send_lat`,
-//! which polls its receive CQ, took 6 µs).
+//! for a window (`APP_WINDOW_NS`) after each poll: it progresses the datapath itself,
+//! with no hand-off between threads. That assumes what the application waits for
+//! arrives while it polls. perftest's `ib_write_lat` breaks it: each side spins on the
+//! last byte of its buffer, where the peer's RDMA WRITE lands, and polls only its send
+//! CQ, right after posting; the peer's WRITE then sat in the socket until the window ran
+//! out.
 //!
 //! The datapath thread sees it happen: it sleeps out a window, no poll came since, and
 //! packets were waiting (a *stranding*). After a short burst of them, application polls
 //! open no window for a while and the datapath thread serves the sockets, as a NIC would.
-//! Not after one: a polling application descheduled for a window (two busy processes
-//! on two cores) strands packets too, now and then, and serving costs a polling
-//! application latency (the datapath thread wakes for every packet and races its polls:
-//! 8 B SEND p50 5 µs → 9 µs measured), so one stranding in a while must not switch.
-//! A serve period that follows the previous one closely lasts twice as long (an
-//! application that keeps spinning pays one burst per period), up to [`LONGEST`].
+//! Not after one: a polling application descheduled for a window (two busy processes on
+//! two cores) strands packets too, now and then, and serving costs a polling application
+//! latency (the datapath thread wakes for every packet and races its polls). A serve
+//! period that follows the previous one closely lasts twice as long (an application that
+//! keeps spinning pays one burst per period), up to [`LONGEST`].
 
 use crate::Nanos;
 
@@ -32,16 +30,16 @@ const LONGEST: Nanos = 1_600_000_000;
 /// A burst this long after the last period ended starts again at [`FIRST`].
 const FORGET_AFTER: Nanos = 1_000_000_000;
 
-/// The datapath thread's record of strandings.
+/// The datapath thread's record of strandings, and when it serves the sockets.
 #[derive(Debug, Default)]
-pub(crate) struct StrandPolicy {
+pub(crate) struct Takeover {
     last: Nanos,
     streak: u32,
     hold: Nanos,
     served_until: Nanos,
 }
 
-impl StrandPolicy {
+impl Takeover {
     /// A stranding at `now`; returns the end of a serve period that starts now, if one does.
     pub(crate) fn stranded(&mut self, now: Nanos) -> Option<Nanos> {
         if self.streak > 0 && now.saturating_sub(self.last) > BURST_GAP {
@@ -73,7 +71,7 @@ mod tests {
     /// `ib_write_lat`: a stranding every round trip (one window, 2 ms).
     #[test]
     fn a_burst_starts_serving_and_periods_double() {
-        let mut p = StrandPolicy::default();
+        let mut p = Takeover::default();
         assert_eq!(p.stranded(0), None);
         assert_eq!(p.stranded(2 * MS), None);
         assert_eq!(p.stranded(4 * MS), Some(4 * MS + FIRST));
@@ -97,7 +95,7 @@ mod tests {
     /// A polling application descheduled now and then: strandings far apart.
     #[test]
     fn scattered_strandings_never_serve() {
-        let mut p = StrandPolicy::default();
+        let mut p = Takeover::default();
         for i in 0..100 {
             assert_eq!(p.stranded(i * (BURST_GAP + MS)), None);
         }
@@ -106,7 +104,7 @@ mod tests {
     /// A burst long after the last period: the period starts short again.
     #[test]
     fn a_late_burst_starts_over() {
-        let mut p = StrandPolicy::default();
+        let mut p = Takeover::default();
         for t in [0, MS, 2 * MS] {
             p.stranded(t);
         }

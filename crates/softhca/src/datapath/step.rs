@@ -1,0 +1,524 @@
+//! One datapath step: receive, feed the engine, build transmits ([`Stepper`]).
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+
+use parking_lot::MutexGuard;
+use softhca_io::{self as sio, Impair, RecvBatch, RecvMeta, RoceSocket};
+use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
+
+use super::schedule::{wake_by_window_end, DatapathShared};
+use super::senders::Senders;
+use super::{RECV_BATCH, TX_BATCH, TX_BUF};
+use crate::ring::{EngineCompletion, LockedEngine};
+use crate::stats::Stats;
+use crate::{CqId, Nanos};
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Step {
+    /// Packets received or sent.
+    pub active: bool,
+    /// Every transmit buffer was filled: there may be more to send right away.
+    pub more_tx: bool,
+    /// Datagrams were received.
+    pub received: bool,
+}
+
+/// What a step received, for the counters.
+#[derive(Debug, Clone, Copy, Default)]
+struct RxCounts {
+    datagrams: u64,
+    packets: u64,
+    gro: u64,
+    truncated: u64,
+}
+
+/// The preallocated buffers of a step; behind [`DatapathShared::stepper`], so whichever
+/// thread holds that lock runs the datapath.
+pub(crate) struct Stepper {
+    pub(super) rx: Vec<RecvBatch>,
+    pub(super) rx_count: Vec<usize>,
+    /// With several sockets: their pollfds, to receive only where there is something
+    /// (see [`Stepper::receive`]); empty with one socket.
+    readiness: Vec<libc::pollfd>,
+    pub(super) local_ips: Vec<IpAddr>,
+    pub(super) tx_bufs: Vec<Box<[u8]>>,
+    /// Per transmit buffer: where its packets' bytes are (zero-copy send: payloads stay
+    /// in registered memory, see `Engine::poll_transmit_gather`).
+    pub(super) tx_pieces: Vec<Vec<TxPiece>>,
+    /// Per transmit buffer: how many of its pieces are sealed already.
+    pub(super) tx_sealed: Vec<usize>,
+    /// Per transmit buffer: the iovecs of a gathered transmit, rebuilt at each send.
+    pub(super) tx_iov: Vec<Vec<libc::iovec>>,
+    pub(super) tx: Vec<(usize, Transmit)>,
+    /// Completions made while building `tx` (a UC or UD send completes when its last
+    /// packet is built), delivered once `tx` has been handed to the kernel: their
+    /// payloads may still be in registered memory (zero-copy), and an application that
+    /// sees the completion may write the buffer again. Kept here, out of the engine, so
+    /// that no other thread delivers them early.
+    pub(super) after_send: Vec<EngineCompletion>,
+    /// An application thread's step completed work and left the ACKs it owes in the
+    /// engine, unbuilt, for that thread's next call: an application that answers a
+    /// completion posts at once, and the ACK leaves with the answer, in one GSO send.
+    /// Sent at the next post or poll, when the application blocks or when its polling
+    /// window ends; never held twice.
+    held: bool,
+    /// The last transmit of an application's post, kept back for its next call to fill
+    /// up: its buffer index and the Transmit (see [`Stepper::defer_tail`]).
+    deferred: Option<(usize, Transmit)>,
+    /// The last call was an application's post, not a step: posts come in a burst.
+    burst: bool,
+    /// Where the last step stopped feeding its received datagrams (socket, datagram,
+    /// segment): the trailing ACKs of its last datagram, left for the next step so that
+    /// the polling application got the completion before them. The receive buffers and
+    /// counts stay as they are until then.
+    rx_resume: Option<(usize, usize, usize)>,
+    /// Sockets connected to peers, for transmits built in the buffer (see `senders`).
+    pub(super) senders: Senders,
+    /// Fault injection ([`crate::Config::tx_drop_ppm`]).
+    pub(super) impair: Option<Impair>,
+}
+
+// SAFETY: the raw pointers in `tx_iov` name `tx_bufs` (owned here) and registered
+// memory that deregistration keeps alive while this struct's lock is held (see
+// `Context::with_core_no_transmit`); they are rebuilt before each send and only read by
+// the kernel during that send, by the thread holding the lock.
+unsafe impl Send for Stepper {}
+
+impl Stepper {
+    pub(crate) fn new(
+        sockets: &[RoceSocket],
+        impair: Option<Impair>,
+        connected: bool,
+        sockbuf: usize,
+    ) -> Stepper {
+        // Fault injection cuts transmits apart after they are sealed: it keeps the
+        // device sockets, whose seal does not depend on what was sent before.
+        let gso = sockets.iter().all(|s| s.capabilities().gso);
+        let senders = Senders::new(connected && impair.is_none(), gso, sockbuf);
+        let readiness = if sockets.len() > 1 {
+            let poll_in = |s: &RoceSocket| libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            sockets.iter().map(poll_in).collect()
+        } else {
+            Vec::new()
+        };
+        Stepper {
+            rx: sockets
+                .iter()
+                .map(|s| RecvBatch::for_socket(s, RECV_BATCH))
+                .collect(),
+            rx_count: vec![0; sockets.len()],
+            readiness,
+            local_ips: sockets.iter().map(|s| s.local_addr().ip()).collect(),
+            tx_bufs: (0..TX_BATCH)
+                .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
+                .collect(),
+            tx_pieces: (0..TX_BATCH).map(|_| Vec::with_capacity(64)).collect(),
+            tx_sealed: vec![0; TX_BATCH],
+            tx_iov: (0..TX_BATCH).map(|_| Vec::with_capacity(3 * 64)).collect(),
+            tx: Vec::with_capacity(TX_BATCH),
+            after_send: Vec::new(),
+            held: false,
+            deferred: None,
+            burst: false,
+            rx_resume: None,
+            senders,
+            impair,
+        }
+    }
+
+    /// The doorbell half of a step, for a thread that just posted work: no receive, the
+    /// engine builds what is ready and it goes out now (as a NIC starts sending at its
+    /// doorbell). Returns whether every transmit buffer was filled (more to send).
+    pub(crate) fn transmit(&mut self, shared: &DatapathShared) -> bool {
+        self.transmit_with(shared, false, |_, _| ()).1
+    }
+
+    /// [`Stepper::transmit`] after posting with `post` in the same engine lock hold (one
+    /// lock, one clock read and one completion pass per post instead of two). `app`: the
+    /// caller is an application posting; while it polls (its window is open) it will
+    /// call again soon, and the last transmit of a burst may wait for that call (see
+    /// [`Stepper::defer_tail`]).
+    pub(crate) fn transmit_with<R>(
+        &mut self,
+        shared: &DatapathShared,
+        app: bool,
+        post: impl FnOnce(&mut LockedEngine, Nanos) -> R,
+    ) -> (R, bool) {
+        shared.pending.store(false, Ordering::SeqCst);
+        let now = shared.now();
+        let defer = app && now < shared.app_active_until.load(Ordering::Relaxed);
+        let mut core = shared.engine.lock();
+        let r = post(&mut core, now);
+        let (ntx, deadline) = self.process_locked(core, shared, now, None, false, defer);
+        self.burst = defer;
+        shared
+            .deadline
+            .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
+        if self.deferred.is_some() {
+            Stats::add(&shared.stats.tx_deferred, 1);
+            wake_by_window_end(shared, now);
+        }
+        if !self.tx.is_empty() {
+            match &shared.turnaround {
+                None => self.send(shared),
+                Some(timer) => {
+                    let sending = shared.now();
+                    self.send(shared);
+                    timer.sent(now, sending, shared.now());
+                }
+            }
+        }
+        (r, ntx == TX_BATCH)
+    }
+
+    /// One step. `force` runs the engine even with nothing received and nothing pending
+    /// (the last step left transmits behind). `polled`: the caller is an application
+    /// thread polling this CQ; its completions come first: the step may hold the ACKs it
+    /// owes (see `held`) and leave the trailing ACKs it received (see `rx_resume`).
+    pub(crate) fn step(
+        &mut self,
+        shared: &DatapathShared,
+        force: bool,
+        polled: Option<CqId>,
+    ) -> Step {
+        let resume = self.rx_resume.is_some();
+        let rx = if resume { 0 } else { self.receive(shared) };
+        let now = shared.now();
+        if let (true, Some(timer)) = (rx > 0, &shared.turnaround) {
+            timer.received(now);
+        }
+        self.burst = false;
+        // An application thread polls: the datapath thread leaves the sockets to it for a
+        // while, unless the application is known not to poll for what it waits for; then
+        // nothing is held for its next call either.
+        let may_hold = polled.is_some() && shared.open_app_window(now);
+        let pending = shared.pending.swap(false, Ordering::SeqCst);
+        let due = shared.deadline.load(Ordering::Relaxed) <= now;
+        let was_held = self.held || self.deferred.is_some();
+        let mut step = Step {
+            active: rx > 0 || resume,
+            received: rx > 0,
+            ..Step::default()
+        };
+        if !(rx > 0 || resume || pending || due || force || was_held) {
+            return step;
+        }
+        let core = shared.engine.lock();
+        // A step that only feeds the ACKs the last one left keeps what that one held: it
+        // is not the application's next call (`ib_send_lat` polls its send CQ right after
+        // the answer came, for the send the ACK completes).
+        let keep = resume && self.held && self.deferred.is_none();
+        let hold = may_hold && (!was_held || keep);
+        // Never twice for one datagram.
+        let answers_on = polled.filter(|_| hold && !resume);
+        let (ntx, deadline) = self.process_locked(core, shared, now, Some(answers_on), hold, false);
+        shared
+            .deadline
+            .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
+        step.more_tx = ntx == TX_BATCH;
+        let left = self.rx_resume.is_some();
+        if left {
+            Stats::add(&shared.stats.rx_acks_deferred, 1);
+        }
+        if self.held && !keep {
+            Stats::add(&shared.stats.tx_held, 1);
+        }
+        // Something waits for this application's next call: the datapath thread takes it
+        // over at the end of the polling window if that call never comes.
+        if left || (self.held && !keep) {
+            wake_by_window_end(shared, now);
+        }
+        if self.held {
+            step.active = true;
+        } else if !self.tx.is_empty() {
+            step.active = true;
+            self.send(shared);
+        }
+        step
+    }
+
+    /// Sends what a step held for the application's answer (before a QP or the device
+    /// goes away: the peer must still get the ACKs of what completed here).
+    pub(crate) fn flush_held(&mut self, shared: &DatapathShared) {
+        if self.held || self.deferred.is_some() {
+            self.transmit(shared);
+        }
+    }
+
+    /// One `recvmmsg` per socket that has datagrams; returns the number received.
+    ///
+    /// With several sockets (a default device serves every interface address and a
+    /// loopback one), one `poll(2)` with zero timeout says which: an empty poll, the
+    /// common call of a polling application, is then one system call instead of one
+    /// per socket. Not an epoll set: its registration runs a callback for every datagram
+    /// received, in the sender's system call on loopback (see
+    /// `DatapathThread::watching_sockets`).
+    fn receive(&mut self, shared: &DatapathShared) -> usize {
+        let mut ready = u64::MAX;
+        if !self.readiness.is_empty() && crate::sys::ready_now(&mut self.readiness) {
+            ready = self
+                .readiness
+                .iter()
+                .enumerate()
+                .filter(|(i, p)| *i < 64 && p.revents != 0)
+                .fold(0, |m, (i, _)| m | 1 << i);
+        }
+        let mut total = 0;
+        for (i, s) in shared.sockets.iter().enumerate() {
+            if i < 64 && ready & 1 << i == 0 {
+                self.rx_count[i] = 0;
+                continue;
+            }
+            self.rx_count[i] = match s.recv(&mut self.rx[i]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => {
+                    // e.g. ICMP port unreachable reported on the socket: nothing to do.
+                    tracing::trace!("recv on {}: {e}", s.local_addr());
+                    Stats::add(&shared.stats.rx_errors, 1);
+                    0
+                }
+            };
+            total += self.rx_count[i];
+        }
+        total
+    }
+
+    /// Under the engine lock (released on return): feed what was received (`rx`, for a
+    /// step: `Some(the CQ polled, if its completions come first)`), run timers, deliver,
+    /// fill transmits. Returns the number of filled transmit buffers and the next
+    /// deadline. With `may_hold`, a step that completed work and has only ACKs to send
+    /// leaves them in the engine (sets `held`).
+    fn process_locked(
+        &mut self,
+        mut core: MutexGuard<'_, LockedEngine>,
+        shared: &DatapathShared,
+        now: Nanos,
+        rx: Option<Option<CqId>>,
+        may_hold: bool,
+        may_defer: bool,
+    ) -> (usize, Option<Nanos>) {
+        // Received datagrams are fed by steps only (a post leaves them to the next step),
+        // from where the last step stopped if it left trailing ACKs.
+        let start = rx.and_then(|_| self.rx_resume.take());
+        let counts = match rx {
+            Some(answers_on) => self.feed(&mut core, now, answers_on, start),
+            None => RxCounts::default(),
+        };
+        if core.engine.poll_timeout().is_some_and(|d| d <= now) {
+            core.engine.handle_timeout(now);
+        }
+        let completed = core.engine.has_completions();
+        core.deliver(shared);
+        // Held again by a step that feeds what the last one left.
+        let keep = self.held && start.is_some();
+        self.held = may_hold && (completed || keep) && core.engine.only_acks_ready();
+        self.tx.clear();
+        if !self.held {
+            self.build_transmits(&mut core.engine, now);
+        }
+        // Building packets completes work too (UC and UD sends): after the send.
+        if self.tx.is_empty() {
+            core.deliver(shared);
+        } else {
+            while let Some(c) = core.engine.poll_completion() {
+                self.after_send.push(c);
+            }
+        }
+        if may_defer && self.after_send.is_empty() {
+            self.defer_tail();
+        }
+        self.seal_external(core.engine.memory());
+        let deadline = core.engine.poll_timeout();
+        drop(core);
+        let st = &shared.stats;
+        if counts.datagrams > 0 {
+            Stats::add(&st.rx_batches, 1);
+        }
+        Stats::add(&st.rx_datagrams, counts.datagrams);
+        Stats::add(&st.rx_packets, counts.packets);
+        Stats::add(&st.rx_gro_datagrams, counts.gro);
+        Stats::add(&st.rx_truncated, counts.truncated);
+        (self.tx.len(), deadline)
+    }
+
+    /// Feeds the received datagrams to the engine, from `start` (where the last step
+    /// stopped) if given. With `answers_on`, the trailing ACKs of the last datagram wait
+    /// for the next step (`rx_resume`) when what that CQ's poller waits for is here and
+    /// they complete nothing on it.
+    fn feed(
+        &mut self,
+        core: &mut LockedEngine,
+        now: Nanos,
+        answers_on: Option<CqId>,
+        start: Option<(usize, usize, usize)>,
+    ) -> RxCounts {
+        let mut counts = RxCounts::default();
+        let (first_socket, first_datagram, first_segment) = start.unwrap_or_default();
+        // The last datagram received: the only one whose trailing ACKs may wait.
+        let last = (0..self.rx.len())
+            .rev()
+            .find(|&i| self.rx_count[i].min(self.rx[i].len()) > 0)
+            .map(|i| (i, self.rx_count[i].min(self.rx[i].len()) - 1));
+        for i in first_socket..self.rx.len() {
+            let n = self.rx_count[i].min(self.rx[i].len());
+            let from = if i == first_socket { first_datagram } else { 0 };
+            for k in from..n {
+                let skip = if start.is_some() && (i, k) == (first_socket, first_datagram) {
+                    first_segment
+                } else {
+                    0
+                };
+                let answers = answers_on.filter(|_| Some((i, k)) == last);
+                if let Some(j) = self.feed_datagram(core, now, (i, k), skip, answers, &mut counts) {
+                    self.rx_resume = Some((i, k, j));
+                    return counts;
+                }
+            }
+        }
+        counts
+    }
+
+    /// Feeds datagram `k` of socket `i` from segment `skip` on. Returns the segment it
+    /// stopped at when its trailing ACKs wait for the next step (see [`Stepper::feed`]).
+    fn feed_datagram(
+        &self,
+        core: &mut LockedEngine,
+        now: Nanos,
+        (i, k): (usize, usize),
+        skip: usize,
+        answers_on: Option<CqId>,
+        counts: &mut RxCounts,
+    ) -> Option<usize> {
+        let (meta, buf) = self.rx[i].get(k);
+        if skip == 0 {
+            counts.datagrams += 1;
+            if meta.truncated {
+                counts.truncated += 1;
+                return None;
+            }
+            if meta.stride < meta.len {
+                counts.gro += 1;
+            }
+        }
+        let dst = meta.dst_ip.unwrap_or(self.local_ips[i]);
+        let acks_from = answers_on.map_or(usize::MAX, |_| trailing_acks(&meta, buf));
+        for (j, seg) in sio::segments(&meta, buf).enumerate().skip(skip) {
+            if let Some(cq) = answers_on.filter(|_| j > 0 && j >= acks_from) {
+                // What the application polls for is here, and the ACKs after it complete
+                // nothing it polls for: they wait for the next step.
+                let engine = &core.engine;
+                let wait = engine.has_completion_on(cq)
+                    && sio::segments(&meta, buf)
+                        .skip(j)
+                        .all(|s| completes_on(engine, s) != Some(cq));
+                if wait {
+                    return Some(j);
+                }
+            }
+            let info = DatagramInfo {
+                src: meta.src,
+                dst,
+                segment_index: j as u16,
+            };
+            core.engine.handle_datagram(now, &info, seg);
+            counts.packets += 1;
+        }
+        None
+    }
+
+    /// Fills the transmit buffers: first the transmit the last post kept back, filled up
+    /// if it can be, then new ones until the engine has nothing more or every buffer is
+    /// used.
+    fn build_transmits(&mut self, engine: &mut Engine, now: Nanos) {
+        let kept = self.deferred.take();
+        if let Some((b, prev)) = kept {
+            let t = engine
+                .poll_transmit_append(now, &mut self.tx_bufs[b], &mut self.tx_pieces[b], &prev)
+                .unwrap_or(prev);
+            self.tx.push((b, t));
+        }
+        let taken = kept.map(|(b, _)| b);
+        for (b, buf) in self.tx_bufs.iter_mut().enumerate() {
+            if Some(b) == taken {
+                continue;
+            }
+            self.tx_sealed[b] = 0;
+            match engine.poll_transmit_gather(now, buf, &mut self.tx_pieces[b]) {
+                Some(t) => self.tx.push((b, t)),
+                None => break,
+            }
+        }
+    }
+
+    /// Keeps the last transmit of this post back, for the application's next post to
+    /// fill up ([`softhca_transport::Engine::poll_transmit_append`]), when it has room
+    /// for more packets of its size and either
+    /// - it is the short end of a large message: bulk packets (not the small ones
+    ///   connected sockets carry) right after a full GSO send of the same size; or
+    /// - the post is not the first of a burst (the call before it was a post too, no
+    ///   poll in between): an application posting one WR per call, as perftest's
+    ///   bandwidth tests do, then gets GSO sends of many messages, as one posting a list
+    ///   does. A ping-pong application polls between its posts, so its messages never
+    ///   wait.
+    ///
+    /// The application's next poll, a blocking wait, a teardown (`flush_held`) or the
+    /// end of its polling window (the datapath thread) sends it as it is.
+    ///
+    /// Not when building completed work (UC and UD sends complete once their packets are
+    /// with the kernel; the application may then write the buffer a kept-back packet
+    /// still points into). An RC request completes only when acknowledged, after it left.
+    fn defer_tail(&mut self) {
+        const MIN_SEGMENT: usize = 1024;
+        // Every buffer filled: more is waiting to be built, and goes out now anyway.
+        if self.tx.is_empty() || self.tx.len() >= TX_BATCH {
+            return;
+        }
+        let Some(&(b, t)) = self.tx.last() else {
+            return;
+        };
+        let seg = t.segment_size.max(1);
+        // The transmit before it is a full GSO send of the same run (the same size to the
+        // same peer, no room for one more packet): a message too large for one send, not
+        // a message whose first packet went out with an ACK (ibv_rc_pingpong at MTU 1024:
+        // [First, ACK] then [Middle, Middle, Last], which must not wait).
+        let tail_of_large = seg >= MIN_SEGMENT && self.tx.len() >= 2 && {
+            let prev = &self.tx[self.tx.len() - 2].1;
+            prev.segment_size == seg && prev.dst == t.dst && prev.len + seg > TX_BUF
+        };
+        let appendable = (tail_of_large || self.burst)
+            && t.len.is_multiple_of(seg)
+            && t.len + seg <= TX_BUF
+            && self.tx_pieces[b].len() == t.packets();
+        if appendable {
+            self.tx.pop();
+            self.deferred = Some((b, t));
+        }
+    }
+}
+
+/// Where the run of ACKs that ends a datagram starts (found once: asking at every segment
+/// whether all after it are ACKs is quadratic in a GRO datagram's segments).
+fn trailing_acks(meta: &RecvMeta, buf: &[u8]) -> usize {
+    sio::segments(meta, buf)
+        .enumerate()
+        .filter(|(_, s)| Engine::segment_kind(s) == SegmentKind::Other)
+        .last()
+        .map_or(0, |(j, _)| j + 1)
+}
+
+/// The CQ an ACK completes sends on; None for anything else.
+fn completes_on(engine: &Engine, segment: &[u8]) -> Option<CqId> {
+    match Engine::segment_kind(segment) {
+        SegmentKind::Ack { qpn } => engine.send_cq(qpn),
+        SegmentKind::Other => None,
+    }
+}

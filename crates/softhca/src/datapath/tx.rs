@@ -1,0 +1,282 @@
+//! Sending a step's transmits: their order, the socket each leaves through, their ICRC
+//! (sealed here and nowhere else in softhca), their iovecs, and `sendmmsg`.
+//!
+//! The engine builds gathered transmits unsealed, because the ICRC covers the UDP source
+//! port and the IPv4 ID (IBTA A17.4.1 masks neither), and both depend on the socket a
+//! transmit leaves through, which is chosen here ([`super::senders`]). A transmit with a
+//! payload left in registered memory always takes the device socket and is sealed while
+//! the engine lock is still held ([`Stepper::seal_external`]: its payload is read through
+//! the memory table); one wholly in the buffer is sealed once its socket is known
+//! ([`Stepper::send`]).
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+use softhca_io as sio;
+use softhca_transport::{MemoryTable, Transmit, TxPiece};
+
+use super::schedule::DatapathShared;
+use super::step::Stepper;
+use super::{TX_BATCH, TX_BUF};
+use crate::stats::Stats;
+
+/// How long a full socket buffer may hold up a batch before its packets are dropped
+/// (RoCE recovers them by retransmission).
+const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
+
+/// Seals pieces `from..` of transmit `t` for UDP source port `sport`, piece `i` with IPv4
+/// ID `first_id + i`, reading external payloads through `mem`. False when a piece could
+/// not be sealed (the rest are left as they are).
+fn seal(
+    t: &Transmit,
+    buf: &mut [u8],
+    pieces: &[TxPiece],
+    from: usize,
+    (sport, first_id): (u16, u16),
+    mem: Option<&MemoryTable>,
+) -> bool {
+    pieces.iter().enumerate().skip(from).all(|(i, p)| {
+        let payload = match (p.external, mem) {
+            (None, _) => &[][..],
+            (Some(e), Some(mem)) => match mem.external_payload(&e) {
+                Ok(payload) => payload,
+                Err(_) => return false,
+            },
+            (Some(_), None) => return false,
+        };
+        t.seal(buf, p, payload, sport, first_id.wrapping_add(i as u16))
+    })
+}
+
+fn in_buffer(pieces: &[TxPiece]) -> bool {
+    pieces.iter().all(|p| p.external.is_none())
+}
+
+impl Stepper {
+    /// Seals the transmits whose payloads stay in registered memory, under the engine
+    /// lock (`mem` is the engine's memory table): they leave through the device socket,
+    /// whose UDP port is theirs and which gives a GSO segment the IPv4 ID of its index
+    /// in the send (a plain datagram is segment 0).
+    pub(super) fn seal_external(&mut self, mem: &MemoryTable) {
+        for &(b, t) in &self.tx {
+            let pieces = &self.tx_pieces[b];
+            if in_buffer(pieces) || self.tx_sealed[b] >= pieces.len() {
+                continue;
+            }
+            let way = (t.src_port, 0);
+            if !seal(
+                &t,
+                &mut self.tx_bufs[b],
+                pieces,
+                self.tx_sealed[b],
+                way,
+                Some(mem),
+            ) {
+                tracing::debug!("a zero-copy transmit could not be sealed; its peer drops it");
+            }
+            self.tx_sealed[b] = pieces.len();
+        }
+    }
+
+    /// Sends the filled transmit buffers: per socket, the transmits in send order, each
+    /// run of them that goes the same way (device socket, or one peer's connected
+    /// socket) in one `sendmmsg` batch.
+    pub(super) fn send(&mut self, shared: &DatapathShared) {
+        let st = &shared.stats;
+        Stats::add(&st.tx_batches, 1);
+        Stats::add(&st.tx_transmits, self.tx.len() as u64);
+        self.build_iovecs();
+        for (si, sock) in shared.sockets.iter().enumerate() {
+            self.send_from(shared, si, sock);
+        }
+        let unmatched = self
+            .tx
+            .iter()
+            .filter(|(_, t)| !self.local_ips.contains(&t.src))
+            .count();
+        if unmatched > 0 {
+            tracing::debug!("{unmatched} transmits from an address this device does not serve");
+            Stats::add(&st.tx_no_socket, unmatched as u64);
+        }
+        if !self.after_send.is_empty() {
+            shared
+                .engine
+                .lock()
+                .deliver_after(shared, &mut self.after_send);
+        }
+    }
+
+    /// Sends the transmits from device socket `si`'s address: those of ACKs only last,
+    /// the others first, each in its order (an ACK that leads its batch is picked up
+    /// alone by a peer spinning on its socket, which finds the request it waits for only
+    /// at its next `recvmmsg`; moving an ACK later is safe, as it is cumulative).
+    fn send_from(&mut self, shared: &DatapathShared, si: usize, sock: &sio::RoceSocket) {
+        let st = &shared.stats;
+        let ip = self.local_ips[si];
+        let mut order: SmallVec<[usize; TX_BATCH]> = SmallVec::new();
+        order.extend((0..self.tx.len()).filter(|&k| self.tx[k].1.src == ip));
+        if order.is_empty() {
+            return;
+        }
+        // Stable: each group keeps its order.
+        order.sort_by_key(|&k| self.tx[k].1.only_acks);
+        let via = self.route_and_seal(&order, st);
+        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+        // Filled in place: collecting moved the whole inline array per send.
+        let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = SmallVec::new();
+        list.extend(order.iter().map(|&k| {
+            let (b, t) = self.tx[k];
+            sio::Transmit {
+                dst: t.dst,
+                src_ip: None,
+                // For a gathered transmit `pieces` has the bytes (`contents` is the
+                // buffer, which starts with its first packet's header all the same).
+                contents: &bufs[b][..t.len.min(TX_BUF)],
+                pieces: &iovs[b],
+                segment_size: (t.segment_size > 0 && t.segment_size < t.len)
+                    .then_some(t.segment_size),
+            }
+        }));
+        if let Some(impair) = self.impair.as_mut() {
+            // No connected sockets under fault injection: everything takes `sock`.
+            let mut kept: SmallVec<[(usize, sio::Transmit<'_>); TX_BATCH]> = SmallVec::new();
+            Stats::add(&st.tx_injected_drops, impair.apply(&list, &mut kept));
+            let kept: SmallVec<[sio::Transmit<'_>; TX_BATCH]> =
+                kept.into_iter().map(|(_, t)| t).collect();
+            send_all(shared, sock, &kept);
+            return;
+        }
+        let mut i = 0;
+        while i < list.len() {
+            let way = via[i];
+            let run = via[i..].iter().take_while(|&&w| w == way).count();
+            let part = &list[i..i + run];
+            match way.and_then(|w| self.senders.socket(w).map(|s| (w, s))) {
+                Some((w, s)) => {
+                    let ok = send_all(shared, s, part);
+                    self.senders.sent(w, ok, part.len(), st);
+                }
+                None => {
+                    send_all(shared, sock, part);
+                }
+            }
+            i += run;
+        }
+    }
+
+    /// The way each transmit of `order` leaves, in send order (the slot of a connected
+    /// socket, or None: the device socket), its packets sealed for it.
+    fn route_and_seal(
+        &mut self,
+        order: &[usize],
+        st: &Stats,
+    ) -> SmallVec<[Option<usize>; TX_BATCH]> {
+        let mut via = SmallVec::new();
+        for &k in order {
+            let (b, t) = self.tx[k];
+            let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
+            if !in_buffer(pieces) {
+                via.push(None); // sealed by `seal_external`
+                continue;
+            }
+            let way = self.senders.way(&t, st);
+            let slot = match way {
+                Some(w) if seal(&t, buf, pieces, 0, (w.sport, w.first_id), None) => {
+                    self.senders.planned(&w);
+                    Some(w.slot)
+                }
+                _ => {
+                    seal(&t, buf, pieces, 0, (t.src_port, 0), None);
+                    None
+                }
+            };
+            via.push(slot);
+        }
+        via
+    }
+
+    /// The iovecs of each gathered transmit (one with a payload left in registered
+    /// memory): per packet its headers, its payload, its pad and ICRC.
+    fn build_iovecs(&mut self) {
+        for &(b, _) in &self.tx {
+            let iov = &mut self.tx_iov[b];
+            iov.clear();
+            let pieces = &self.tx_pieces[b];
+            if in_buffer(pieces) {
+                continue; // all in the buffer, back to back: sent as plain bytes
+            }
+            let buf = self.tx_bufs[b].as_ptr();
+            for p in pieces {
+                iov.push(libc::iovec {
+                    iov_base: buf.wrapping_add(p.start) as *mut libc::c_void,
+                    iov_len: p.head,
+                });
+                if let Some(e) = p.external {
+                    iov.push(libc::iovec {
+                        iov_base: e.addr as *mut libc::c_void,
+                        iov_len: e.len,
+                    });
+                }
+                iov.push(libc::iovec {
+                    iov_base: buf.wrapping_add(p.start + p.head) as *mut libc::c_void,
+                    iov_len: p.tail,
+                });
+            }
+        }
+    }
+}
+
+/// Hands `list` to the kernel on `sock`, waiting while the socket buffer is full, dropping
+/// a transmit the kernel refuses (for RoCE that is a lost packet); returns whether every
+/// transmit went (false: some were dropped after an error or a long stall).
+fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transmit<'_>]) -> bool {
+    let mut all = true;
+    let mut off = 0;
+    let mut stalled: Option<Instant> = None;
+    while off < list.len() {
+        let skipped = match sock.send(&list[off..]) {
+            Ok(0) => wait_writable(shared, sock, &mut stalled, list.len() - off),
+            Ok(n) => {
+                off += n;
+                stalled = None;
+                0
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                wait_writable(shared, sock, &mut stalled, list.len() - off)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => {
+                tracing::debug!("send to {} failed: {e}; dropped", list[off].dst);
+                Stats::add(&shared.stats.tx_errors, 1);
+                1
+            }
+        };
+        off += skipped;
+        all &= skipped == 0;
+    }
+    all
+}
+
+/// Waits for the socket to drain; returns how many transmits to skip (all of them once
+/// the stall has lasted too long, or the device is closing).
+fn wait_writable(
+    shared: &DatapathShared,
+    sock: &sio::RoceSocket,
+    stalled: &mut Option<Instant>,
+    left: usize,
+) -> usize {
+    Stats::add(&shared.stats.tx_would_block, 1);
+    let since = *stalled.get_or_insert_with(Instant::now);
+    if since.elapsed() > SEND_STALL_LIMIT || shared.stop.load(Ordering::Relaxed) {
+        Stats::add(&shared.stats.tx_errors, left as u64);
+        return left;
+    }
+    let _ = crate::sys::poll_fd(
+        sock.as_raw_fd(),
+        libc::POLLOUT,
+        Some(Duration::from_millis(1)),
+    );
+    0
+}

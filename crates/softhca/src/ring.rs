@@ -1,0 +1,288 @@
+//! Where the engine's output goes: completions into the CQ rings, async events to the
+//! context that owns their object ([`LockedEngine::deliver`]); and the CQ ring itself
+//! ([`CqRing`]), filled by the datapath and drained by [`crate::Cq`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rustc_hash::FxHashMap as HashMap;
+use softhca_transport::Engine;
+
+use crate::context::Context;
+use crate::cq::ChannelShared;
+use crate::datapath::DatapathShared;
+use crate::event::{AsyncEvent, AsyncQueue, EventObject};
+use crate::stats::Stats;
+use crate::{Completion, CqId, WcStatus};
+
+/// Everything behind the one engine lock: the engine and the CQ rings it feeds (so the
+/// ring table needs no lock of its own).
+pub(crate) struct LockedEngine {
+    pub engine: Engine,
+    pub cqs: HashMap<u32, Arc<CqRing>>,
+    /// The async event queue of the context that created each QP and SRQ: events go to
+    /// that context only, as the kernel queues them on the creating uverbs file.
+    pub owners: HashMap<EventObject, Weak<AsyncQueue>>,
+}
+
+// SAFETY: the engine holds raw pointers into registered memory (the MR table). They are
+// only dereferenced by engine code running under `DatapathShared::engine`'s mutex, and the memory
+// stays valid until deregistered under that same mutex (see `crate::mr`), so moving the
+// engine between threads is sound. Everything else in it is Send already.
+unsafe impl Send for LockedEngine {}
+
+/// A completion as the engine hands it out, with the CQ it goes to.
+pub(crate) type EngineCompletion = (CqId, softhca_transport::Completion);
+
+/// A run of completions for one CQ: its id, ring, held ring lock and what was pushed.
+type RingRun<'a> = (
+    CqId,
+    &'a Arc<CqRing>,
+    parking_lot::MutexGuard<'a, std::collections::VecDeque<crate::Completion>>,
+    PushRun,
+);
+
+impl LockedEngine {
+    /// Moves every completion the engine has into its CQ ring and every async event into
+    /// the event queue. Called with the engine lock held, once per datapath batch and
+    /// after each control/post call. Completions for the same CQ in a row share one ring
+    /// lock and one notification.
+    pub(crate) fn deliver(&mut self, shared: &DatapathShared) {
+        self.deliver_after(shared, &mut Vec::new());
+    }
+
+    /// [`LockedEngine::deliver`], the completions in `earlier` (taken from the engine before,
+    /// see `Stepper::after_send`) first, in their order.
+    pub(crate) fn deliver_after(
+        &mut self,
+        shared: &DatapathShared,
+        earlier: &mut Vec<EngineCompletion>,
+    ) {
+        if self.deliver_once(shared, earlier) {
+            // The flush completions of the QPs just moved to ERR.
+            self.deliver(shared);
+        }
+    }
+
+    /// One pass of [`LockedEngine::deliver_after`]; true when a CQ overrun moved a QP to ERR.
+    fn deliver_once(
+        &mut self,
+        shared: &DatapathShared,
+        earlier: &mut Vec<EngineCompletion>,
+    ) -> bool {
+        let LockedEngine {
+            engine,
+            cqs,
+            owners,
+        } = self;
+        let mut run: Option<RingRun<'_>> = None;
+        // QPs whose completion was lost to a full CQ (rare; usually empty).
+        let mut overrun: Vec<u32> = Vec::new();
+        let mut earlier = earlier.drain(..);
+        while let Some((cq, c)) = earlier.next().or_else(|| engine.poll_completion()) {
+            if run.as_ref().map(|r| r.0) != Some(cq) {
+                if let Some((_, ring, guard, pr)) = run.take() {
+                    drop(guard);
+                    ring.notify(pr);
+                }
+                match cqs.get(&cq.0) {
+                    Some(ring) => run = Some((cq, ring, ring.lock(), PushRun::default())),
+                    None => {
+                        Stats::add(&shared.stats.completions_no_cq, 1);
+                        continue;
+                    }
+                }
+            }
+            if let Some((_, ring, guard, pr)) = run.as_mut() {
+                let before = ring.overflows.load(Ordering::Relaxed);
+                let qpn = c.qp_num;
+                ring.push_locked(guard, c, pr);
+                if ring.overflows.load(Ordering::Relaxed) != before {
+                    Stats::add(&shared.stats.cq_overflows, 1);
+                    if !overrun.contains(&qpn) {
+                        overrun.push(qpn);
+                    }
+                }
+            }
+        }
+        if let Some((_, ring, guard, pr)) = run.take() {
+            drop(guard);
+            ring.notify(pr);
+        }
+        // A completion the QP could not report is a work queue catastrophic error
+        // (IBTA 11.6.3.1, "CQ overrun": the affiliated QPs go to the error state; mlx4/5
+        // raise IBV_EVENT_QP_FATAL for them): the QP moves to ERR, which flushes what is
+        // still queued on it, and its owner hears of it on the async event fd.
+        let mut moved = false;
+        for qpn in overrun {
+            let to_err = softhca_transport::QpAttr {
+                qp_state: softhca_transport::QpState::Err,
+                ..Default::default()
+            };
+            let q = softhca_transport::Qpn::new(qpn);
+            let was_err = engine
+                .query_qp(q)
+                .is_ok_and(|(a, _)| a.qp_state == softhca_transport::QpState::Err);
+            if !was_err
+                && engine
+                    .modify_qp(
+                        shared.now(),
+                        q,
+                        &to_err,
+                        softhca_transport::QpAttrMask::STATE,
+                    )
+                    .is_ok()
+            {
+                route(owners, AsyncEvent::QpFatal(q));
+                moved = true;
+            }
+        }
+        while let Some(e) = engine.poll_event() {
+            route(owners, AsyncEvent::from(e));
+        }
+        moved
+    }
+
+    /// Records that `obj` belongs to `ctx`: its async events go to that context.
+    pub(crate) fn own(&mut self, obj: EventObject, ctx: &Context) {
+        self.owners.insert(obj, Arc::downgrade(ctx.events()));
+    }
+
+    /// Forgets `obj` (destroyed): events still queued for it are dropped.
+    pub(crate) fn disown(&mut self, obj: EventObject) {
+        if let Some(q) = self.owners.remove(&obj).and_then(|w| w.upgrade()) {
+            q.retire(|e| e.names(obj));
+        }
+    }
+}
+
+/// Queues `e` on the async queue of the context owning its object; an event for an
+/// object no live context owns (destroyed meanwhile) is dropped.
+fn route(owners: &HashMap<EventObject, Weak<AsyncQueue>>, e: AsyncEvent) {
+    if let Some(q) = owners.get(&e.object()).and_then(Weak::upgrade) {
+        q.push(e);
+    }
+}
+
+pub(crate) const ARM_NONE: u8 = 0;
+pub(crate) const ARM_SOLICITED: u8 = 1;
+pub(crate) const ARM_NEXT: u8 = 2;
+
+/// The ring shared by the datapath (producer) and the [`Cq`] handle (consumer).
+#[derive(Debug)]
+pub(crate) struct CqRing {
+    pub(crate) id: CqId,
+    /// Entries the ring holds (`cqe`); changed only by [`Cq::resize`] under the ring lock.
+    pub(crate) cap: AtomicUsize,
+    pub(crate) q: Mutex<VecDeque<Completion>>,
+    pub(crate) cv: Condvar,
+    pub(crate) waiters: AtomicUsize,
+    pub(crate) arm: AtomicU8,
+    pub(crate) overflowed: AtomicBool,
+    pub(crate) channel: Option<Arc<ChannelShared>>,
+    /// The async event queue of the context that created the CQ (`IBV_EVENT_CQ_ERR`).
+    pub(crate) events: Arc<AsyncQueue>,
+    pub(crate) overflows: AtomicU64,
+}
+
+/// What a run of pushes into one ring saw, to notify once per run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PushRun {
+    any: bool,
+    solicited: bool,
+}
+
+/// A completion that wakes a solicited-only arm: IBTA 11.4.2.2 — the next solicited
+/// completion or the next unsuccessful one.
+fn wakes_solicited(c: &Completion) -> bool {
+    // The transport does not (yet) say whether a receive had the SE bit; until it does,
+    // only error completions count as solicited (see the crate report).
+    c.status != WcStatus::Success
+}
+
+impl CqRing {
+    pub(crate) fn new(
+        id: CqId,
+        cap: usize,
+        channel: Option<Arc<ChannelShared>>,
+        events: Arc<AsyncQueue>,
+    ) -> Self {
+        CqRing {
+            id,
+            cap: AtomicUsize::new(cap),
+            q: Mutex::new(VecDeque::with_capacity(cap)),
+            cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            arm: AtomicU8::new(ARM_NONE),
+            overflowed: AtomicBool::new(false),
+            channel,
+            events,
+            overflows: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, VecDeque<Completion>> {
+        self.q.lock()
+    }
+
+    /// Pushes under the held lock. A full ring drops the completion and, once per
+    /// overflow episode, raises `IBV_EVENT_CQ_ERR` (rxe `rxe_cq_post`).
+    pub(crate) fn push_locked(
+        &self,
+        q: &mut VecDeque<Completion>,
+        c: Completion,
+        run: &mut PushRun,
+    ) {
+        if q.len() >= self.cap.load(Ordering::Relaxed) {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            if !self.overflowed.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    cq = self.id.0,
+                    "completion queue overflow; completions lost"
+                );
+                self.events.push(AsyncEvent::CqErr(self.id));
+            }
+            return;
+        }
+        run.any = true;
+        run.solicited |= wakes_solicited(&c);
+        q.push_back(c);
+    }
+
+    /// After a run of pushes, with the ring lock released: fire the channel if armed,
+    /// wake [`Cq::wait`]ers.
+    pub(crate) fn notify(&self, run: PushRun) {
+        if !run.any {
+            return;
+        }
+        let arm = self.arm.load(Ordering::Acquire);
+        let fire = match arm {
+            ARM_NEXT => true,
+            ARM_SOLICITED => run.solicited,
+            _ => false,
+        };
+        if fire
+            && self
+                .arm
+                .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            if let Some(ch) = &self.channel {
+                ch.fire(self.id);
+            }
+        }
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
+
+pub(crate) fn pop_into(q: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = out.len().min(q.len());
+    for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
+        *slot = c;
+    }
+    n
+}
