@@ -249,15 +249,30 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
             // No GRH: RoCE cannot address the sender.
             return Err(Errno::INVAL);
         }
-        let peer = Gid(g.sgid.raw);
+        // RoCE v2 over IPv4: the 40-byte GRH buffer holds 20 zero bytes and then the IPv4
+        // header (rdma-core's ibv_init_ah_from_wc tells the two apart the same way and
+        // maps the IPv4 source into a ::ffff: GID, with the header's TOS and no flow label).
+        // SAFETY: the GRH is 40 readable bytes (verb contract).
+        let raw: &[u8; 40] = unsafe { &*(g as *const ibv_grh).cast::<[u8; 40]>() };
+        let (sgid, flow_label, traffic_class) = if raw[..20] == [0; 20] && raw[20] == 0x45 {
+            let mut gid = [0u8; 16];
+            gid[10] = 0xff;
+            gid[11] = 0xff;
+            gid[12..].copy_from_slice(&raw[32..36]);
+            (ibv_gid { raw: gid }, 0, raw[21])
+        } else {
+            let vtf = u32::from_be(g.version_tclass_flow);
+            (g.sgid, vtf & 0xfffff, ((vtf >> 20) & 0xff) as u8)
+        };
+        let peer = Gid(sgid.raw);
         let sgid_index = c.ctx.gid_index_for(peer.to_ip()).ok_or(Errno::INVAL)?;
         *out = ibv_ah_attr {
             grh: ibv_global_route {
-                dgid: g.sgid,
-                flow_label: u32::from_be(g.version_tclass_flow) & 0xfffff,
+                dgid: sgid,
+                flow_label,
                 sgid_index,
                 hop_limit: 0xff,
-                traffic_class: ((u32::from_be(g.version_tclass_flow) >> 20) & 0xff) as u8,
+                traffic_class,
             },
             dlid: w.slid,
             sl: w.sl,

@@ -38,8 +38,9 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
             return;
         }
         if let Err(e) = cma::destroy_event_channel(ChanRef(ch.cast())) {
-            // librdmacm's would close the fd under its ids; refusing keeps them working.
-            eprintln!("softhca-rdmacm: rdma_destroy_event_channel: {e}");
+            // librdmacm's would close the fd under its ids; refusing keeps them working
+            // (the function returns nothing, so the refusal is only visible in debug).
+            crate::error::debug(format_args!("rdma_destroy_event_channel: {e}"));
         }
     })
 }
