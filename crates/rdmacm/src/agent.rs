@@ -300,6 +300,16 @@ impl Dev {
             st.free_send.push(slot);
             return Err(Error::Os { what: "ibv_post_send (GSI)", errno: r });
         }
+        // Wait until the device has sent it: the kernel sends a MAD whatever the process
+        // does next, and a program that exits right after rdma_destroy_id (qperf's server)
+        // must still get its DREP out before the datapath thread dies with it.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while !st.free_send.contains(&slot) && Instant::now() < deadline {
+            self.reap_sends(st);
+            if !st.free_send.contains(&slot) {
+                std::thread::yield_now();
+            }
+        }
         Ok(())
     }
 

@@ -134,6 +134,8 @@ impl Cma {
                 .map_err(|_| Error::Os { what: "spawn CM thread", errno: libc::EAGAIN })?;
         }
         self.opened = true;
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(at_exit) };
         Ok(())
     }
 
@@ -664,6 +666,23 @@ impl IdRef {
     fn get_mut<'a>(self) -> &'a mut IdPriv {
         // SAFETY: as IdRef::c; written under the global lock.
         unsafe { &mut *self.0 }
+    }
+}
+
+/// At exit, the connections go as the kernel's `ucma_close` takes them when the process
+/// closes its rdma_cm file: DREP for a received DREQ, DREQ for an established connection,
+/// REJ for one being set up (qperf's server exits right after its DISCONNECTED event).
+extern "C" fn at_exit() {
+    let Some(mut c) = CMA.try_lock_for(std::time::Duration::from_millis(500)) else {
+        return;
+    };
+    let now = agent::now();
+    let conns: Vec<(usize, CmId)> = c.conns.keys().copied().collect();
+    for (d, cm) in conns {
+        c.devs[d].ep.destroy(now, cm);
+    }
+    for d in 0..c.devs.len() {
+        c.pump(d);
     }
 }
 
@@ -1240,6 +1259,7 @@ pub(crate) fn destroy_id(idr: IdRef) -> Result<()> {
         let (chan, sync, dev, cm, listening, local, ps) = (st.chan, st.sync, st.dev, st.cm, st.listening, st.local, st.ps);
         let now = agent::now();
         if let (Some(d), Some(cm)) = (dev, cm) {
+            crate::error::debug(format_args!("destroy id {:p} in CM state {:?}", idr.0, c.devs[d].ep.state(cm)));
             c.devs[d].ep.destroy(now, cm);
             c.conns.remove(&(d, cm));
             c.pump(d);
@@ -1377,6 +1397,7 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
                 };
             }
         }
+        crate::error::debug(format_args!("event {} status {} for id {:p}", event, status, p.id.0));
         let raw = Box::into_raw(b);
         // The private data pointer must follow the box to its final address.
         // SAFETY: `raw` is our fresh allocation.
