@@ -31,6 +31,23 @@ fn rping() {
     assert!(s.stdout.contains("server ping data: rdma-ping-9"), "{}", s.all());
 }
 
+#[test]
+fn rping_with_its_own_qp_transitions() {
+    // rping -q moves its QP with rdma_init_qp_attr and connects with rdma_establish.
+    if !ready(&["rping"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("rping", &["-s", "-a", SERVER, "-v", "-C", "5", "-q"]),
+        ("rping", &["-c", "-a", SERVER, "-v", "-C", "5", "-q"]),
+        T,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("ping data: rdma-ping-4"), "{}", c.all());
+}
+
 fn perftest(bin: &str, extra: &[&str], result_line: &str) {
     if !ready(&[bin]) {
         return;
