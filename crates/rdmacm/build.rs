@@ -55,28 +55,66 @@ const LAYOUTS: &[Layout] = &[
     (
         "ibv_port_attr",
         "struct ibv_port_attr",
-        &[("state", ""), ("active_mtu", ""), ("gid_tbl_len", ""), ("link_layer", "")],
+        &[
+            ("state", ""),
+            ("active_mtu", ""),
+            ("gid_tbl_len", ""),
+            ("link_layer", ""),
+        ],
     ),
     (
         "ibv_wc",
         "struct ibv_wc",
-        &[("wr_id", ""), ("status", ""), ("opcode", ""), ("byte_len", ""), ("qp_num", ""), ("src_qp", ""), ("wc_flags", "")],
+        &[
+            ("wr_id", ""),
+            ("status", ""),
+            ("opcode", ""),
+            ("byte_len", ""),
+            ("qp_num", ""),
+            ("src_qp", ""),
+            ("wc_flags", ""),
+        ],
     ),
-    ("ibv_pd", "struct ibv_pd", &[("context", ""), ("handle", "")]),
+    (
+        "ibv_pd",
+        "struct ibv_pd",
+        &[("context", ""), ("handle", "")],
+    ),
     (
         "ibv_mr",
         "struct ibv_mr",
-        &[("context", ""), ("pd", ""), ("addr", ""), ("length", ""), ("lkey", ""), ("rkey", "")],
+        &[
+            ("context", ""),
+            ("pd", ""),
+            ("addr", ""),
+            ("length", ""),
+            ("lkey", ""),
+            ("rkey", ""),
+        ],
     ),
     (
         "ibv_qp_cap",
         "struct ibv_qp_cap",
-        &[("max_send_wr", ""), ("max_recv_wr", ""), ("max_send_sge", ""), ("max_recv_sge", ""), ("max_inline_data", "")],
+        &[
+            ("max_send_wr", ""),
+            ("max_recv_wr", ""),
+            ("max_send_sge", ""),
+            ("max_recv_sge", ""),
+            ("max_inline_data", ""),
+        ],
     ),
     (
         "ibv_qp_init_attr",
         "struct ibv_qp_init_attr",
-        &[("qp_context", ""), ("send_cq", ""), ("recv_cq", ""), ("srq", ""), ("cap", ""), ("qp_type", ""), ("sq_sig_all", "")],
+        &[
+            ("qp_context", ""),
+            ("send_cq", ""),
+            ("recv_cq", ""),
+            ("srq", ""),
+            ("cap", ""),
+            ("qp_type", ""),
+            ("sq_sig_all", ""),
+        ],
     ),
     (
         "ibv_qp_init_attr_ex",
@@ -133,12 +171,30 @@ const LAYOUTS: &[Layout] = &[
     (
         "ibv_srq_init_attr_ex",
         "struct ibv_srq_init_attr_ex",
-        &[("srq_context", ""), ("attr", ""), ("comp_mask", ""), ("srq_type", ""), ("pd", ""), ("xrcd", ""), ("cq", ""), ("tm_cap", "")],
+        &[
+            ("srq_context", ""),
+            ("attr", ""),
+            ("comp_mask", ""),
+            ("srq_type", ""),
+            ("pd", ""),
+            ("xrcd", ""),
+            ("cq", ""),
+            ("tm_cap", ""),
+        ],
     ),
     (
         "ibv_qp",
         "struct ibv_qp",
-        &[("context", ""), ("pd", ""), ("send_cq", ""), ("recv_cq", ""), ("srq", ""), ("qp_num", ""), ("state", ""), ("qp_type", "")],
+        &[
+            ("context", ""),
+            ("pd", ""),
+            ("send_cq", ""),
+            ("recv_cq", ""),
+            ("srq", ""),
+            ("qp_num", ""),
+            ("state", ""),
+            ("qp_type", ""),
+        ],
     ),
     (
         "ibv_sa_path_rec",
@@ -173,14 +229,22 @@ const LAYOUTS: &[Layout] = &[
     (
         "rdma_addr",
         "struct rdma_addr",
-        &[("src_storage", ""), ("dst_storage", ""), ("ibaddr", "addr.ibaddr")],
+        &[
+            ("src_storage", ""),
+            ("dst_storage", ""),
+            ("ibaddr", "addr.ibaddr"),
+        ],
     ),
     (
         "rdma_route",
         "struct rdma_route",
         &[("addr", ""), ("path_rec", ""), ("num_paths", "")],
     ),
-    ("rdma_event_channel", "struct rdma_event_channel", &[("fd", "")]),
+    (
+        "rdma_event_channel",
+        "struct rdma_event_channel",
+        &[("fd", "")],
+    ),
     (
         "rdma_cm_id",
         "struct rdma_cm_id",
@@ -220,12 +284,24 @@ const LAYOUTS: &[Layout] = &[
     (
         "rdma_ud_param",
         "struct rdma_ud_param",
-        &[("private_data", ""), ("private_data_len", ""), ("ah_attr", ""), ("qp_num", ""), ("qkey", "")],
+        &[
+            ("private_data", ""),
+            ("private_data_len", ""),
+            ("ah_attr", ""),
+            ("qp_num", ""),
+            ("qkey", ""),
+        ],
     ),
     (
         "rdma_cm_event",
         "struct rdma_cm_event",
-        &[("id", ""), ("listen_id", ""), ("event", ""), ("status", ""), ("param", "")],
+        &[
+            ("id", ""),
+            ("listen_id", ""),
+            ("event", ""),
+            ("status", ""),
+            ("param", ""),
+        ],
     ),
     (
         "rdma_addrinfo",

@@ -23,7 +23,9 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
 ) -> c_int {
     guard_neg("rdma_getaddrinfo", || {
         if res.is_null() || (node.is_null() && service.is_null()) {
-            return Err(Error::Invalid("no node and no service, or NULL result pointer"));
+            return Err(Error::Invalid(
+                "no node and no service, or NULL result pointer",
+            ));
         }
         // SAFETY: the caller's hints, if any.
         let h = unsafe { hints.as_ref() };
@@ -48,7 +50,11 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         // SAFETY: getaddrinfo succeeded: `ai` is a valid list with at least one entry.
         let a = unsafe { &*ai };
         let qp_type = h.map_or(0, |h| h.ai_qp_type);
-        let qp_type = if qp_type != 0 { qp_type } else { IBV_QPT_RC as c_int };
+        let qp_type = if qp_type != 0 {
+            qp_type
+        } else {
+            IBV_QPT_RC as c_int
+        };
         let ps = h.map_or(0, |h| h.ai_port_space);
         let ps = if ps != 0 {
             ps
@@ -67,7 +73,13 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         let copy = |dst: &mut libc::sockaddr_storage, src: *const libc::sockaddr, n: usize| {
             // SAFETY: `src` has `n` bytes (getaddrinfo's or the caller's address), `dst` is
             // a sockaddr_storage and n is bounded by its size.
-            unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), (dst as *mut libc::sockaddr_storage).cast::<u8>(), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.cast::<u8>(),
+                    (dst as *mut libc::sockaddr_storage).cast::<u8>(),
+                    n,
+                )
+            };
         };
         if flags & RAI_PASSIVE != 0 {
             copy(&mut b.src, a.ai_addr, len);

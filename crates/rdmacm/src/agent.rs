@@ -151,9 +151,18 @@ impl Dev {
             return Err(Error::last_os("ibv_create_comp_channel"));
         }
         // SAFETY: valid context and channel.
-        let recv_cq = unsafe { ibv_create_cq(ctx, 2 * RECV_SLOTS as c_int, std::ptr::null_mut(), chan, 0) };
+        let recv_cq =
+            unsafe { ibv_create_cq(ctx, 2 * RECV_SLOTS as c_int, std::ptr::null_mut(), chan, 0) };
         // SAFETY: valid context.
-        let send_cq = unsafe { ibv_create_cq(ctx, 2 * SEND_SLOTS as c_int, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        let send_cq = unsafe {
+            ibv_create_cq(
+                ctx,
+                2 * SEND_SLOTS as c_int,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
         if recv_cq.is_null() || send_cq.is_null() {
             return Err(Error::last_os("ibv_create_cq"));
         }
@@ -184,7 +193,11 @@ impl Dev {
             qkey: GSI_QKEY,
             ..Default::default()
         };
-        modify(qp, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)?;
+        modify(
+            qp,
+            &mut a,
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+        )?;
         a.qp_state = IBV_QPS_RTR;
         modify(qp, &mut a, IBV_QP_STATE)?;
         a.qp_state = IBV_QPS_RTS;
@@ -245,7 +258,10 @@ impl Dev {
             )
         };
         if r != 0 {
-            return Err(Error::Os { what: "ibv_post_recv (GSI)", errno: r });
+            return Err(Error::Os {
+                what: "ibv_post_recv (GSI)",
+                errno: r,
+            });
         }
         Ok(())
     }
@@ -284,7 +300,10 @@ impl Dev {
                 break s;
             }
             if Instant::now() > deadline {
-                return Err(Error::Os { what: "GSI send queue full", errno: libc::ENOBUFS });
+                return Err(Error::Os {
+                    what: "GSI send queue full",
+                    errno: libc::ENOBUFS,
+                });
             }
             std::thread::sleep(Duration::from_micros(100));
         };
@@ -294,11 +313,23 @@ impl Dev {
         unsafe { std::ptr::copy_nonoverlapping(mad.as_ptr(), p, MAD_LEN) };
         // SAFETY: valid QP, AH and buffer.
         let r = unsafe {
-            softhca_rdmacm_post_ud_send(self.qp, slot as u64, ah, 1, GSI_QKEY, p.cast::<c_void>(), MAD_LEN as u32, self.lkey)
+            softhca_rdmacm_post_ud_send(
+                self.qp,
+                slot as u64,
+                ah,
+                1,
+                GSI_QKEY,
+                p.cast::<c_void>(),
+                MAD_LEN as u32,
+                self.lkey,
+            )
         };
         if r != 0 {
             st.free_send.push(slot);
-            return Err(Error::Os { what: "ibv_post_send (GSI)", errno: r });
+            return Err(Error::Os {
+                what: "ibv_post_send (GSI)",
+                errno: r,
+            });
         }
         // Wait until the device has sent it: the kernel sends a MAD whatever the process
         // does next, and a program that exits right after rdma_destroy_id (qperf's server)
@@ -317,7 +348,8 @@ impl Dev {
         let mut wc = [ibv_wc::default(); 16];
         loop {
             // SAFETY: valid CQ and array.
-            let n = unsafe { softhca_rdmacm_poll_cq(self.send_cq, wc.len() as c_int, wc.as_mut_ptr()) };
+            let n =
+                unsafe { softhca_rdmacm_poll_cq(self.send_cq, wc.len() as c_int, wc.as_mut_ptr()) };
             if n <= 0 {
                 return;
             }
@@ -330,8 +362,14 @@ impl Dev {
     /// Arms the timer for the endpoint's next deadline (absolute, [`now`] clock).
     pub fn arm(&self, at: Option<u64>) {
         let mut its: libc::itimerspec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
-            it_value: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
         };
         if let Some(at) = at {
             let d = at.saturating_sub(now()).max(1);
@@ -348,8 +386,16 @@ impl Dev {
         // SAFETY: the channel pointer is valid.
         let chan_fd = unsafe { *(self.chan as *const c_int).add(2) };
         let mut fds = [
-            libc::pollfd { fd: chan_fd, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: self.timerfd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: chan_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.timerfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: two valid pollfds.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
@@ -379,7 +425,8 @@ impl Dev {
         let mut wc = [ibv_wc::default(); 16];
         loop {
             // SAFETY: valid CQ and array.
-            let n = unsafe { softhca_rdmacm_poll_cq(self.recv_cq, wc.len() as c_int, wc.as_mut_ptr()) };
+            let n =
+                unsafe { softhca_rdmacm_poll_cq(self.recv_cq, wc.len() as c_int, wc.as_mut_ptr()) };
             if n <= 0 {
                 break;
             }
@@ -390,7 +437,9 @@ impl Dev {
                 }
                 if w.status == IBV_WC_SUCCESS && w.byte_len as usize >= RECV_LEN {
                     // SAFETY: the slot is within our buffer and its receive completed.
-                    let b = unsafe { std::slice::from_raw_parts(self.buf.add(slot * RECV_LEN), RECV_LEN) };
+                    let b = unsafe {
+                        std::slice::from_raw_parts(self.buf.add(slot * RECV_LEN), RECV_LEN)
+                    };
                     // The GRH: for an IPv4 peer its last 20 bytes are the IPv4 header
                     // (version nibble 4); otherwise the IPv6 source GID at bytes 8..24.
                     let src = if b[20] >> 4 == 4 {
@@ -415,7 +464,10 @@ pub(crate) fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Resul
     // SAFETY: valid QP (caller) and attributes.
     let r = unsafe { ibv_modify_qp(qp, a, mask) };
     if r != 0 {
-        return Err(Error::Os { what: "ibv_modify_qp", errno: r });
+        return Err(Error::Os {
+            what: "ibv_modify_qp",
+            errno: r,
+        });
     }
     Ok(())
 }

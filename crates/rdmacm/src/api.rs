@@ -29,7 +29,7 @@ fn idref(id: *mut rdma_cm_id) -> Result<IdRef> {
 }
 
 pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    guard_ptr("rdma_create_event_channel", || Ok(Channel::new()?.0.cast()))
+    guard_ptr("rdma_create_event_channel", || Ok(Channel::create()?.0.cast()))
 }
 
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
@@ -147,7 +147,11 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, p: *const c_void, len:
 pub unsafe extern "C" fn rdma_reject_ece(id: *mut rdma_cm_id, p: *const c_void, len: u8) -> c_int {
     guard_neg("rdma_reject_ece", || {
         // The kernel's rdma_reject with IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED.
-        cma::reject(idref(id)?, private(p, len), RejReason::VendorOptionNotSupported)?;
+        cma::reject(
+            idref(id)?,
+            private(p, len),
+            RejReason::VendorOptionNotSupported,
+        )?;
         Ok(0)
     })
 }
@@ -251,7 +255,10 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     })
 }
 
-pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    ch: *mut rdma_event_channel,
+) -> c_int {
     guard_neg("rdma_migrate_id", || {
         cma::migrate(idref(id)?, ch)?;
         Ok(0)
@@ -273,7 +280,11 @@ fn port_of(id: *mut rdma_cm_id, src: bool) -> u16 {
     }
     // SAFETY: the caller's id.
     let c = unsafe { &*id };
-    let ss = if src { &c.route.addr.src_storage } else { &c.route.addr.dst_storage };
+    let ss = if src {
+        &c.route.addr.src_storage
+    } else {
+        &c.route.addr.dst_storage
+    };
     // SAFETY: a sockaddr_storage read as its family's sockaddr.
     match unsafe { read_sockaddr((ss as *const libc::sockaddr_storage).cast()) } {
         Ok(a) => a.port().to_be(),
@@ -288,7 +299,10 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_cont
         let arr = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ibv_context>()) }
             .cast::<*mut ibv_context>();
         if arr.is_null() {
-            return Err(Error::Os { what: "calloc", errno: libc::ENOMEM });
+            return Err(Error::Os {
+                what: "calloc",
+                errno: libc::ENOMEM,
+            });
         }
         for (i, d) in devs.iter().enumerate() {
             // SAFETY: within the array.
@@ -304,7 +318,9 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_cont
 
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
     // SAFETY: allocated by rdma_get_devices (calloc).
-    guard_val("rdma_free_devices", (), || unsafe { libc::free(list.cast()) })
+    guard_val("rdma_free_devices", (), || unsafe {
+        libc::free(list.cast())
+    })
 }
 
 // ------------------------------------------------------------------ QP, CQ, SRQ helpers
@@ -365,7 +381,10 @@ fn create_cqs(c: &mut rdma_cm_id, send: u32, recv: u32) -> Result<()> {
     r
 }
 
-pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
     guard_neg("rdma_create_qp_ex", || {
         let idr = idref(id)?;
         if attr.is_null() {
@@ -389,8 +408,16 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_q
         {
             return Err(Error::Invalid("CQs differ from the id's"));
         }
-        let send = if a.send_cq.is_null() && c.send_cq.is_null() { a.cap.max_send_wr } else { 0 };
-        let recv = if a.recv_cq.is_null() && c.recv_cq.is_null() { a.cap.max_recv_wr } else { 0 };
+        let send = if a.send_cq.is_null() && c.send_cq.is_null() {
+            a.cap.max_send_wr
+        } else {
+            0
+        };
+        let recv = if a.recv_cq.is_null() && c.recv_cq.is_null() {
+            a.cap.max_recv_wr
+        } else {
+            0
+        };
         create_cqs(c, send, recv)?;
         if a.send_cq.is_null() {
             a.send_cq = c.send_cq;
@@ -410,7 +437,11 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_q
         }
         // RC/UC to INIT; UD through INIT/RTR/RTS with RDMA_UDP_QKEY (ucma_init_*_qp).
         let init = || -> Result<()> {
-            let states: &[u32] = if c.qp_type == IBV_QPT_UD { &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] } else { &[IBV_QPS_INIT] };
+            let states: &[u32] = if c.qp_type == IBV_QPT_UD {
+                &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS]
+            } else {
+                &[IBV_QPS_INIT]
+            };
             let cm = cma::lock();
             for &s in states {
                 let (mut qa, m) = cma::qp_attr_for(&cm, idr, s)?;
@@ -431,7 +462,11 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_q
     })
 }
 
-pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, a: *mut ibv_qp_init_attr) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    a: *mut ibv_qp_init_attr,
+) -> c_int {
     guard_neg("rdma_create_qp", || {
         if a.is_null() {
             return Err(Error::Invalid("NULL attributes"));
@@ -440,13 +475,25 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, a:
         // SAFETY: all-zero is a valid ibv_qp_init_attr_ex.
         let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
         // SAFETY: the caller's attributes; ibv_qp_init_attr is a prefix of the _ex struct.
-        unsafe { std::ptr::copy_nonoverlapping(a.cast::<u8>(), (&mut ex as *mut ibv_qp_init_attr_ex).cast::<u8>(), std::mem::size_of::<ibv_qp_init_attr>()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                a.cast::<u8>(),
+                (&mut ex as *mut ibv_qp_init_attr_ex).cast::<u8>(),
+                std::mem::size_of::<ibv_qp_init_attr>(),
+            )
+        };
         ex.comp_mask = IBV_QP_INIT_ATTR_PD;
         ex.pd = if pd.is_null() { c.pd } else { pd };
         // SAFETY: forwarding to our own entry point.
         let r = unsafe { rdma_create_qp_ex(id, &mut ex) };
         // SAFETY: copy back what libibverbs filled in (caps, CQs), as librdmacm does.
-        unsafe { std::ptr::copy_nonoverlapping((&ex as *const ibv_qp_init_attr_ex).cast::<u8>(), a.cast::<u8>(), std::mem::size_of::<ibv_qp_init_attr>()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&ex as *const ibv_qp_init_attr_ex).cast::<u8>(),
+                a.cast::<u8>(),
+                std::mem::size_of::<ibv_qp_init_attr>(),
+            )
+        };
         if r != 0 {
             return Err(Error::last_os("rdma_create_qp"));
         }
@@ -467,7 +514,10 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     })
 }
 
-pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
     guard_neg("rdma_create_srq_ex", || {
         let c = idref(id)?.c();
         if attr.is_null() {
@@ -498,7 +548,11 @@ pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_
     })
 }
 
-pub unsafe extern "C" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
     guard_neg("rdma_create_srq", || {
         if attr.is_null() {
             return Err(Error::Invalid("NULL attributes"));
@@ -616,11 +670,16 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     })
 }
 
-pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
     guard_neg("rdma_get_request", || {
         let l = idref(listen)?;
         if id.is_null() || !cma::is_sync(l) {
-            return Err(Error::Invalid("rdma_get_request needs a synchronous listening id"));
+            return Err(Error::Invalid(
+                "rdma_get_request needs a synchronous listening id",
+            ));
         }
         let lc = l.c();
         if !lc.event.is_null() {
@@ -633,7 +692,11 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
         let e = unsafe { &*ev };
         if e.status != 0 || e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
             lc.event = ev;
-            return Err(if e.status != 0 { Error::Status(e.status) } else { Error::Invalid("not a connection request") });
+            return Err(if e.status != 0 {
+                Error::Status(e.status)
+            } else {
+                Error::Invalid("not a connection request")
+            });
         }
         if let Some(mut a) = cma::qp_init_attr_of(l) {
             // SAFETY: forwarding to our own entry point.

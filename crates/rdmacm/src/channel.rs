@@ -79,7 +79,7 @@ impl ChanRef {
 }
 
 impl Channel {
-    pub fn new() -> Result<ChanRef> {
+    pub fn create() -> Result<ChanRef> {
         // SAFETY: plain syscall.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -96,7 +96,7 @@ impl Channel {
     /// Frees the channel.
     ///
     /// # Safety
-    /// `ch` came from [`Channel::new`], no id uses it and no thread reads it.
+    /// `ch` came from [`Channel::create`], no id uses it and no thread reads it.
     pub unsafe fn destroy(ch: ChanRef) {
         // SAFETY: contract.
         let b = unsafe { Box::from_raw(ch.0) };

@@ -62,12 +62,15 @@ struct DevEntry {
     sids: FxHashMap<u64, usize>,
 }
 
+/// A bound (IP, reuseaddr, id) on one (port space, port).
+type PortUse = (IpAddr, bool, usize);
+
 pub(crate) struct Cma {
     devs: Vec<DevEntry>,
     opened: bool,
     pub ids: FxHashMap<usize, IdState>,
-    /// (ps, port) → (IP, reuseaddr, id).
-    ports: FxHashMap<(u16, u16), Vec<(IpAddr, bool, usize)>>,
+    /// (ps, port) → who holds it.
+    ports: FxHashMap<(u16, u16), Vec<PortUse>>,
     /// (ps, port, IP, device or None for all, id).
     listeners: Vec<(u16, u16, IpAddr, usize)>,
     conns: FxHashMap<(usize, CmId), IdRef>,
@@ -127,11 +130,19 @@ impl Cma {
             let ep = Endpoint::new(EndpointConfig::new(dev.node_guid, rand::random()));
             let dev = Arc::new(dev);
             let idx = self.devs.len();
-            self.devs.push(DevEntry { dev: dev.clone(), st, ep, sids: FxHashMap::default() });
+            self.devs.push(DevEntry {
+                dev: dev.clone(),
+                st,
+                ep,
+                sids: FxHashMap::default(),
+            });
             std::thread::Builder::new()
                 .name("softhca-cm".into())
                 .spawn(move || progress(idx, dev))
-                .map_err(|_| Error::Os { what: "spawn CM thread", errno: libc::EAGAIN })?;
+                .map_err(|_| Error::Os {
+                    what: "spawn CM thread",
+                    errno: libc::EAGAIN,
+                })?;
         }
         self.opened = true;
         // SAFETY: registering a plain extern "C" function.
@@ -180,7 +191,9 @@ impl Cma {
                 let hdr = match CmaHdr::parse(&req.private_data) {
                     Ok(h) if h.version == 0 => h,
                     _ => {
-                        let _ = self.devs[d].ep.reject(now, id, RejReason::ConsumerDefined, &[]);
+                        let _ = self.devs[d]
+                            .ep
+                            .reject(now, id, RejReason::ConsumerDefined, &[]);
                         return;
                     }
                 };
@@ -191,13 +204,17 @@ impl Cma {
                     return;
                 }
                 let Some((ps, port)) = parse_service_id(req.service_id) else {
-                    let _ = self.devs[d].ep.reject(now, id, RejReason::InvalidServiceId, &[]);
+                    let _ = self.devs[d]
+                        .ep
+                        .reject(now, id, RejReason::InvalidServiceId, &[]);
                     return;
                 };
                 let Some(listener) = self.find_listener(ps as u16, port, hdr.dst) else {
                     // A listener on the service ID but not this IP: the kernel's
                     // cma_ib_req_handler fails and ib_cm rejects "consumer defined".
-                    let _ = self.devs[d].ep.reject(now, id, RejReason::ConsumerDefined, &[]);
+                    let _ = self.devs[d]
+                        .ep
+                        .reject(now, id, RejReason::ConsumerDefined, &[]);
                     return;
                 };
                 let param = Param::Conn {
@@ -233,12 +250,24 @@ impl Cma {
                 let chan = self.ids[&listener.key()].chan;
                 self.push(
                     chan,
-                    Pending { id: child, listen: Some(listener), event: RDMA_CM_EVENT_CONNECT_REQUEST, status: 0, param, rep: false },
+                    Pending {
+                        id: child,
+                        listen: Some(listener),
+                        event: RDMA_CM_EVENT_CONNECT_REQUEST,
+                        status: 0,
+                        param,
+                        rep: false,
+                    },
                 );
             }
             CmEvent::SidrReqReceived { id, peer, req } => {
                 let reply_fail = |c: &mut Cma, st| {
-                    let p = SidrReplyParams { status: st, qpn: Qpn::new(0), qkey: 0, private_data: Vec::new() };
+                    let p = SidrReplyParams {
+                        status: st,
+                        qpn: Qpn::new(0),
+                        qkey: 0,
+                        private_data: Vec::new(),
+                    };
                     let _ = c.devs[d].ep.sidr_reply(now, id, &p);
                 };
                 let Ok(hdr) = CmaHdr::parse(&req.private_data) else {
@@ -265,7 +294,14 @@ impl Cma {
                 let chan = self.ids[&listener.key()].chan;
                 self.push(
                     chan,
-                    Pending { id: child, listen: Some(listener), event: RDMA_CM_EVENT_CONNECT_REQUEST, status: 0, param, rep: false },
+                    Pending {
+                        id: child,
+                        listen: Some(listener),
+                        event: RDMA_CM_EVENT_CONNECT_REQUEST,
+                        status: 0,
+                        param,
+                        rep: false,
+                    },
                 );
             }
             other => {
@@ -301,7 +337,9 @@ impl Cma {
                         },
                         true,
                     ),
-                    CmEvent::Established { .. } => ev(RDMA_CM_EVENT_ESTABLISHED, 0, Param::None, false),
+                    CmEvent::Established { .. } => {
+                        ev(RDMA_CM_EVENT_ESTABLISHED, 0, Param::None, false)
+                    }
                     CmEvent::Rejected { rej, .. } => {
                         self.conns.remove(&(d, cid));
                         if let Some(s) = self.ids.get_mut(&idr.key()) {
@@ -346,13 +384,23 @@ impl Cma {
                                 return;
                             }
                             st.disconnected = true;
-                            ev(RDMA_CM_EVENT_DISCONNECTED, -libc::ETIMEDOUT, Param::None, false)
+                            ev(
+                                RDMA_CM_EVENT_DISCONNECTED,
+                                -libc::ETIMEDOUT,
+                                Param::None,
+                                false,
+                            )
                         } else {
                             self.conns.remove(&(d, cid));
                             if let Some(s) = self.ids.get_mut(&idr.key()) {
                                 s.cm = None;
                             }
-                            ev(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT, Param::None, false)
+                            ev(
+                                RDMA_CM_EVENT_UNREACHABLE,
+                                -libc::ETIMEDOUT,
+                                Param::None,
+                                false,
+                            )
                         }
                     }
                     CmEvent::SidrRepReceived { rep, .. } => {
@@ -371,7 +419,12 @@ impl Cma {
                                 listen: None,
                                 event: RDMA_CM_EVENT_ESTABLISHED,
                                 status: 0,
-                                param: Param::Ud { private: rep.private_data.to_vec(), ah_attr, qp_num: rep.qpn.value(), qkey: rep.qkey },
+                                param: Param::Ud {
+                                    private: rep.private_data.to_vec(),
+                                    ah_attr,
+                                    qp_num: rep.qpn.value(),
+                                    qkey: rep.qkey,
+                                },
                                 rep: false,
                             }
                         } else {
@@ -414,7 +467,16 @@ impl Cma {
         let m = |exact: bool| {
             self.listeners
                 .iter()
-                .find(|l| l.0 == ps && l.1 == port && if exact { l.2 == dst } else { l.2.is_unspecified() && l.2.is_ipv4() == dst.is_ipv4() || l.2.is_unspecified() && l.2.is_ipv6() })
+                .find(|l| {
+                    l.0 == ps
+                        && l.1 == port
+                        && if exact {
+                            l.2 == dst
+                        } else {
+                            l.2.is_unspecified() && l.2.is_ipv4() == dst.is_ipv4()
+                                || l.2.is_unspecified() && l.2.is_ipv6()
+                        }
+                })
                 .map(|l| IdRef(l.3 as *mut IdPriv))
         };
         m(true).or_else(|| m(false))
@@ -422,11 +484,18 @@ impl Cma {
 
     /// The id a CONNECT_REQUEST reports (`ucma_process_conn_req`): the listener's channel
     /// (or, for a synchronous listener, a channel of its own), context, port space.
-    fn new_child(&mut self, listener: IdRef, d: usize, local: SocketAddr, remote: SocketAddr, cm: CmId) -> Result<IdRef> {
+    fn new_child(
+        &mut self,
+        listener: IdRef,
+        d: usize,
+        local: SocketAddr,
+        remote: SocketAddr,
+        cm: CmId,
+    ) -> Result<IdRef> {
         let ls = &self.ids[&listener.key()];
         let (lsync, lchan, ps, tos, reuse) = (ls.sync, ls.chan, ls.ps, ls.tos, ls.reuse);
         let lc = listener.c();
-        let chan = if lsync { Channel::new()? } else { lchan };
+        let chan = if lsync { Channel::create()? } else { lchan };
         let idr = alloc_id(chan, lc.context, ps, lc.qp_type);
         let dev = self.devs[d].dev.clone();
         let sgid = dev.gid_index(local.ip()).unwrap_or(0);
@@ -448,10 +517,19 @@ impl Cma {
     }
 
     fn state(&mut self, idr: IdRef) -> Result<&mut IdState> {
-        self.ids.get_mut(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))
+        self.ids
+            .get_mut(&idr.key())
+            .ok_or(Error::Invalid("unknown rdma_cm_id"))
     }
 
-    fn reserve_port(&mut self, idr: IdRef, ps: u16, ip: IpAddr, port: u16, reuse: bool) -> Result<u16> {
+    fn reserve_port(
+        &mut self,
+        idr: IdRef,
+        ps: u16,
+        ip: IpAddr,
+        port: u16,
+        reuse: bool,
+    ) -> Result<u16> {
         let free = |c: &Cma, port: u16| {
             c.ports.get(&(ps, port)).is_none_or(|v| {
                 v.iter().all(|&(eip, er, eid)| {
@@ -480,7 +558,10 @@ impl Cma {
             }
             found.ok_or(Error::AddrInUse)?
         };
-        self.ports.entry((ps, port)).or_default().push((ip, reuse, idr.key()));
+        self.ports
+            .entry((ps, port))
+            .or_default()
+            .push((ip, reuse, idr.key()));
         Ok(port)
     }
 
@@ -517,7 +598,9 @@ impl Cma {
         st.local = Some(local);
         st.port_held = true;
         st.dev = dev;
-        let sgid = dev.and_then(|d| self.devs[d].dev.gid_index(ip)).unwrap_or(0);
+        let sgid = dev
+            .and_then(|d| self.devs[d].dev.gid_index(ip))
+            .unwrap_or(0);
         if let Some(s) = self.ids.get_mut(&idr.key()) {
             s.sgid_index = sgid;
         }
@@ -579,14 +662,16 @@ pub(crate) fn write_sockaddr(ss: &mut libc::sockaddr_storage, a: SocketAddr) {
     match a {
         SocketAddr::V4(v) => {
             // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            let s = unsafe { &mut *(ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let s =
+                unsafe { &mut *(ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             s.sin_family = libc::AF_INET as u16;
             s.sin_port = v.port().to_be();
             s.sin_addr.s_addr = u32::from_ne_bytes(v.ip().octets());
         }
         SocketAddr::V6(v) => {
             // SAFETY: as above, for sockaddr_in6.
-            let s = unsafe { &mut *(ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let s =
+                unsafe { &mut *(ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             s.sin6_family = libc::AF_INET6 as u16;
             s.sin6_port = v.port().to_be();
             s.sin6_addr.s6_addr = v.ip().octets();
@@ -608,18 +693,30 @@ pub(crate) unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Result<SocketAd
         libc::AF_INET => {
             // SAFETY: contract: an AF_INET sockaddr is a sockaddr_in.
             let s = unsafe { &*sa.cast::<libc::sockaddr_in>() };
-            Ok(SocketAddr::new(IpAddr::V4(s.sin_addr.s_addr.to_ne_bytes().into()), u16::from_be(s.sin_port)))
+            Ok(SocketAddr::new(
+                IpAddr::V4(s.sin_addr.s_addr.to_ne_bytes().into()),
+                u16::from_be(s.sin_port),
+            ))
         }
         libc::AF_INET6 => {
             // SAFETY: contract: an AF_INET6 sockaddr is a sockaddr_in6.
             let s = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
-            Ok(SocketAddr::new(IpAddr::V6(s.sin6_addr.s6_addr.into()), u16::from_be(s.sin6_port)))
+            Ok(SocketAddr::new(
+                IpAddr::V6(s.sin6_addr.s6_addr.into()),
+                u16::from_be(s.sin6_port),
+            ))
         }
         _ => Err(Error::Invalid("address family (only AF_INET and AF_INET6)")),
     }
 }
 
-fn fill_addr(idr: IdRef, dev: &Dev, local: Option<SocketAddr>, remote: Option<SocketAddr>, sgid: u8) {
+fn fill_addr(
+    idr: IdRef,
+    dev: &Dev,
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    sgid: u8,
+) {
     let c = idr.c();
     c.verbs = dev.ctx;
     c.pd = dev.pd;
@@ -656,7 +753,9 @@ fn fill_path(idr: IdRef, dev: &Dev, st: &IdState) {
     p.rate_selector = 2;
     p.rate = 0;
     p.packet_life_time_selector = 2;
-    p.packet_life_time = st.ack_timeout.map_or(PACKET_LIFETIME, |t| t.saturating_sub(1));
+    p.packet_life_time = st
+        .ack_timeout
+        .map_or(PACKET_LIFETIME, |t| t.saturating_sub(1));
     let c = idr.c();
     c.route.path_rec = p;
     c.route.num_paths = 1;
@@ -707,13 +806,31 @@ fn progress(d: usize, dev: Arc<Dev>) {
 
 // ------------------------------------------------------------------ operations
 
-pub(crate) fn create_id(chan: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> Result<IdRef> {
-    let ps16 = u16::try_from(ps).ok().and_then(PortSpace::from_u16).ok_or(Error::Invalid("port space"))?;
+pub(crate) fn create_id(
+    chan: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: c_int,
+) -> Result<IdRef> {
+    let ps16 = u16::try_from(ps)
+        .ok()
+        .and_then(PortSpace::from_u16)
+        .ok_or(Error::Invalid("port space"))?;
     // rdma_create_id: UD for the UDP and IPoIB port spaces, RC otherwise.
     let ud = matches!(ps16, PortSpace::Udp | PortSpace::Ipoib);
-    let (chan, sync) = if chan.is_null() { (Channel::new()?, true) } else { (ChanRef(chan.cast()), false) };
-    let idr = alloc_id(chan, context, ps16 as u16, if ud { IBV_QPT_UD } else { IBV_QPT_RC });
-    lock().ids.insert(idr.key(), new_state(chan, sync, ps16 as u16, ud));
+    let (chan, sync) = if chan.is_null() {
+        (Channel::create()?, true)
+    } else {
+        (ChanRef(chan.cast()), false)
+    };
+    let idr = alloc_id(
+        chan,
+        context,
+        ps16 as u16,
+        if ud { IBV_QPT_UD } else { IBV_QPT_RC },
+    );
+    lock()
+        .ids
+        .insert(idr.key(), new_state(chan, sync, ps16 as u16, ud));
     Ok(idr)
 }
 
@@ -725,7 +842,10 @@ pub(crate) fn bind_addr(idr: IdRef, addr: SocketAddr) -> Result<()> {
 pub(crate) fn complete(idr: IdRef) -> Result<()> {
     let (sync, chan) = {
         let c = lock();
-        let st = c.ids.get(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))?;
+        let st = c
+            .ids
+            .get(&idr.key())
+            .ok_or(Error::Invalid("unknown rdma_cm_id"))?;
         (st.sync, st.chan)
     };
     if !sync {
@@ -802,8 +922,22 @@ pub(crate) fn resolve_addr(idr: IdRef, src: Option<SocketAddr>, dst: SocketAddr)
             }
             Err(e) => -e.errno(),
         };
-        let event = if status == 0 { RDMA_CM_EVENT_ADDR_RESOLVED } else { RDMA_CM_EVENT_ADDR_ERROR };
-        c.push(chan, Pending { id: idr, listen: None, event, status, param: Param::None, rep: false });
+        let event = if status == 0 {
+            RDMA_CM_EVENT_ADDR_RESOLVED
+        } else {
+            RDMA_CM_EVENT_ADDR_ERROR
+        };
+        c.push(
+            chan,
+            Pending {
+                id: idr,
+                listen: None,
+                event,
+                status,
+                param: Param::None,
+                rep: false,
+            },
+        );
     }
     complete(idr)
 }
@@ -813,14 +947,26 @@ pub(crate) fn resolve_route(idr: IdRef) -> Result<()> {
         let mut c = lock();
         let st = c.state(idr)?;
         if !st.addr_resolved {
-            return Err(Error::Invalid("rdma_resolve_route before the address is resolved"));
+            return Err(Error::Invalid(
+                "rdma_resolve_route before the address is resolved",
+            ));
         }
         st.route_resolved = true;
         let d = st.dev.ok_or(Error::NoDevice)?;
         let chan = st.chan;
         let dev = c.devs[d].dev.clone();
         fill_path(idr, &dev, &c.ids[&idr.key()]);
-        c.push(chan, Pending { id: idr, listen: None, event: RDMA_CM_EVENT_ROUTE_RESOLVED, status: 0, param: Param::None, rep: false });
+        c.push(
+            chan,
+            Pending {
+                id: idr,
+                listen: None,
+                event: RDMA_CM_EVENT_ROUTE_RESOLVED,
+                status: 0,
+                param: Param::None,
+                rep: false,
+            },
+        );
     }
     complete(idr)
 }
@@ -830,7 +976,10 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
     c.open()?;
     if c.state(idr)?.local.is_none() {
         // rdma_listen on an unbound id binds it to the wildcard and an ephemeral port.
-        c.bind(idr, SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0))?;
+        c.bind(
+            idr,
+            SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0),
+        )?;
     }
     let st = c.state(idr)?;
     if st.listening {
@@ -857,8 +1006,14 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
 }
 
 fn conn_dev(c: &Cma, idr: IdRef) -> Result<(usize, CmId)> {
-    let st = c.ids.get(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))?;
-    Ok((st.dev.ok_or(Error::Invalid("no device"))?, st.cm.ok_or(Error::Invalid("not connecting"))?))
+    let st = c
+        .ids
+        .get(&idr.key())
+        .ok_or(Error::Invalid("unknown rdma_cm_id"))?;
+    Ok((
+        st.dev.ok_or(Error::Invalid("no device"))?,
+        st.cm.ok_or(Error::Invalid("not connecting"))?,
+    ))
 }
 
 /// Private data of a connect: `cma_hdr` then the program's bytes.
@@ -867,7 +1022,13 @@ fn cma_private(local: SocketAddr, remote: SocketAddr, user: &[u8], max: usize) -
         return Err(Error::Invalid("private data too long"));
     }
     let mut pd = vec![0u8; CMA_HDR_LEN + user.len()];
-    CmaHdr { version: 0, src_port: local.port(), src: local.ip(), dst: remote.ip() }.emit(&mut pd)?;
+    CmaHdr {
+        version: 0,
+        src_port: local.port(),
+        src: local.ip(),
+        dst: remote.ip(),
+    }
+    .emit(&mut pd)?;
     pd[CMA_HDR_LEN..].copy_from_slice(user);
     Ok(pd)
 }
@@ -878,7 +1039,13 @@ unsafe fn user_private(p: Option<&rdma_conn_param>) -> Vec<u8> {
     match p {
         Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
             // SAFETY: contract.
-            unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len)) }.to_vec()
+            unsafe {
+                std::slice::from_raw_parts(
+                    p.private_data.cast::<u8>(),
+                    usize::from(p.private_data_len),
+                )
+            }
+            .to_vec()
         }
         _ => Vec::new(),
     }
@@ -898,7 +1065,9 @@ fn valid_param(c: &Cma, idr: IdRef, p: Option<&rdma_conn_param>) -> Result<()> {
         if (p.responder_resources != RDMA_MAX_RESP_RES && p.responder_resources > dev.max_resp_res)
             || (p.initiator_depth != RDMA_MAX_INIT_DEPTH && p.initiator_depth > dev.max_init_depth)
         {
-            return Err(Error::Invalid("responder resources / initiator depth above the device's"));
+            return Err(Error::Invalid(
+                "responder resources / initiator depth above the device's",
+            ));
         }
     }
     Ok(())
@@ -916,7 +1085,11 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
         if !st.route_resolved {
             return Err(Error::Invalid("rdma_connect before the route is resolved"));
         }
-        let (d, local, remote) = (st.dev.ok_or(Error::NoDevice)?, st.local.ok_or(Error::Invalid("unbound"))?, st.remote.ok_or(Error::Invalid("no destination"))?);
+        let (d, local, remote) = (
+            st.dev.ok_or(Error::NoDevice)?,
+            st.local.ok_or(Error::Invalid("unbound"))?,
+            st.remote.ok_or(Error::Invalid("no destination"))?,
+        );
         let ps = PortSpace::from_u16(st.ps).ok_or(Error::Invalid("port space"))?;
         let sid = service_id(ps, remote.port());
         // SAFETY: contract.
@@ -931,14 +1104,29 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
         };
         let cm = if st.ud {
             let mut sp = SidrRequestParams::new(remote.ip(), sid);
-            sp.private_data = cma_private(local, remote, &user, softhca_cm::mad::private_data_len::SIDR_REQ)?;
+            sp.private_data = cma_private(
+                local,
+                remote,
+                &user,
+                softhca_cm::mad::private_data_len::SIDR_REQ,
+            )?;
             c.devs[d].ep.sidr_request(now, &sp)?
         } else {
             let dev = c.devs[d].dev.clone();
             let st = c.state(idr)?;
-            st.init_depth = p.filter(|p| p.initiator_depth != RDMA_MAX_INIT_DEPTH).map_or(dev.max_init_depth, |p| p.initiator_depth);
-            st.resp_res = p.filter(|p| p.responder_resources != RDMA_MAX_RESP_RES).map_or(dev.max_resp_res, |p| p.responder_resources);
-            let mut cp = ConnectParams::new(local.ip(), remote.ip(), sid, Qpn::new(qp_num), Psn::new(st.psn));
+            st.init_depth = p
+                .filter(|p| p.initiator_depth != RDMA_MAX_INIT_DEPTH)
+                .map_or(dev.max_init_depth, |p| p.initiator_depth);
+            st.resp_res = p
+                .filter(|p| p.responder_resources != RDMA_MAX_RESP_RES)
+                .map_or(dev.max_resp_res, |p| p.responder_resources);
+            let mut cp = ConnectParams::new(
+                local.ip(),
+                remote.ip(),
+                sid,
+                Qpn::new(qp_num),
+                Psn::new(st.psn),
+            );
             cp.responder_resources = st.resp_res;
             cp.initiator_depth = st.init_depth;
             cp.retry_count = p.map_or(7, |p| p.retry_count).min(7);
@@ -947,9 +1135,12 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
             cp.srq = srq;
             cp.path_mtu = dev.active_mtu as u8;
             cp.traffic_class = st.tos;
-            cp.packet_life_time = st.ack_timeout.map_or(PACKET_LIFETIME, |t| t.saturating_sub(1));
+            cp.packet_life_time = st
+                .ack_timeout
+                .map_or(PACKET_LIFETIME, |t| t.saturating_sub(1));
             cp.flow_label = (u32::from(local.port()) * 31 + u32::from(remote.port())) & 0xFFFFF;
-            cp.private_data = cma_private(local, remote, &user, softhca_cm::mad::private_data_len::REQ)?;
+            cp.private_data =
+                cma_private(local, remote, &user, softhca_cm::mad::private_data_len::REQ)?;
             c.devs[d].ep.connect(now, &cp)?
         };
         c.state(idr)?.cm = Some(cm);
@@ -961,25 +1152,42 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
 
 /// QP attributes for `state` (the kernel's `rdma_init_qp_attr` for RoCE).
 pub(crate) fn qp_attr_for(c: &Cma, idr: IdRef, state: u32) -> Result<(ibv_qp_attr, c_int)> {
-    let st = c.ids.get(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))?;
-    let mut a = ibv_qp_attr { qp_state: state, ..Default::default() };
+    let st = c
+        .ids
+        .get(&idr.key())
+        .ok_or(Error::Invalid("unknown rdma_cm_id"))?;
+    let mut a = ibv_qp_attr {
+        qp_state: state,
+        ..Default::default()
+    };
     match state {
         IBV_QPS_INIT => {
             a.pkey_index = 0;
             a.port_num = 1;
             if st.ud {
                 a.qkey = RDMA_UDP_QKEY;
-                return Ok((a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY));
+                return Ok((
+                    a,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+                ));
             }
             // cma_ib_init_qp_attr gives no remote access before the CM knows the peer;
             // ib_cm_init_qp_attr then REMOTE_WRITE, plus READ/ATOMIC with responder
             // resources.
             a.qp_access_flags = if st.cm.is_some() {
-                IBV_ACCESS_REMOTE_WRITE | if st.resp_res > 0 { IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC } else { 0 }
+                IBV_ACCESS_REMOTE_WRITE
+                    | if st.resp_res > 0 {
+                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
+                    } else {
+                        0
+                    }
             } else {
                 0
             };
-            Ok((a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT))
+            Ok((
+                a,
+                IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT,
+            ))
         }
         IBV_QPS_RTR | IBV_QPS_RTS if st.ud => {
             // ucma_init_ud_qp: RTR with the state alone, RTS with send PSN 0.
@@ -991,7 +1199,10 @@ pub(crate) fn qp_attr_for(c: &Cma, idr: IdRef, state: u32) -> Result<(ibv_qp_att
         }
         IBV_QPS_RTR | IBV_QPS_RTS => {
             let (d, cm) = conn_dev(c, idr)?;
-            let attrs = c.devs[d].ep.qp_attrs(cm).ok_or(Error::Invalid("no connection"))?;
+            let attrs = c.devs[d]
+                .ep
+                .qp_attrs(cm)
+                .ok_or(Error::Invalid("no connection"))?;
             if state == IBV_QPS_RTR {
                 let remote = st.remote.ok_or(Error::Invalid("no peer"))?;
                 a.path_mtu = u32::from(attrs.path_mtu);
@@ -1012,14 +1223,31 @@ pub(crate) fn qp_attr_for(c: &Cma, idr: IdRef, state: u32) -> Result<(ibv_qp_att
                     port_num: 1,
                     ..Default::default()
                 };
-                Ok((a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+                Ok((
+                    a,
+                    IBV_QP_STATE
+                        | IBV_QP_AV
+                        | IBV_QP_PATH_MTU
+                        | IBV_QP_DEST_QPN
+                        | IBV_QP_RQ_PSN
+                        | IBV_QP_MAX_DEST_RD_ATOMIC
+                        | IBV_QP_MIN_RNR_TIMER,
+                ))
             } else {
                 a.timeout = st.ack_timeout.unwrap_or(attrs.ack_timeout);
                 a.retry_cnt = attrs.retry_count;
                 a.rnr_retry = attrs.rnr_retry_count;
                 a.sq_psn = attrs.sq_psn.value();
                 a.max_rd_atomic = st.init_depth;
-                Ok((a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+                Ok((
+                    a,
+                    IBV_QP_STATE
+                        | IBV_QP_TIMEOUT
+                        | IBV_QP_RETRY_CNT
+                        | IBV_QP_RNR_RETRY
+                        | IBV_QP_SQ_PSN
+                        | IBV_QP_MAX_QP_RD_ATOMIC,
+                ))
             }
         }
         _ => Err(Error::Invalid("QP state")),
@@ -1042,7 +1270,10 @@ fn qp_rtr_rts(c: &Cma, idr: IdRef) -> Result<()> {
 pub(crate) fn qp_err(idr: IdRef) {
     let qp = idr.c().qp;
     if !qp.is_null() {
-        let mut a = ibv_qp_attr { qp_state: IBV_QPS_ERR, ..Default::default() };
+        let mut a = ibv_qp_attr {
+            qp_state: IBV_QPS_ERR,
+            ..Default::default()
+        };
         let _ = modify(qp, &mut a, IBV_QP_STATE);
     }
 }
@@ -1082,7 +1313,12 @@ pub(crate) unsafe fn accept(idr: IdRef, param: *const rdma_conn_param) -> Result
         };
         let now = agent::now();
         if ud {
-            let rp = SidrReplyParams { status: SidrStatus::Success, qpn: Qpn::new(qp_num), qkey: RDMA_UDP_QKEY, private_data: user };
+            let rp = SidrReplyParams {
+                status: SidrStatus::Success,
+                qpn: Qpn::new(qp_num),
+                qkey: RDMA_UDP_QKEY,
+                private_data: user,
+            };
             c.devs[d].ep.sidr_reply(now, cm, &rp)?;
             c.conns.remove(&(d, cm));
             c.state(idr)?.cm = None;
@@ -1123,7 +1359,12 @@ pub(crate) fn reject(idr: IdRef, private: &[u8], reason: RejReason) -> Result<()
     let (d, cm) = conn_dev(&c, idr)?;
     let now = agent::now();
     if c.ids[&idr.key()].ud {
-        let rp = SidrReplyParams { status: SidrStatus::Reject, qpn: Qpn::new(0), qkey: 0, private_data: private.to_vec() };
+        let rp = SidrReplyParams {
+            status: SidrStatus::Reject,
+            qpn: Qpn::new(0),
+            qkey: 0,
+            private_data: private.to_vec(),
+        };
         c.devs[d].ep.sidr_reply(now, cm, &rp)?;
     } else {
         c.devs[d].ep.reject(now, cm, reason, private)?;
@@ -1168,14 +1409,23 @@ pub(crate) fn notify(idr: IdRef, event: c_int) -> Result<()> {
     }
     let mut c = lock();
     let (d, cm) = conn_dev(&c, idr)?;
-    if matches!(c.devs[d].ep.state(cm), Some(CmState::RepSent | CmState::MraRepRcvd)) {
+    if matches!(
+        c.devs[d].ep.state(cm),
+        Some(CmState::RepSent | CmState::MraRepRcvd)
+    ) {
         c.devs[d].ep.establish(agent::now(), cm, &[])?;
         c.pump(d);
     }
     Ok(())
 }
 
-pub(crate) fn set_option(idr: IdRef, level: c_int, name: c_int, val: *const c_void, len: usize) -> Result<()> {
+pub(crate) fn set_option(
+    idr: IdRef,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: usize,
+) -> Result<()> {
     if val.is_null() {
         return Err(Error::Invalid("NULL option value"));
     }
@@ -1194,11 +1444,19 @@ pub(crate) fn set_option(idr: IdRef, level: c_int, name: c_int, val: *const c_vo
             st.reuse = int() != 0
         }
         (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) if len == 4 => {}
-        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if len == 1 => st.ack_timeout = Some(byte().min(31)),
-        (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY | RDMA_OPTION_ID_ACK_TIMEOUT) => {
-            return Err(Error::Invalid("option length"))
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if len == 1 => {
+            st.ack_timeout = Some(byte().min(31))
         }
-        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => return Err(Error::NotSupported("RDMA_OPTION_IB_PATH (no SA on RoCE)")),
+        (
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_TOS
+            | RDMA_OPTION_ID_REUSEADDR
+            | RDMA_OPTION_ID_AFONLY
+            | RDMA_OPTION_ID_ACK_TIMEOUT,
+        ) => return Err(Error::Invalid("option length")),
+        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {
+            return Err(Error::NotSupported("RDMA_OPTION_IB_PATH (no SA on RoCE)"))
+        }
         _ => return Err(Error::NoSys("unknown option")),
     }
     Ok(())
@@ -1215,20 +1473,29 @@ pub(crate) fn init_qp_attr(idr: IdRef, attr: &mut ibv_qp_attr) -> Result<c_int> 
 pub(crate) fn migrate(idr: IdRef, chan: *mut rdma_event_channel) -> Result<()> {
     let (old, was_sync) = {
         let c = lock();
-        let st = c.ids.get(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))?;
+        let st = c
+            .ids
+            .get(&idr.key())
+            .ok_or(Error::Invalid("unknown rdma_cm_id"))?;
         (st.chan, st.sync)
     };
     if was_sync && chan.is_null() {
         return Err(Error::Invalid("migrating a synchronous id to synchronous"));
     }
-    let (new, sync) = if chan.is_null() { (Channel::new()?, true) } else { (ChanRef(chan.cast()), false) };
+    let (new, sync) = if chan.is_null() {
+        (Channel::create()?, true)
+    } else {
+        (ChanRef(chan.cast()), false)
+    };
     if new == old {
         return Ok(());
     }
     {
         let mut c = lock();
         // The kernel's ucma_migrate_id moves the id's queued events to the new file.
-        let moved = old.get().take(|p| p.id == idr && p.listen.is_none() || p.listen == Some(idr));
+        let moved = old
+            .get()
+            .take(|p| p.id == idr && p.listen.is_none() || p.listen == Some(idr));
         for p in moved {
             new.get().push(p);
         }
@@ -1255,11 +1522,26 @@ pub(crate) fn migrate(idr: IdRef, chan: *mut rdma_event_channel) -> Result<()> {
 pub(crate) fn destroy_id(idr: IdRef) -> Result<()> {
     let (chan, sync) = {
         let mut c = lock();
-        let st = c.ids.get(&idr.key()).ok_or(Error::Invalid("unknown rdma_cm_id"))?;
-        let (chan, sync, dev, cm, listening, local, ps) = (st.chan, st.sync, st.dev, st.cm, st.listening, st.local, st.ps);
+        let st = c
+            .ids
+            .get(&idr.key())
+            .ok_or(Error::Invalid("unknown rdma_cm_id"))?;
+        let (chan, sync, dev, cm, listening, local, ps) = (
+            st.chan,
+            st.sync,
+            st.dev,
+            st.cm,
+            st.listening,
+            st.local,
+            st.ps,
+        );
         let now = agent::now();
         if let (Some(d), Some(cm)) = (dev, cm) {
-            crate::error::debug(format_args!("destroy id {:p} in CM state {:?}", idr.0, c.devs[d].ep.state(cm)));
+            crate::error::debug(format_args!(
+                "destroy id {:p} in CM state {:?}",
+                idr.0,
+                c.devs[d].ep.state(cm)
+            ));
             c.devs[d].ep.destroy(now, cm);
             c.conns.remove(&(d, cm));
             c.pump(d);
@@ -1352,7 +1634,9 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
                 }
             }
             let connect_error = c.ids.get(&p.id.key()).is_some_and(|s| s.connect_error);
-            if connect_error && (event == RDMA_CM_EVENT_REJECTED || event == RDMA_CM_EVENT_DISCONNECTED) {
+            if connect_error
+                && (event == RDMA_CM_EVENT_REJECTED || event == RDMA_CM_EVENT_DISCONNECTED)
+            {
                 drop(c);
                 owner.get().acked();
                 continue;
@@ -1362,7 +1646,11 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
             qp_err(p.id);
         }
         // SAFETY: all-zero is a valid rdma_cm_event (pointers NULL).
-        let mut b = Box::new(EventBox { ev: unsafe { std::mem::zeroed() }, owner, private: [0; 256] });
+        let mut b = Box::new(EventBox {
+            ev: unsafe { std::mem::zeroed() },
+            owner,
+            private: [0; 256],
+        });
         b.ev.id = p.id.0.cast();
         b.ev.listen_id = p.listen.map_or(std::ptr::null_mut(), |l| l.0.cast());
         b.ev.event = event;
@@ -1370,7 +1658,16 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
         let base = b.private.as_mut_ptr();
         match p.param {
             Param::None => {}
-            Param::Conn { private, responder_resources, initiator_depth, flow_control, retry_count, rnr_retry_count, srq, qp_num } => {
+            Param::Conn {
+                private,
+                responder_resources,
+                initiator_depth,
+                flow_control,
+                retry_count,
+                rnr_retry_count,
+                srq,
+                qp_num,
+            } => {
                 let n = private.len().min(255);
                 b.private[..n].copy_from_slice(&private[..n]);
                 b.ev.param.conn = rdma_conn_param {
@@ -1385,7 +1682,12 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
                     qp_num,
                 };
             }
-            Param::Ud { private, ah_attr, qp_num, qkey } => {
+            Param::Ud {
+                private,
+                ah_attr,
+                qp_num,
+                qkey,
+            } => {
                 let n = private.len().min(255);
                 b.private[..n].copy_from_slice(&private[..n]);
                 b.ev.param.ud = rdma_ud_param {
@@ -1397,7 +1699,10 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
                 };
             }
         }
-        crate::error::debug(format_args!("event {} status {} for id {:p}", event, status, p.id.0));
+        crate::error::debug(format_args!(
+            "event {} status {} for id {:p}",
+            event, status, p.id.0
+        ));
         let raw = Box::into_raw(b);
         // The private data pointer must follow the box to its final address.
         // SAFETY: `raw` is our fresh allocation.

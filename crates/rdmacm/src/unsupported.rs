@@ -9,14 +9,28 @@ use crate::abi::rdma_cm_id;
 use crate::error::{guard_neg, Error};
 
 /// Multicast (mckey): softhca has no multicast (`ibv_attach_mcast` is EOPNOTSUPP too).
-pub unsafe extern "C" fn rdma_join_multicast(_: *mut rdma_cm_id, _: *mut libc::sockaddr, _: *mut c_void) -> c_int {
-    guard_neg("rdma_join_multicast", || Err(Error::NotSupported("multicast")))
+pub unsafe extern "C" fn rdma_join_multicast(
+    _: *mut rdma_cm_id,
+    _: *mut libc::sockaddr,
+    _: *mut c_void,
+) -> c_int {
+    guard_neg("rdma_join_multicast", || {
+        Err(Error::NotSupported("multicast"))
+    })
 }
-pub unsafe extern "C" fn rdma_join_multicast_ex(_: *mut rdma_cm_id, _: *mut c_void, _: *mut c_void) -> c_int {
-    guard_neg("rdma_join_multicast_ex", || Err(Error::NotSupported("multicast")))
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    _: *mut rdma_cm_id,
+    _: *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    guard_neg("rdma_join_multicast_ex", || {
+        Err(Error::NotSupported("multicast"))
+    })
 }
 pub unsafe extern "C" fn rdma_leave_multicast(_: *mut rdma_cm_id, _: *mut libc::sockaddr) -> c_int {
-    guard_neg("rdma_leave_multicast", || Err(Error::NotSupported("multicast")))
+    guard_neg("rdma_leave_multicast", || {
+        Err(Error::NotSupported("multicast"))
+    })
 }
 
 /// ECE: rxe has none, and neither has softhca (`ibv_query_ece` is EOPNOTSUPP).
@@ -41,7 +55,31 @@ macro_rules! rsocket_stubs {
 }
 
 rsocket_stubs!(
-    rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom, rrecvmsg,
-    rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev, rpoll, rselect, rgetpeername,
-    rgetsockname, rsetsockopt, rgetsockopt, rfcntl, riomap, riounmap, riowrite,
+    rsocket,
+    rbind,
+    rlisten,
+    raccept,
+    rconnect,
+    rshutdown,
+    rclose,
+    rrecv,
+    rrecvfrom,
+    rrecvmsg,
+    rsend,
+    rsendto,
+    rsendmsg,
+    rread,
+    rreadv,
+    rwrite,
+    rwritev,
+    rpoll,
+    rselect,
+    rgetpeername,
+    rgetsockname,
+    rsetsockopt,
+    rgetsockopt,
+    rfcntl,
+    riomap,
+    riounmap,
+    riowrite,
 );

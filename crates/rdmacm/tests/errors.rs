@@ -16,7 +16,8 @@ fn errors_from_c() {
         return;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/errors.c");
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rdmacm-errors-{}", std::process::id()));
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rdmacm-errors-{}", std::process::id()));
     let st = Command::new("cc")
         .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
         .arg(&exe)

@@ -28,7 +28,11 @@ fn rping() {
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
     assert!(c.stdout.contains("ping data: rdma-ping-9"), "{}", c.all());
-    assert!(s.stdout.contains("server ping data: rdma-ping-9"), "{}", s.all());
+    assert!(
+        s.stdout.contains("server ping data: rdma-ping-9"),
+        "{}",
+        s.all()
+    );
 }
 
 #[test]
@@ -113,8 +117,7 @@ fn ucmatose_without_listener_is_rejected_with_reason_8() {
         false,
     );
     assert!(
-        c.stdout
-            .contains("event: RDMA_CM_EVENT_REJECTED, error: 8"),
+        c.stdout.contains("event: RDMA_CM_EVENT_REJECTED, error: 8"),
         "{}",
         c.all()
     );
@@ -172,8 +175,16 @@ fn qperf_cm1_rc_bw_rc_lat() {
         false,
     );
     assert_eq!(c.status, Some(0), "client: {}", c.all());
-    assert!(c.stdout.contains("rc_bw:") && c.stdout.contains("bw  ="), "{}", c.all());
-    assert!(c.stdout.contains("rc_lat:") && c.stdout.contains("latency  ="), "{}", c.all());
+    assert!(
+        c.stdout.contains("rc_bw:") && c.stdout.contains("bw  ="),
+        "{}",
+        c.all()
+    );
+    assert!(
+        c.stdout.contains("rc_lat:") && c.stdout.contains("latency  ="),
+        "{}",
+        c.all()
+    );
 }
 
 #[test]
@@ -189,5 +200,9 @@ fn cmtime() {
         false,
     );
     assert_eq!(c.status, Some(0), "client: {}", c.all());
-    assert!(c.stdout.contains("destroying id") && c.stdout.contains("connect      :"), "{}", c.all());
+    assert!(
+        c.stdout.contains("destroying id") && c.stdout.contains("connect      :"),
+        "{}",
+        c.all()
+    );
 }

@@ -55,13 +55,21 @@ fn rping_both_ways_with_kernel_rdma_cm() {
         &format!("sleep 10; LD_LIBRARY_PATH={lib} timeout 120 rping -c -a 10.99.0.2 -v -C 10; echo host-rc=$?"),
     );
     assert!(t.contains("host-rc=0") && t.contains("guest-rc=0"), "{t}");
-    assert!(t.contains("server ping data: rdma-ping-9") && t.contains("\nping data: rdma-ping-9"), "{t}");
+    assert!(
+        t.contains("server ping data: rdma-ping-9") && t.contains("\nping data: rdma-ping-9"),
+        "{t}"
+    );
     // The kernel connects to softhca.
     let t = run(
         &vm,
         "sleep 8; rping -c -a 10.99.0.1 -v -C 10; echo guest-rc=$?",
-        &format!("LD_LIBRARY_PATH={lib} timeout 150 rping -s -a 10.99.0.1 -v -C 10; echo host-rc=$?"),
+        &format!(
+            "LD_LIBRARY_PATH={lib} timeout 150 rping -s -a 10.99.0.1 -v -C 10; echo host-rc=$?"
+        ),
     );
     assert!(t.contains("host-rc=0") && t.contains("guest-rc=0"), "{t}");
-    assert!(t.contains("server ping data: rdma-ping-9") && t.contains("\nping data: rdma-ping-9"), "{t}");
+    assert!(
+        t.contains("server ping data: rdma-ping-9") && t.contains("\nping data: rdma-ping-9"),
+        "{t}"
+    );
 }

@@ -76,5 +76,8 @@ fn soname_and_needed() {
 fn c_layouts_were_checked_against_rdma_cma_h() {
     let checked = env!("SOFTHCA_RDMACM_LAYOUT_CHECKED") == "1";
     let header = Path::new("/usr/include/rdma/rdma_cma.h").exists();
-    assert_eq!(checked, header, "layout check ran = {checked}, rdma_cma.h present = {header}");
+    assert_eq!(
+        checked, header,
+        "layout check ran = {checked}, rdma_cma.h present = {header}"
+    );
 }

@@ -136,10 +136,14 @@ pub fn pair(
     server_exits: bool,
 ) -> (Done, Done) {
     let _g = serial();
-    let s = cmd(SERVER, server.0, server.1).spawn().expect("spawn server");
+    let s = cmd(SERVER, server.0, server.1)
+        .spawn()
+        .expect("spawn server");
     std::thread::sleep(Duration::from_millis(1500));
     let c = finish(
-        cmd(CLIENT, client.0, client.1).spawn().expect("spawn client"),
+        cmd(CLIENT, client.0, client.1)
+            .spawn()
+            .expect("spawn client"),
         timeout,
     );
     let s = finish(
