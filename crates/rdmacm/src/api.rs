@@ -29,7 +29,9 @@ fn idref(id: *mut rdma_cm_id) -> Result<IdRef> {
 }
 
 pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    guard_ptr("rdma_create_event_channel", || Ok(Channel::create()?.0.cast()))
+    guard_ptr("rdma_create_event_channel", || {
+        Ok(Channel::create()?.0.cast())
+    })
 }
 
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
