@@ -187,7 +187,7 @@ impl Cma {
     fn dispatch(&mut self, d: usize, ev: CmEvent) {
         let now = agent::now();
         match ev {
-            CmEvent::ReqReceived { id, peer, req } => {
+            CmEvent::ReqReceived { id, peer: _, req } => {
                 let hdr = match CmaHdr::parse(&req.private_data) {
                     Ok(h) if h.version == 0 => h,
                     _ => {
@@ -246,7 +246,6 @@ impl Cma {
                     s.init_depth = req.responder_resources;
                     s.tos = req.primary.traffic_class;
                 }
-                let _ = peer;
                 let chan = self.ids[&listener.key()].chan;
                 self.push(
                     chan,
@@ -509,7 +508,7 @@ impl Cma {
         st.sgid_index = sgid;
         st.tos = tos;
         st.reuse = reuse;
-        fill_addr(idr, &dev, Some(local), Some(remote), sgid);
+        fill_addr(idr, &dev, Some(local), Some(remote));
         fill_path(idr, &dev, &st);
         self.ids.insert(idr.key(), st);
         self.conns.insert((d, cm), idr);
@@ -607,7 +606,7 @@ impl Cma {
         match dev {
             Some(d) => {
                 let dv = self.devs[d].dev.clone();
-                fill_addr(idr, &dv, Some(local), None, sgid);
+                fill_addr(idr, &dv, Some(local), None);
             }
             None => write_sockaddr(&mut idr.c().route.addr.src_storage, local),
         }
@@ -710,18 +709,11 @@ pub(crate) unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Result<SocketAd
     }
 }
 
-fn fill_addr(
-    idr: IdRef,
-    dev: &Dev,
-    local: Option<SocketAddr>,
-    remote: Option<SocketAddr>,
-    sgid: u8,
-) {
+fn fill_addr(idr: IdRef, dev: &Dev, local: Option<SocketAddr>, remote: Option<SocketAddr>) {
     let c = idr.c();
     c.verbs = dev.ctx;
     c.pd = dev.pd;
     c.port_num = 1;
-    let _ = sgid;
     if let Some(l) = local {
         write_sockaddr(&mut c.route.addr.src_storage, l);
         c.route.addr.ibaddr.sgid = ip_to_gid(l.ip());
@@ -917,7 +909,7 @@ pub(crate) fn resolve_addr(idr: IdRef, src: Option<SocketAddr>, dst: SocketAddr)
                 st.dev = Some(d);
                 st.sgid_index = g;
                 st.addr_resolved = true;
-                fill_addr(idr, &dev, Some(local), Some(dst), g);
+                fill_addr(idr, &dev, Some(local), Some(dst));
                 0
             }
             Err(e) => -e.errno(),

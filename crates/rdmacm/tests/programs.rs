@@ -24,6 +24,7 @@ fn rping() {
         ("rping", &["-c", "-a", SERVER, "-v", "-C", "10"]),
         T,
         true,
+        true,
     );
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
@@ -46,6 +47,7 @@ fn rping_with_its_own_qp_transitions() {
         ("rping", &["-c", "-a", SERVER, "-v", "-C", "5", "-q"]),
         T,
         true,
+        true,
     );
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
@@ -60,7 +62,7 @@ fn perftest(bin: &str, extra: &[&str], result_line: &str) {
     sargs.extend_from_slice(extra);
     let mut cargs = sargs.clone();
     cargs.push(SERVER);
-    let (s, c) = pair((bin, &sargs), (bin, &cargs), T, true);
+    let (s, c) = pair((bin, &sargs), (bin, &cargs), T, true, true);
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
     assert!(c.stdout.contains(result_line), "{}", c.all());
@@ -96,6 +98,7 @@ fn ucmatose() {
         ("ucmatose", &["-s", SERVER, "-c", "4", "-C", "10"]),
         T,
         true,
+        true,
     );
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
@@ -114,6 +117,7 @@ fn ucmatose_without_listener_is_rejected_with_reason_8() {
         ("ucmatose", &["-b", SERVER, "-p", "7471"]),
         ("ucmatose", &["-s", SERVER, "-p", "7472"]),
         T,
+        false,
         false,
     );
     assert!(
@@ -134,6 +138,7 @@ fn udaddy() {
         ("udaddy", &["-s", SERVER]),
         T,
         true,
+        true,
     );
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
@@ -150,6 +155,7 @@ fn rdma_server_and_client() {
         ("rdma_server", &["-s", SERVER]),
         ("rdma_client", &["-s", SERVER]),
         T,
+        true,
         true,
     );
     assert_eq!(s.status, Some(0), "server: {}", s.all());
@@ -173,6 +179,7 @@ fn qperf_cm1_rc_bw_rc_lat() {
         ),
         T,
         false,
+        true,
     );
     assert_eq!(c.status, Some(0), "client: {}", c.all());
     assert!(
@@ -198,6 +205,7 @@ fn cmtime() {
         ("cmtime", &["-s", SERVER]),
         T,
         false,
+        true,
     );
     assert_eq!(c.status, Some(0), "client: {}", c.all());
     assert!(

@@ -127,25 +127,40 @@ pub fn serial() -> MutexGuard<'static, ()> {
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `server` on 127.0.6.2, waits `delay`, runs `client` on 127.0.6.3 to completion,
-/// then waits for the server (or kills it, for daemons, when `server_exits` is false).
+/// Runs `server` on 127.0.6.2, waits for it to start, runs `client` on 127.0.6.3 to
+/// completion, then waits for the server (or kills it, for daemons, when `server_exits`
+/// is false). On a loaded machine the server may not listen yet when the client connects
+/// (a REJ "invalid service ID"): a client that fails within seconds while the server still
+/// runs is started again, up to five times, unless `retry` is false.
 pub fn pair(
     server: (&str, &[&str]),
     client: (&str, &[&str]),
     timeout: Duration,
     server_exits: bool,
+    retry: bool,
 ) -> (Done, Done) {
     let _g = serial();
-    let s = cmd(SERVER, server.0, server.1)
+    let mut s = cmd(SERVER, server.0, server.1)
         .spawn()
         .expect("spawn server");
     std::thread::sleep(Duration::from_millis(1500));
-    let c = finish(
-        cmd(CLIENT, client.0, client.1)
-            .spawn()
-            .expect("spawn client"),
-        timeout,
-    );
+    let mut attempts = 0;
+    let c = loop {
+        attempts += 1;
+        let start = Instant::now();
+        let c = finish(
+            cmd(CLIENT, client.0, client.1)
+                .spawn()
+                .expect("spawn client"),
+            timeout,
+        );
+        let quick_failure = c.status != Some(0) && start.elapsed() < Duration::from_secs(10);
+        let server_running = matches!(s.try_wait(), Ok(None));
+        if !(retry && quick_failure && server_running && attempts < 5) {
+            break c;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
     let s = finish(
         s,
         if server_exits {
