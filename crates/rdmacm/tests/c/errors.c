@@ -1,0 +1,125 @@
+/* Error paths of softhca's librdmacm, from C as a program sees them: each failure gives
+ * the errno the kernel's rdma_cm gives, and nothing hangs. Run with SOFTHCA_ADDR=127.0.6.4
+ * (the device's only GID). Prints "ALL OK" at the end. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rsocket.h>
+
+#define CHECK(cond, ...)                                                        \
+	do {                                                                    \
+		if (!(cond)) {                                                  \
+			printf("FAIL line %d: ", __LINE__);                     \
+			printf(__VA_ARGS__);                                    \
+			printf(" (errno %d %s)\n", errno, strerror(errno));     \
+			exit(1);                                                \
+		}                                                               \
+	} while (0)
+
+static struct sockaddr_in sin4(const char *ip, int port)
+{
+	struct sockaddr_in s;
+
+	memset(&s, 0, sizeof(s));
+	s.sin_family = AF_INET;
+	s.sin_port = htons(port);
+	inet_pton(AF_INET, ip, &s.sin_addr);
+	return s;
+}
+
+int main(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *a, *b, *c, *s;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in addr;
+	int n, r;
+
+	CHECK(ch, "rdma_create_event_channel");
+	CHECK(!rdma_create_id(ch, &a, NULL, RDMA_PS_TCP), "create a");
+	CHECK(!rdma_create_id(ch, &b, NULL, RDMA_PS_TCP), "create b");
+	CHECK(!rdma_create_id(ch, &c, NULL, RDMA_PS_TCP), "create c");
+
+	struct ibv_context **devs = rdma_get_devices(&n);
+	CHECK(devs && n == 1 && devs[0], "rdma_get_devices: %d", n);
+	rdma_free_devices(devs);
+
+	/* Not an address of this host. */
+	addr = sin4("192.0.2.1", 0);
+	r = rdma_bind_addr(a, (struct sockaddr *)&addr);
+	CHECK(r == -1 && errno == EADDRNOTAVAIL, "bind to a foreign address: %d", r);
+	/* An address of this host that is not a GID of the device. */
+	addr = sin4("127.0.6.9", 0);
+	r = rdma_bind_addr(a, (struct sockaddr *)&addr);
+	CHECK(r == -1 && errno == ENODEV, "bind to a non-GID local address: %d", r);
+	/* Port in use, on the address and on the wildcard. */
+	addr = sin4("127.0.6.4", 7000);
+	CHECK(!rdma_bind_addr(a, (struct sockaddr *)&addr), "bind a");
+	CHECK(ntohs(rdma_get_src_port(a)) == 7000, "src port");
+	r = rdma_bind_addr(b, (struct sockaddr *)&addr);
+	CHECK(r == -1 && errno == EADDRINUSE, "second bind: %d", r);
+	addr = sin4("0.0.0.0", 7000);
+	r = rdma_bind_addr(b, (struct sockaddr *)&addr);
+	CHECK(r == -1 && errno == EADDRINUSE, "wildcard bind: %d", r);
+	/* Ephemeral port. */
+	addr = sin4("127.0.6.4", 0);
+	CHECK(!rdma_bind_addr(b, (struct sockaddr *)&addr), "bind b ephemeral");
+	CHECK(ntohs(rdma_get_src_port(b)) >= 32768, "ephemeral port %d",
+	      ntohs(rdma_get_src_port(b)));
+	CHECK(!rdma_listen(b, 1), "listen");
+
+	/* Non-blocking channel: EAGAIN when empty. */
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), "O_NONBLOCK");
+	r = rdma_get_cm_event(ch, &ev);
+	CHECK(r == -1 && errno == EAGAIN, "empty non-blocking channel: %d", r);
+
+	/* A destination whose route does not leave from a device GID: ADDR_ERROR. */
+	addr = sin4("192.0.2.1", 7471);
+	CHECK(!rdma_resolve_addr(c, NULL, (struct sockaddr *)&addr, 2000), "resolve");
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) & ~O_NONBLOCK), "blocking");
+	CHECK(!rdma_get_cm_event(ch, &ev), "get event");
+	CHECK(ev->event == RDMA_CM_EVENT_ADDR_ERROR &&
+		      (ev->status == -ENODEV || ev->status == -ENETUNREACH),
+	      "event %s status %d", rdma_event_str(ev->event), ev->status);
+	printf("ADDR_ERROR status %d\n", ev->status);
+	rdma_ack_cm_event(ev);
+
+	/* Connect before the route is resolved. */
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	r = rdma_connect(c, &p);
+	CHECK(r == -1 && errno == EINVAL, "early connect: %d", r);
+
+	/* Synchronous id: the error comes back from the call itself. */
+	CHECK(!rdma_create_id(NULL, &s, NULL, RDMA_PS_TCP), "create sync");
+	r = rdma_resolve_addr(s, NULL, (struct sockaddr *)&addr, 2000);
+	CHECK(r == -1 && (errno == ENODEV || errno == ENETUNREACH), "sync resolve: %d", r);
+	CHECK(!rdma_destroy_id(s), "destroy sync");
+
+	/* Options. */
+	unsigned char tos = 32;
+	CHECK(!rdma_set_option(c, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1), "TOS");
+	r = rdma_set_option(c, RDMA_OPTION_ID, 99, &tos, 1);
+	CHECK(r == -1 && errno == ENOSYS, "unknown option: %d", r);
+
+	/* Not supported: multicast, rsockets. */
+	r = rdma_join_multicast(c, (struct sockaddr *)&addr, NULL);
+	CHECK(r == -1 && errno == EOPNOTSUPP, "multicast: %d", r);
+	r = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(r == -1 && errno == ENOSYS, "rsocket: %d", r);
+	CHECK(!strcmp(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT),
+		      "RDMA_CM_EVENT_TIMEWAIT_EXIT"), "event_str");
+
+	/* The channel stays while ids use it. */
+	rdma_destroy_event_channel(ch);
+	CHECK(fcntl(ch->fd, F_GETFD) >= 0, "channel fd closed under its ids");
+
+	CHECK(!rdma_destroy_id(a) && !rdma_destroy_id(b) && !rdma_destroy_id(c), "destroy");
+	rdma_destroy_event_channel(ch);
+	printf("ALL OK\n");
+	return 0;
+}

@@ -1,0 +1,216 @@
+//! Debian 12's rdma_cm programs, unmodified, between two processes on one host: the
+//! server's device on 127.0.6.2, the client's on 127.0.6.3. Each test checks the exit
+//! status and the program's own success output. A missing program prints SKIP and passes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{have, lib_dir, pair, SERVER};
+
+const T: Duration = Duration::from_secs(60);
+
+fn ready(bins: &[&str]) -> bool {
+    lib_dir().is_some() && bins.iter().all(|b| have(b))
+}
+
+#[test]
+fn rping() {
+    if !ready(&["rping"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("rping", &["-s", "-a", SERVER, "-v", "-C", "10"]),
+        ("rping", &["-c", "-a", SERVER, "-v", "-C", "10"]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("ping data: rdma-ping-9"), "{}", c.all());
+    assert!(
+        s.stdout.contains("server ping data: rdma-ping-9"),
+        "{}",
+        s.all()
+    );
+}
+
+#[test]
+fn rping_with_its_own_qp_transitions() {
+    // rping -q moves its QP with rdma_init_qp_attr and connects with rdma_establish.
+    if !ready(&["rping"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("rping", &["-s", "-a", SERVER, "-v", "-C", "5", "-q"]),
+        ("rping", &["-c", "-a", SERVER, "-v", "-C", "5", "-q"]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("ping data: rdma-ping-4"), "{}", c.all());
+}
+
+fn perftest(bin: &str, extra: &[&str], result_line: &str) {
+    if !ready(&[bin]) {
+        return;
+    }
+    let mut sargs = vec!["-R"];
+    sargs.extend_from_slice(extra);
+    let mut cargs = sargs.clone();
+    cargs.push(SERVER);
+    let (s, c) = pair((bin, &sargs), (bin, &cargs), T, true, true);
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains(result_line), "{}", c.all());
+}
+
+#[test]
+fn ib_send_bw_rdma_cm() {
+    perftest("ib_send_bw", &[], "BW average[MB/sec]");
+}
+
+#[test]
+fn ib_write_bw_rdma_cm() {
+    perftest("ib_write_bw", &[], "BW average[MB/sec]");
+}
+
+#[test]
+fn ib_read_lat_rdma_cm() {
+    perftest("ib_read_lat", &[], "t_avg[usec]");
+}
+
+#[test]
+fn ib_send_bw_rdma_cm_ud() {
+    perftest("ib_send_bw", &["-c", "UD"], "BW average[MB/sec]");
+}
+
+#[test]
+fn ucmatose() {
+    if !ready(&["ucmatose"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("ucmatose", &["-b", SERVER, "-c", "4"]),
+        ("ucmatose", &["-s", SERVER, "-c", "4", "-C", "10"]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
+    assert!(s.stdout.contains("disconnected"), "{}", s.all());
+}
+
+#[test]
+fn ucmatose_without_listener_is_rejected_with_reason_8() {
+    if !ready(&["ucmatose"]) {
+        return;
+    }
+    // The server's device listens on 7471; the client asks for 7472: its REQ gets a REJ
+    // "invalid service ID" (8), as from the kernel's cm_match_req.
+    let (_s, c) = pair(
+        ("ucmatose", &["-b", SERVER, "-p", "7471"]),
+        ("ucmatose", &["-s", SERVER, "-p", "7472"]),
+        T,
+        false,
+        false,
+    );
+    assert!(
+        c.stdout.contains("event: RDMA_CM_EVENT_REJECTED, error: 8"),
+        "{}",
+        c.all()
+    );
+    assert_eq!(c.status, Some(8), "{}", c.all());
+}
+
+#[test]
+fn udaddy() {
+    if !ready(&["udaddy"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("udaddy", &["-b", SERVER]),
+        ("udaddy", &["-s", SERVER]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
+    assert!(s.stdout.contains("data transfers complete"), "{}", s.all());
+}
+
+#[test]
+fn rdma_server_and_client() {
+    if !ready(&["rdma_server", "rdma_client"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("rdma_server", &["-s", SERVER]),
+        ("rdma_client", &["-s", SERVER]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("rdma_client: end 0"), "{}", c.all());
+    assert!(s.stdout.contains("rdma_server: end 0"), "{}", s.all());
+}
+
+#[test]
+fn qperf_cm1_rc_bw_rc_lat() {
+    if !ready(&["qperf"]) {
+        return;
+    }
+    // qperf's server is a daemon: killed once the client is done. A listen port of our
+    // own, not the default 19765 another qperf on the host may hold.
+    let (_s, c) = pair(
+        ("qperf", &["-lp", "19862"]),
+        (
+            "qperf",
+            &["-lp", "19862", "-cm1", SERVER, "rc_bw", "rc_lat"],
+        ),
+        T,
+        false,
+        true,
+    );
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(
+        c.stdout.contains("rc_bw:") && c.stdout.contains("bw  ="),
+        "{}",
+        c.all()
+    );
+    assert!(
+        c.stdout.contains("rc_lat:") && c.stdout.contains("latency  ="),
+        "{}",
+        c.all()
+    );
+}
+
+#[test]
+fn cmtime() {
+    if !ready(&["cmtime"]) {
+        return;
+    }
+    // 100 connections set up and torn down; the server is a daemon.
+    let (_s, c) = pair(
+        ("cmtime", &["-b", SERVER]),
+        ("cmtime", &["-s", SERVER]),
+        T,
+        false,
+        true,
+    );
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(
+        c.stdout.contains("destroying id") && c.stdout.contains("connect      :"),
+        "{}",
+        c.all()
+    );
+}
