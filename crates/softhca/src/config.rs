@@ -117,6 +117,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "`softhca perf` prints each device's non-zero counters",
     ),
     ("SOFTHCA_LOG", "tracing filter of the CLI"),
+    (
+        "SOFTHCA_RDMACM_DEBUG",
+        "the drop-in librdmacm prints why a call failed",
+    ),
 ];
 
 /// Default of [`Config::sockbuf`]: 16 MiB, room for a burst of 64 KiB GSO sends.
