@@ -16,10 +16,24 @@
 //! (receive side), `recovery` (loss recovery policy), `path` (path choice), `timers`,
 //! [`counters`].
 #![warn(missing_docs)]
-// Byte and queue access goes through `get`/`get_mut`: a malformed packet or a stale
-// index drops a packet, never panics the datapath.
-#![deny(clippy::indexing_slicing)]
-#![cfg_attr(test, allow(clippy::indexing_slicing))]
+// The panic-free wall of softhca-wire: byte and queue access goes through `get`/`get_mut`
+// and fallible steps return, so a malformed packet or a stale index drops a packet and
+// never panics the datapath.
+#![deny(
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic
+    )
+)]
 
 mod completer;
 mod config;
