@@ -7,19 +7,9 @@
  *      the CQ and IBV_EVENT_QP_FATAL for the QP, which is then in IBV_QPS_ERR.
  * Each event is read from the async fd with poll() (a lost event is a timeout, not a
  * hang) and acknowledged. Prints one line per event; exit status 0 when all arrived. */
-#include <infiniband/verbs.h>
 #include <poll.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#define CHECK(x)                                                          \
-	do {                                                              \
-		if (!(x)) {                                               \
-			fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "testlib.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -36,34 +26,10 @@ static struct ibv_qp *make_qp(struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	CHECK(qp);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				     IBV_QP_ACCESS_FLAGS));
+	qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE);
 	return qp;
 }
 
-static void connect_to(struct ibv_qp *qp, uint32_t dest)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
-		.rq_psn = 1, .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
-		.ah_attr = { .is_global = 1, .port_num = 1,
-			     .grh = { .dgid = gid, .sgid_index = 0, .hop_limit = 64 } },
-	};
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 1;
-	a.max_rd_atomic = 1;
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				     IBV_QP_MAX_QP_RD_ATOMIC));
-}
 
 static void post_recv(struct ibv_qp *qp, struct ibv_srq *srq, int n)
 {
@@ -85,18 +51,6 @@ static void post_send(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t raddr,
 	CHECK(!ibv_post_send(qp, &wr, &bad));
 }
 
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long spins = 0; spins < 200000000L; spins++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0);
-		if (n == 1)
-			return wc;
-	}
-	fprintf(stderr, "no completion\n");
-	exit(1);
-}
 
 /* Waits up to 10 s for the next async event; returns it acknowledged. */
 static struct ibv_async_event next_event(void)
@@ -144,8 +98,8 @@ int main(void)
 	struct ibv_srq *srq = ibv_create_srq(pd, &si);
 	CHECK(srq);
 	struct ibv_qp *a = make_qp(cq, cq, NULL), *b = make_qp(cq, cq, srq);
-	connect_to(a, b->qp_num);
-	connect_to(b, a->qp_num);
+	qp_connect(a, b->qp_num, &gid, 0, 1);
+	qp_connect(b, a->qp_num, &gid, 0, 1);
 	post_recv(b, srq, 8);
 	struct ibv_srq_attr sa = { .srq_limit = 6 };
 	CHECK(!ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT));
@@ -171,8 +125,8 @@ int main(void)
 	tiny = ibv_create_cq(ctx, 1, NULL, NULL, 0);
 	CHECK(scq && tiny);
 	struct ibv_qp *c = make_qp(scq, scq, NULL), *d = make_qp(scq, tiny, NULL);
-	connect_to(c, d->qp_num);
-	connect_to(d, c->qp_num);
+	qp_connect(c, d->qp_num, &gid, 0, 1);
+	qp_connect(d, c->qp_num, &gid, 0, 1);
 	post_recv(d, NULL, 16);
 	for (int i = 0; i < tiny->cqe + 8; i++)
 		post_send(c, IBV_WR_SEND, 0, 0);

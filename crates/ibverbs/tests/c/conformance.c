@@ -8,27 +8,13 @@
  *             ibv_resize_cq growing and shrinking, cmd_fd dup() + ibv_import_device.
  * Prints one "ok: ..." line per check; exit status 0 when all pass. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
-#include <infiniband/verbs.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
-#define CHECK(x)                                                                  \
-	do {                                                                      \
-		if (!(x)) {                                                       \
-			fprintf(stderr, "%s:%d: %s failed (errno %d: %s)\n", __FILE__, \
-				__LINE__, #x, errno, strerror(errno));            \
-			exit(1);                                                  \
-		}                                                                 \
-	} while (0)
-
-#define OK(what) printf("ok: %s\n", what), fflush(stdout)
+#include "testlib.h"
 
 struct side {
 	struct ibv_context *ctx;
@@ -59,46 +45,10 @@ static void make_side(struct side *s, struct ibv_device *dev)
 	};
 	s->qp = ibv_create_qp(s->pd, &ia);
 	CHECK(s->qp);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	CHECK(!ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					     IBV_QP_ACCESS_FLAGS));
+	qp_to_init(s->qp, IBV_ACCESS_REMOTE_WRITE);
 }
 
-static void connect_to(struct ibv_qp *qp, uint32_t dest)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
-		.rq_psn = 1, .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
-		.ah_attr = { .is_global = 1, .port_num = 1,
-			     .grh = { .dgid = gid, .sgid_index = 0, .hop_limit = 64 } },
-	};
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-					 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 1;
-	a.max_rd_atomic = 1;
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					 IBV_QP_MAX_QP_RD_ATOMIC));
-}
 
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long spins = 0; spins < 400000000L; spins++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0);
-		if (n == 1)
-			return wc;
-	}
-	fprintf(stderr, "no completion\n");
-	exit(1);
-}
 
 #define ROUNDS 200
 
@@ -175,8 +125,8 @@ static void check_two_contexts(struct ibv_device *dev)
 	CHECK(a.qp->qp_num != b.qp->qp_num);
 	gid = ga;
 	OK("two opens of one device share its GID table and QPN space");
-	connect_to(a.qp, b.qp->qp_num);
-	connect_to(b.qp, a.qp->qp_num);
+	qp_connect(a.qp, b.qp->qp_num, &gid, 0, 1);
+	qp_connect(b.qp, a.qp->qp_num, &gid, 0, 1);
 	a.buf[8191] = 'I';
 	b.buf[8191] = 'R';
 	pthread_t ta, tb;
@@ -253,10 +203,8 @@ static void check_events(struct ibv_device *dev)
 	};
 	struct ibv_qp *qp = ibv_create_qp(s.pd, &ia);
 	CHECK(qp);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					 IBV_QP_ACCESS_FLAGS));
-	connect_to(qp, qp->qp_num); /* loopback to itself */
+	qp_to_init(qp, 0);
+	qp_connect(qp, qp->qp_num, &gid, 0, 1); /* loopback to itself */
 	CHECK(!ibv_req_notify_cq(cq, 0));
 	struct ibv_sge sge = { (uintptr_t)s.buf, 16, s.mr->lkey };
 	struct ibv_recv_wr rw = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *rb;

@@ -9,22 +9,7 @@
  *           IBV_WC_REM_ACCESS_ERR;
  *   a region with a bound window cannot be deregistered; device caps report windows.
  * Prints one "ok: ..." line per check; exit status 0 when all pass. */
-#include <errno.h>
-#include <infiniband/verbs.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define CHECK(x)                                                                  \
-	do {                                                                      \
-		if (!(x)) {                                                       \
-			fprintf(stderr, "%s:%d: %s failed (errno %d)\n", __FILE__,  \
-				__LINE__, #x, errno);                             \
-			exit(1);                                                  \
-		}                                                                 \
-	} while (0)
-
-#define OK(what) printf("ok: %s\n", what), fflush(stdout)
+#include "testlib.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -41,48 +26,11 @@ static struct ibv_qp *make_qp(struct ibv_cq *cq)
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	CHECK(qp);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
-						    IBV_ACCESS_REMOTE_READ };
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					 IBV_QP_ACCESS_FLAGS));
+	qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	return qp;
 }
 
-static void connect_to(struct ibv_qp *qp, uint32_t dest)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
-		.rq_psn = 1, .max_dest_rd_atomic = 4, .min_rnr_timer = 1,
-		.ah_attr = { .is_global = 1, .port_num = 1,
-			     .grh = { .dgid = gid, .sgid_index = 0, .hop_limit = 64 } },
-	};
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-					 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 10;
-	a.retry_cnt = 2;
-	a.rnr_retry = 7;
-	a.sq_psn = 1;
-	a.max_rd_atomic = 4;
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					 IBV_QP_MAX_QP_RD_ATOMIC));
-}
 
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long spins = 0; spins < 400000000L; spins++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0);
-		if (n == 1)
-			return wc;
-	}
-	fprintf(stderr, "no completion\n");
-	exit(1);
-}
 
 static void rdma(struct ibv_qp *qp, enum ibv_wr_opcode op, char *local, uint32_t len,
 		 uint64_t raddr, uint32_t rkey)
@@ -137,8 +85,8 @@ int main(void)
 	struct ibv_cq *bcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	CHECK(acq && bcq);
 	struct ibv_qp *a = make_qp(acq), *b = make_qp(bcq);
-	connect_to(a, b->qp_num);
-	connect_to(b, a->qp_num);
+	qp_connect(a, b->qp_num, &gid, 0, 1);
+	qp_connect(b, a->qp_num, &gid, 0, 1);
 
 	/* Type 1. */
 	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);

@@ -261,3 +261,27 @@ pub fn stat_values(stderr: &str, name: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// Compiles `tests/c/<name>.c`, runs it once on our library with `SOFTHCA_ADDR=addr`, and
+/// checks that it exited 0, printed `oks` "ok: ..." lines and its closing `done` line.
+/// Returns the output; `None` when libibverbs-dev is missing (SKIP printed).
+pub fn run_c_checks(name: &str, addr: &str, oks: usize, done: &str) -> Option<String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let bin = compile_c(&src, &name.replace('_', "-"))?;
+    let _g = serial();
+    let out = cmd(bin.to_str().expect("utf-8 path"))
+        .env("SOFTHCA_ADDR", addr)
+        .output()
+        .expect("run the C test program");
+    let _ = std::fs::remove_file(&bin);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let seen = text.lines().filter(|l| l.starts_with("ok: ")).count();
+    assert_eq!(seen, oks, "{text}");
+    assert!(text.contains(done), "{text}");
+    Some(text)
+}
