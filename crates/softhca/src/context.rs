@@ -618,7 +618,7 @@ impl Context {
         }
         let mut core = self.dev.shared.engine.lock();
         let r = f(&mut core);
-        core.deliver(&self.dev.shared);
+        core.deliver(&*self.dev.shared);
         Ok(r)
     }
 
@@ -627,7 +627,7 @@ impl Context {
     pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut LockedEngine) -> R) -> R {
         let mut core = self.dev.shared.engine.lock();
         let r = f(&mut core);
-        core.deliver(&self.dev.shared);
+        core.deliver(&*self.dev.shared);
         r
     }
 

@@ -5,13 +5,13 @@
 //! costs no more than a hardware CQ poll plus an uncontended mutex.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::event::{EventObject, EventQueue};
+use crate::event::{ChannelShared, EventObject};
 use crate::ring::{pop_into, CqRing, ARM_NEXT, ARM_SOLICITED};
 use crate::{Completion, CqId};
 
@@ -190,20 +190,6 @@ impl Cq {
     }
 }
 
-/// The state shared by a [`CompChannel`] and the CQs attached to it.
-#[derive(Debug)]
-pub(crate) struct ChannelShared {
-    events: EventQueue<CqId>,
-    acked: AtomicU64,
-    delivered: AtomicU64,
-}
-
-impl ChannelShared {
-    pub(crate) fn fire(&self, cq: CqId) {
-        self.events.push(cq);
-    }
-}
-
 /// A completion channel (`ibv_comp_channel`): a real file descriptor, readable while a
 /// CQ notification is pending, usable with poll/epoll/select.
 #[derive(Debug, Clone)]
@@ -215,11 +201,7 @@ pub struct CompChannel {
 impl CompChannel {
     pub(crate) fn new(ctx: Arc<Context>) -> Result<CompChannel, Error> {
         Ok(CompChannel {
-            inner: Arc::new(ChannelShared {
-                events: EventQueue::new()?,
-                acked: AtomicU64::new(0),
-                delivered: AtomicU64::new(0),
-            }),
+            inner: Arc::new(ChannelShared::new()?),
             _ctx: ctx,
         })
     }

@@ -172,3 +172,27 @@ pub(crate) enum EventObject {
     Srq(u32),
     Cq(u32),
 }
+
+/// The state shared by a [`crate::CompChannel`] and the CQ rings attached to it: the
+/// channel's queue of fired CQs and its acknowledgement counts.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    pub(crate) events: EventQueue<CqId>,
+    pub(crate) acked: std::sync::atomic::AtomicU64,
+    pub(crate) delivered: std::sync::atomic::AtomicU64,
+}
+
+impl ChannelShared {
+    pub(crate) fn new() -> Result<Self, Error> {
+        Ok(ChannelShared {
+            events: EventQueue::new()?,
+            acked: std::sync::atomic::AtomicU64::new(0),
+            delivered: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// A CQ of the channel completed while armed.
+    pub(crate) fn fire(&self, cq: CqId) {
+        self.events.push(cq);
+    }
+}

@@ -158,7 +158,7 @@ impl Qp {
             } else {
                 core.engine.create_qp(&attr)?
             };
-            core.own(EventObject::Qp(qpn.value()), ctx);
+            core.own(EventObject::Qp(qpn.value()), ctx.events());
             Ok::<_, Error>(qpn)
         })??;
         Ok(Qp {
@@ -453,7 +453,7 @@ impl Srq {
         let ctx = pd.context();
         let id = ctx.with_core_untimed(|core| {
             let id = core.engine.create_srq(pdid, attr)?;
-            core.own(EventObject::Srq(id.0), ctx);
+            core.own(EventObject::Srq(id.0), ctx.events());
             Ok::<_, Error>(id)
         })??;
         Ok(Srq {

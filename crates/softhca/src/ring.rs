@@ -10,12 +10,16 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use rustc_hash::FxHashMap as HashMap;
 use softhca_transport::Engine;
 
-use crate::context::Context;
-use crate::cq::ChannelShared;
-use crate::datapath::DatapathShared;
-use crate::event::{AsyncEvent, AsyncQueue, EventObject};
+use crate::event::{AsyncEvent, AsyncQueue, ChannelShared, EventObject};
 use crate::stats::Stats;
-use crate::{Completion, CqId, WcStatus};
+use crate::{Completion, CqId, Nanos, WcStatus};
+
+/// What delivery needs from the device around the engine: its counters and its clock
+/// (read only when a CQ overrun moves a QP to ERR).
+pub(crate) trait DeliveryEnv {
+    fn stats(&self) -> &Stats;
+    fn now(&self) -> Nanos;
+}
 
 /// Everything behind the one engine lock: the engine and the CQ rings it feeds (so the
 /// ring table needs no lock of its own).
@@ -49,7 +53,7 @@ impl LockedEngine {
     /// the event queue. Called with the engine lock held, once per datapath batch and
     /// after each control/post call. Completions for the same CQ in a row share one ring
     /// lock and one notification.
-    pub(crate) fn deliver(&mut self, shared: &DatapathShared) {
+    pub(crate) fn deliver(&mut self, shared: &impl DeliveryEnv) {
         self.deliver_after(shared, &mut Vec::new());
     }
 
@@ -57,7 +61,7 @@ impl LockedEngine {
     /// see `Stepper::after_send`) first, in their order.
     pub(crate) fn deliver_after(
         &mut self,
-        shared: &DatapathShared,
+        shared: &impl DeliveryEnv,
         earlier: &mut Vec<EngineCompletion>,
     ) {
         if self.deliver_once(shared, earlier) {
@@ -69,7 +73,7 @@ impl LockedEngine {
     /// One pass of [`LockedEngine::deliver_after`]; true when a CQ overrun moved a QP to ERR.
     fn deliver_once(
         &mut self,
-        shared: &DatapathShared,
+        shared: &impl DeliveryEnv,
         earlier: &mut Vec<EngineCompletion>,
     ) -> bool {
         let LockedEngine {
@@ -90,7 +94,7 @@ impl LockedEngine {
                 match cqs.get(&cq.0) {
                     Some(ring) => run = Some((cq, ring, ring.lock(), PushRun::default())),
                     None => {
-                        Stats::add(&shared.stats.completions_no_cq, 1);
+                        Stats::add(&shared.stats().completions_no_cq, 1);
                         continue;
                     }
                 }
@@ -100,7 +104,7 @@ impl LockedEngine {
                 let qpn = c.qp_num;
                 ring.push_locked(guard, c, pr);
                 if ring.overflows.load(Ordering::Relaxed) != before {
-                    Stats::add(&shared.stats.cq_overflows, 1);
+                    Stats::add(&shared.stats().cq_overflows, 1);
                     if !overrun.contains(&qpn) {
                         overrun.push(qpn);
                     }
@@ -145,9 +149,10 @@ impl LockedEngine {
         moved
     }
 
-    /// Records that `obj` belongs to `ctx`: its async events go to that context.
-    pub(crate) fn own(&mut self, obj: EventObject, ctx: &Context) {
-        self.owners.insert(obj, Arc::downgrade(ctx.events()));
+    /// Records that `obj` belongs to the context whose async event queue is `events`: its
+    /// async events go to that context.
+    pub(crate) fn own(&mut self, obj: EventObject, events: &Arc<AsyncQueue>) {
+        self.owners.insert(obj, Arc::downgrade(events));
     }
 
     /// Forgets `obj` (destroyed): events still queued for it are dropped.

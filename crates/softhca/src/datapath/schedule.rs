@@ -11,7 +11,7 @@ use softhca_io::{EventFd, RoceSocket};
 use super::step::Stepper;
 use super::{APP_WINDOW_NS, INLINE_STEPS};
 use crate::config::PollMode;
-use crate::ring::LockedEngine;
+use crate::ring::{DeliveryEnv, LockedEngine};
 use crate::stats::Stats;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Nanos};
@@ -51,6 +51,16 @@ pub(crate) struct DatapathShared {
     pub turnaround: Option<Box<Turnaround>>,
     /// `SOFTHCA_STATS`: print the counters when the device closes, or at exit.
     pub print_stats: bool,
+}
+
+impl DeliveryEnv for DatapathShared {
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn now(&self) -> Nanos {
+        DatapathShared::now(self)
+    }
 }
 
 impl DatapathShared {
