@@ -35,55 +35,30 @@ fn qp(e: &mut Engine, ty: QpType, pd: PdId, cq: CqId) -> Qpn {
 }
 
 fn to_rts(e: &mut Engine, q: Qpn, ty: QpType) {
-    let m = QpAttrMask::STATE;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey: 0x1111,
-        qp_access_flags: AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
-        ..QpAttr::default()
+    if ty == QpType::Ud {
+        e.ready_ud(0, q, 0x1111, 0).expect("UD to RTS");
+        return;
+    }
+    let c = bringup::Connect {
+        dest_qp_num: 0x22,
+        rq_psn: 0,
+        sq_psn: 0,
+        av: AddressVector {
+            dgid: Gid::from_ip(IpAddr::V4(PEER)),
+            ..AddressVector::default()
+        },
+        path_mtu: Mtu::M1024,
+        rd_atomic: 4,
+        min_rnr_timer: 1,
+        timeout: 1,
+        retry_cnt: 2,
+        rnr_retry: 2,
     };
-    let init_mask = if ty == QpType::Ud {
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
-    } else {
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
-    };
-    e.modify_qp(0, q, &a, init_mask).expect("init");
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::M1024;
-    a.dest_qp_num = 0x22;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr.dgid = Gid::from_ip(IpAddr::V4(PEER));
-    let rtr_mask = if ty == QpType::Ud {
-        m
-    } else {
-        m | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER
-    };
-    e.modify_qp(0, q, &a, rtr_mask).expect("rtr");
-    a.qp_state = QpState::Rts;
-    a.timeout = 1;
-    a.retry_cnt = 2;
-    a.rnr_retry = 2;
-    a.max_rd_atomic = 4;
-    let rts_mask = if ty == QpType::Ud {
-        m | QpAttrMask::SQ_PSN
-    } else {
-        m | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC
-    };
-    e.modify_qp(0, q, &a, rts_mask).expect("rts");
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    e.connect_qp(0, q, access, &c).expect("RC to RTS");
 }
 
 fuzz_target!(|data: &[u8]| {

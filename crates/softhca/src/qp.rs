@@ -10,6 +10,7 @@ use crate::{
     AccessFlags, AddressVector, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     Qpn, RecvWr, SendWr, SrqAttr, SrqId, UdDest,
 };
+use softhca_transport::bringup;
 
 /// What [`Pd::create_qp`] needs (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
@@ -298,20 +299,8 @@ impl Qp {
         } else {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
         };
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: access.unwrap_or(by_type),
-            ..QpAttr::default()
-        };
-        self.modify(
-            &init,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
+        let (init, mask) = bringup::init(self.qp_type, access.unwrap_or(by_type), 0);
+        self.modify(&init, mask)
     }
 
     /// INIT → RTR → RTS for an RC (or UC) QP towards `remote` (see
@@ -324,50 +313,27 @@ impl Qp {
         gid_index: u8,
         opts: &ConnectOptions,
     ) -> Result<(), Error> {
-        let rc = self.qp_type == QpType::Rc;
-        let av = AddressVector {
-            dgid: remote.gid,
-            sgid_index: gid_index,
-            hop_limit: defaults::HOP_LIMIT,
-            port_num: 1,
-            ..AddressVector::default()
-        };
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
+        let c = bringup::Connect {
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            ah_attr: av,
-            max_dest_rd_atomic: opts.rd_atomic,
-            min_rnr_timer: opts.min_rnr_timer,
-            ..QpAttr::default()
-        };
-        let mut mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN;
-        if rc {
-            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-        }
-        self.modify(&rtr, mask)?;
-
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
             sq_psn: local_psn,
+            av: AddressVector {
+                dgid: remote.gid,
+                sgid_index: gid_index,
+                hop_limit: defaults::HOP_LIMIT,
+                port_num: 1,
+                ..AddressVector::default()
+            },
+            path_mtu: mtu,
+            rd_atomic: opts.rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
             timeout: opts.timeout,
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,
-            max_rd_atomic: opts.rd_atomic,
-            ..QpAttr::default()
         };
-        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if rc {
-            mask |= QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
+        let (rtr, mask) = c.rtr(self.qp_type);
+        self.modify(&rtr, mask)?;
+        let (rts, mask) = c.rts(self.qp_type);
         self.modify(&rts, mask)
     }
 
@@ -378,32 +344,12 @@ impl Qp {
                 "ready_ud on a connected QP (use connect_rc)",
             ));
         }
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qkey,
-            ..QpAttr::default()
-        };
-        self.modify(
-            &init,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-        )?;
-        self.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        )?;
-        self.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                sq_psn,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        )
+        let (init, mask) = bringup::init(QpType::Ud, AccessFlags::empty(), qkey);
+        self.modify(&init, mask)?;
+        let (rtr, mask) = bringup::ud_rtr();
+        self.modify(&rtr, mask)?;
+        let (rts, mask) = bringup::ud_rts(sq_psn);
+        self.modify(&rts, mask)
     }
 }
 

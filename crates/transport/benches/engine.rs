@@ -129,69 +129,28 @@ impl Side {
         Side { engine, pd, qpn }
     }
 
-    /// INIT → RTR → RTS towards `peer_ip`/`peer_qpn` (the sequence of tests/sim's
-    /// `connect_one`, with perftest-like attributes).
+    /// INIT → RTR → RTS towards `peer_ip`/`peer_qpn`, with perftest-like attributes.
     fn connect(&mut self, mtu: Mtu, peer_ip: IpAddr, peer_qpn: u32, sq_psn: u32, rq_psn: u32) {
-        let e = &mut self.engine;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: access(),
-            ..QpAttr::default()
+        let c = bringup::Connect {
+            dest_qp_num: peer_qpn,
+            rq_psn,
+            sq_psn,
+            av: AddressVector {
+                dgid: Gid::from_ip(peer_ip),
+                hop_limit: 64,
+                port_num: 1,
+                ..AddressVector::default()
+            },
+            path_mtu: mtu,
+            rd_atomic: 16,
+            min_rnr_timer: 1,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
         };
-        e.modify_qp(
-            0,
-            self.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .expect("INIT");
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = mtu;
-        a.dest_qp_num = peer_qpn;
-        a.rq_psn = rq_psn;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr = AddressVector {
-            dgid: Gid::from_ip(peer_ip),
-            hop_limit: 64,
-            port_num: 1,
-            ..AddressVector::default()
-        };
-        e.modify_qp(
-            0,
-            self.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .expect("RTR");
-        a.qp_state = QpState::Rts;
-        a.sq_psn = sq_psn;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 16;
-        e.modify_qp(
-            0,
-            self.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .expect("RTS");
+        self.engine
+            .connect_qp(0, self.qpn, access(), &c)
+            .expect("INIT, RTR, RTS");
     }
 }
 

@@ -105,6 +105,47 @@ impl Engine {
         Ok(())
     }
 
+    /// RESET → INIT → RTR → RTS of a connected (RC or UC) QP towards its peer, with
+    /// `access` as its remote rights ([`crate::bringup`]).
+    pub fn connect_qp(
+        &mut self,
+        now: Nanos,
+        qpn: Qpn,
+        access: AccessFlags,
+        c: &crate::bringup::Connect,
+    ) -> Result<(), TransportError> {
+        let ty = self.qp_type(qpn)?;
+        let (a, m) = crate::bringup::init(ty, access, 0);
+        self.modify_qp(now, qpn, &a, m)?;
+        let (a, m) = c.rtr(ty);
+        self.modify_qp(now, qpn, &a, m)?;
+        let (a, m) = c.rts(ty);
+        self.modify_qp(now, qpn, &a, m)
+    }
+
+    /// RESET → INIT → RTR → RTS of a UD QP with Q_Key `qkey` ([`crate::bringup`]).
+    pub fn ready_ud(
+        &mut self,
+        now: Nanos,
+        qpn: Qpn,
+        qkey: u32,
+        sq_psn: u32,
+    ) -> Result<(), TransportError> {
+        let (a, m) = crate::bringup::init(QpType::Ud, AccessFlags::empty(), qkey);
+        self.modify_qp(now, qpn, &a, m)?;
+        let (a, m) = crate::bringup::ud_rtr();
+        self.modify_qp(now, qpn, &a, m)?;
+        let (a, m) = crate::bringup::ud_rts(sq_psn);
+        self.modify_qp(now, qpn, &a, m)
+    }
+
+    fn qp_type(&self, qpn: Qpn) -> Result<QpType, TransportError> {
+        self.qps
+            .get(&qpn.value())
+            .map(|q| q.init.qp_type)
+            .ok_or(TransportError::NotFound)
+    }
+
     /// Create a QP in RESET. QPNs count up from a random point at or above 0x11 (rxe
     /// starts user QPs at 0x11).
     pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, TransportError> {

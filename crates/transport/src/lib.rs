@@ -35,6 +35,7 @@
     )
 )]
 
+pub mod bringup;
 mod completer;
 mod config;
 mod control;

@@ -6,6 +6,7 @@ mod sim;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use sim::*;
+use softhca_transport::bringup;
 use softhca_transport::*;
 
 struct Frame {
@@ -100,36 +101,26 @@ fn rc_receiver(buf: &mut [u8]) -> (Engine, Qpn) {
         )
     }
     .unwrap();
-    let m = QpAttrMask::STATE;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
+    // Stopped in RTR: the captured rxe requester's packets arrive, nothing is sent.
+    let (a, m) = bringup::init(QpType::Rc, AccessFlags::empty(), 0);
+    e.modify_qp(0, q, &a, m).unwrap();
+    let c = bringup::Connect {
+        dest_qp_num: 0x456,
+        rq_psn: 0x2facfa,
+        sq_psn: 0,
+        av: AddressVector {
+            dgid: Gid::from_ip("10.99.0.2".parse().unwrap()),
+            ..AddressVector::default()
+        },
+        path_mtu: Mtu::M1024,
+        rd_atomic: 0,
+        min_rnr_timer: 0,
+        timeout: 0,
+        retry_cnt: 0,
+        rnr_retry: 0,
     };
-    e.modify_qp(
-        0,
-        q,
-        &a,
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::M1024;
-    a.dest_qp_num = 0x456;
-    a.rq_psn = 0x2facfa;
-    a.ah_attr.dgid = Gid::from_ip("10.99.0.2".parse().unwrap());
-    e.modify_qp(
-        0,
-        q,
-        &a,
-        m | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
+    let (a, m) = c.rtr(QpType::Rc);
+    e.modify_qp(0, q, &a, m).unwrap();
     let sge = Sge {
         addr: buf.as_ptr() as u64,
         length: 8192,
@@ -249,30 +240,10 @@ fn rxe_ud_send_gets_grh() {
     }
     .unwrap();
     let qkey = u32::from_be_bytes(f[4].payload[12..16].try_into().unwrap());
-    let m = QpAttrMask::STATE;
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey,
-        ..QpAttr::default()
-    };
-    e.modify_qp(
-        0,
-        q,
-        &a,
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-    )
-    .unwrap();
-    e.modify_qp(
-        0,
-        q,
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        m,
-    )
-    .unwrap();
+    let (a, m) = bringup::init(QpType::Ud, AccessFlags::empty(), qkey);
+    e.modify_qp(0, q, &a, m).unwrap();
+    let (a, m) = bringup::ud_rtr();
+    e.modify_qp(0, q, &a, m).unwrap();
     let sge = Sge {
         addr: buf.as_ptr() as u64,
         length: 2048,

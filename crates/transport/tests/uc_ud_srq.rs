@@ -83,41 +83,10 @@ fn uc_write_with_imm() {
 
 fn ud_qp(net: &mut SimNet, node: usize, qkey: u32) -> Qpn {
     let q = create(net, node, QpType::Ud, &RcOpts::default(), None);
-    let e = &mut net.nodes[node].engine;
-    let m = QpAttrMask::STATE;
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey,
-        ..QpAttr::default()
-    };
-    e.modify_qp(
-        0,
-        q,
-        &a,
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-    )
-    .unwrap();
-    e.modify_qp(
-        0,
-        q,
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        m,
-    )
-    .unwrap();
-    e.modify_qp(
-        0,
-        q,
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        m | QpAttrMask::SQ_PSN,
-    )
-    .unwrap();
+    net.nodes[node]
+        .engine
+        .ready_ud(0, q, qkey, 0)
+        .expect("INIT, RTR, RTS");
     q
 }
 

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use smallvec::SmallVec;
+use softhca_transport::bringup;
 use softhca_transport::*;
 
 /// Fault model of the simulated network.
@@ -519,54 +520,26 @@ pub fn connect_one(
     let peer_ip = net.nodes[peer].ip;
     let net_mtu = net.mtu;
     let e = &mut net.nodes[node].engine;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: o.access,
-        ..QpAttr::default()
+    assert_eq!(e.query_qp(qpn).expect("qp").1.qp_type, ty);
+    let c = bringup::Connect {
+        dest_qp_num: qpn_u32(peer_qpn),
+        rq_psn,
+        sq_psn,
+        av: AddressVector {
+            dgid: Gid::from_ip(peer_ip),
+            hop_limit: 64,
+            port_num: 1,
+            ..AddressVector::default()
+        },
+        path_mtu: o.mtu.unwrap_or(net_mtu),
+        rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
     };
-    e.modify_qp(
-        now,
-        qpn,
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .expect("INIT");
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = o.mtu.unwrap_or(net_mtu);
-    a.dest_qp_num = qpn_u32(peer_qpn);
-    a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = o.max_rd_atomic;
-    a.min_rnr_timer = o.min_rnr_timer;
-    a.ah_attr = AddressVector {
-        dgid: Gid::from_ip(peer_ip),
-        hop_limit: 64,
-        port_num: 1,
-        ..AddressVector::default()
-    };
-    let mut m = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN;
-    if ty == QpType::Rc {
-        m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-    }
-    e.modify_qp(now, qpn, &a, m).expect("RTR");
-    a.qp_state = QpState::Rts;
-    a.sq_psn = sq_psn;
-    a.timeout = o.timeout;
-    a.retry_cnt = o.retry_cnt;
-    a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = o.max_rd_atomic;
-    let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-    if ty == QpType::Rc {
-        m |= QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-    }
-    e.modify_qp(now, qpn, &a, m).expect("RTS");
+    e.connect_qp(now, qpn, o.access, &c)
+        .expect("INIT, RTR, RTS");
 }
 
 /// Two nodes with a connected pair of QPs: returns (qp on node 0, qp on node 1).
