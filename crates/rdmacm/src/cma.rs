@@ -187,261 +187,274 @@ impl Cma {
     fn dispatch(&mut self, d: usize, ev: CmEvent) {
         let now = agent::now();
         match ev {
-            CmEvent::ReqReceived { id, peer: _, req } => {
-                let hdr = match CmaHdr::parse(&req.private_data) {
-                    Ok(h) if h.version == 0 => h,
-                    _ => {
-                        let _ = self.devs[d]
-                            .ep
-                            .reject(now, id, RejReason::ConsumerDefined, &[]);
+            CmEvent::ReqReceived { .. } => self.on_req_received(d, now, ev),
+            CmEvent::SidrReqReceived { .. } => self.on_sidr_req_received(d, now, ev),
+            other => self.on_connection_event(d, other),
+        }
+    }
+
+    /// A REQ for a listener: a new id and a CONNECT_REQUEST event, or a reject.
+    fn on_req_received(&mut self, d: usize, now: u64, ev: CmEvent) {
+        let CmEvent::ReqReceived { id, peer: _, req } = ev else {
+            return;
+        };
+        let hdr = match CmaHdr::parse(&req.private_data) {
+            Ok(h) if h.version == 0 => h,
+            _ => {
+                let _ = self.devs[d]
+                    .ep
+                    .reject(now, id, RejReason::ConsumerDefined, &[]);
+                return;
+            }
+        };
+        let remote_gid = req.primary.remote_gid.to_ip();
+        if self.devs[d].dev.gid_index(remote_gid).is_none() {
+            // cm_req_handler: the primary remote GID must be one of ours.
+            let _ = self.devs[d].ep.reject(now, id, RejReason::InvalidGid, &[]);
+            return;
+        }
+        let Some((ps, port)) = parse_service_id(req.service_id) else {
+            let _ = self.devs[d]
+                .ep
+                .reject(now, id, RejReason::InvalidServiceId, &[]);
+            return;
+        };
+        let Some(listener) = self.find_listener(ps as u16, port, hdr.dst) else {
+            // A listener on the service ID but not this IP: the kernel's
+            // cma_ib_req_handler fails and ib_cm rejects "consumer defined".
+            let _ = self.devs[d]
+                .ep
+                .reject(now, id, RejReason::ConsumerDefined, &[]);
+            return;
+        };
+        let param = Param::Conn {
+            private: req.private_data[CMA_HDR_LEN..].to_vec(),
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
+            flow_control: u8::from(req.end_to_end_flow_control),
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            srq: u8::from(req.srq),
+            qp_num: req.local_qpn.value(),
+        };
+        let local = SocketAddr::new(hdr.dst, port);
+        let remote = SocketAddr::new(hdr.src, hdr.src_port);
+        let Ok(child) = self.new_child(listener, d, local, remote, id) else {
+            let _ = self.devs[d].ep.reject(now, id, RejReason::NoResources, &[]);
+            return;
+        };
+        {
+            let path = &mut child.get_mut().path;
+            path.mtu = req.path_mtu;
+            path.traffic_class = req.primary.traffic_class;
+            path.hop_limit = req.primary.hop_limit;
+            path.flow_label = req.primary.flow_label.to_be();
+            path.packet_life_time = req.primary.local_ack_timeout.saturating_sub(1);
+        }
+        if let Some(s) = self.ids.get_mut(&child.key()) {
+            s.resp_res = req.initiator_depth;
+            s.init_depth = req.responder_resources;
+            s.tos = req.primary.traffic_class;
+        }
+        let chan = self.ids[&listener.key()].chan;
+        self.push(
+            chan,
+            Pending {
+                id: child,
+                listen: Some(listener),
+                event: RDMA_CM_EVENT_CONNECT_REQUEST,
+                status: 0,
+                param,
+                rep: false,
+            },
+        );
+    }
+
+    /// A SIDR_REQ for a UD listener: a new id and a CONNECT_REQUEST event, or a reject.
+    fn on_sidr_req_received(&mut self, d: usize, now: u64, ev: CmEvent) {
+        let CmEvent::SidrReqReceived { id, peer, req } = ev else {
+            return;
+        };
+        let reply_fail = |c: &mut Cma, st| {
+            let p = SidrReplyParams {
+                status: st,
+                qpn: Qpn::new(0),
+                qkey: 0,
+                private_data: Vec::new(),
+            };
+            let _ = c.devs[d].ep.sidr_reply(now, id, &p);
+        };
+        let Ok(hdr) = CmaHdr::parse(&req.private_data) else {
+            return reply_fail(self, SidrStatus::Reject);
+        };
+        let Some((ps, port)) = parse_service_id(req.service_id) else {
+            return reply_fail(self, SidrStatus::Unsupported);
+        };
+        let Some(listener) = self.find_listener(ps as u16, port, hdr.dst) else {
+            return reply_fail(self, SidrStatus::Unsupported);
+        };
+        let local = SocketAddr::new(hdr.dst, port);
+        let remote = SocketAddr::new(hdr.src, hdr.src_port);
+        let Ok(child) = self.new_child(listener, d, local, remote, id) else {
+            return reply_fail(self, SidrStatus::NoQp);
+        };
+        let ah_attr = self.ud_ah(child, peer);
+        let param = Param::Ud {
+            private: req.private_data[CMA_HDR_LEN..].to_vec(),
+            ah_attr,
+            qp_num: 0,
+            qkey: 0,
+        };
+        let chan = self.ids[&listener.key()].chan;
+        self.push(
+            chan,
+            Pending {
+                id: child,
+                listen: Some(listener),
+                event: RDMA_CM_EVENT_CONNECT_REQUEST,
+                status: 0,
+                param,
+                rep: false,
+            },
+        );
+    }
+
+    /// Every other endpoint event, on an id that exists: the rdma_cm event it means.
+    fn on_connection_event(&mut self, d: usize, other: CmEvent) {
+        let cid = other.id();
+        let Some(&idr) = self.conns.get(&(d, cid)) else {
+            return;
+        };
+        let Some(st) = self.ids.get_mut(&idr.key()) else {
+            return;
+        };
+        let chan = st.chan;
+        let ev = |event: c_int, status: c_int, param: Param, rep: bool| Pending {
+            id: idr,
+            listen: None,
+            event,
+            status,
+            param,
+            rep,
+        };
+        let p = match other {
+            CmEvent::RepReceived { rep, .. } => ev(
+                RDMA_CM_EVENT_CONNECT_RESPONSE,
+                0,
+                Param::Conn {
+                    private: rep.private_data.to_vec(),
+                    responder_resources: rep.initiator_depth,
+                    initiator_depth: rep.responder_resources,
+                    flow_control: u8::from(rep.end_to_end_flow_control),
+                    retry_count: 0,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: u8::from(rep.srq),
+                    qp_num: rep.local_qpn.value(),
+                },
+                true,
+            ),
+            CmEvent::Established { .. } => ev(RDMA_CM_EVENT_ESTABLISHED, 0, Param::None, false),
+            CmEvent::Rejected { rej, .. } => {
+                self.conns.remove(&(d, cid));
+                if let Some(s) = self.ids.get_mut(&idr.key()) {
+                    s.cm = None;
+                }
+                ev(
+                    RDMA_CM_EVENT_REJECTED,
+                    c_int::from(rej.reason.to_u16()),
+                    Param::Conn {
+                        private: rej.private_data.to_vec(),
+                        responder_resources: 0,
+                        initiator_depth: 0,
+                        flow_control: 0,
+                        retry_count: 0,
+                        rnr_retry_count: 0,
+                        srq: 0,
+                        qp_num: 0,
+                    },
+                    false,
+                )
+            }
+            CmEvent::MraReceived { .. } => return,
+            CmEvent::DreqReceived { .. } | CmEvent::DrepReceived { .. } => {
+                // cma_ib_handler reports one DISCONNECTED per connection, on the
+                // first of DREQ received / DREP received / DREQ timeout.
+                if st.disconnected {
+                    return;
+                }
+                st.disconnected = true;
+                ev(RDMA_CM_EVENT_DISCONNECTED, 0, Param::None, false)
+            }
+            CmEvent::TimewaitExit { .. } => {
+                self.conns.remove(&(d, cid));
+                if let Some(s) = self.ids.get_mut(&idr.key()) {
+                    s.cm = None;
+                }
+                ev(RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, Param::None, false)
+            }
+            CmEvent::Timeout { state, .. } => {
+                if state == CmState::DreqSent {
+                    if st.disconnected {
                         return;
                     }
-                };
-                let remote_gid = req.primary.remote_gid.to_ip();
-                if self.devs[d].dev.gid_index(remote_gid).is_none() {
-                    // cm_req_handler: the primary remote GID must be one of ours.
-                    let _ = self.devs[d].ep.reject(now, id, RejReason::InvalidGid, &[]);
-                    return;
+                    st.disconnected = true;
+                    ev(
+                        RDMA_CM_EVENT_DISCONNECTED,
+                        -libc::ETIMEDOUT,
+                        Param::None,
+                        false,
+                    )
+                } else {
+                    self.conns.remove(&(d, cid));
+                    if let Some(s) = self.ids.get_mut(&idr.key()) {
+                        s.cm = None;
+                    }
+                    ev(
+                        RDMA_CM_EVENT_UNREACHABLE,
+                        -libc::ETIMEDOUT,
+                        Param::None,
+                        false,
+                    )
                 }
-                let Some((ps, port)) = parse_service_id(req.service_id) else {
-                    let _ = self.devs[d]
-                        .ep
-                        .reject(now, id, RejReason::InvalidServiceId, &[]);
-                    return;
-                };
-                let Some(listener) = self.find_listener(ps as u16, port, hdr.dst) else {
-                    // A listener on the service ID but not this IP: the kernel's
-                    // cma_ib_req_handler fails and ib_cm rejects "consumer defined".
-                    let _ = self.devs[d]
-                        .ep
-                        .reject(now, id, RejReason::ConsumerDefined, &[]);
-                    return;
-                };
-                let param = Param::Conn {
-                    private: req.private_data[CMA_HDR_LEN..].to_vec(),
-                    responder_resources: req.initiator_depth,
-                    initiator_depth: req.responder_resources,
-                    flow_control: u8::from(req.end_to_end_flow_control),
-                    retry_count: req.retry_count,
-                    rnr_retry_count: req.rnr_retry_count,
-                    srq: u8::from(req.srq),
-                    qp_num: req.local_qpn.value(),
-                };
-                let local = SocketAddr::new(hdr.dst, port);
-                let remote = SocketAddr::new(hdr.src, hdr.src_port);
-                let Ok(child) = self.new_child(listener, d, local, remote, id) else {
-                    let _ = self.devs[d].ep.reject(now, id, RejReason::NoResources, &[]);
-                    return;
-                };
-                {
-                    let path = &mut child.get_mut().path;
-                    path.mtu = req.path_mtu;
-                    path.traffic_class = req.primary.traffic_class;
-                    path.hop_limit = req.primary.hop_limit;
-                    path.flow_label = req.primary.flow_label.to_be();
-                    path.packet_life_time = req.primary.local_ack_timeout.saturating_sub(1);
-                }
-                if let Some(s) = self.ids.get_mut(&child.key()) {
-                    s.resp_res = req.initiator_depth;
-                    s.init_depth = req.responder_resources;
-                    s.tos = req.primary.traffic_class;
-                }
-                let chan = self.ids[&listener.key()].chan;
-                self.push(
-                    chan,
-                    Pending {
-                        id: child,
-                        listen: Some(listener),
-                        event: RDMA_CM_EVENT_CONNECT_REQUEST,
-                        status: 0,
-                        param,
-                        rep: false,
-                    },
-                );
             }
-            CmEvent::SidrReqReceived { id, peer, req } => {
-                let reply_fail = |c: &mut Cma, st| {
-                    let p = SidrReplyParams {
-                        status: st,
-                        qpn: Qpn::new(0),
-                        qkey: 0,
-                        private_data: Vec::new(),
+            CmEvent::SidrRepReceived { rep, .. } => {
+                self.conns.remove(&(d, cid));
+                let peer = st.remote.map(|r| r.ip());
+                if let Some(s) = self.ids.get_mut(&idr.key()) {
+                    s.cm = None;
+                }
+                if rep.status == SidrStatus::Success {
+                    let ah_attr = match peer {
+                        Some(p) => self.ud_ah(idr, p),
+                        None => ibv_ah_attr::default(),
                     };
-                    let _ = c.devs[d].ep.sidr_reply(now, id, &p);
-                };
-                let Ok(hdr) = CmaHdr::parse(&req.private_data) else {
-                    return reply_fail(self, SidrStatus::Reject);
-                };
-                let Some((ps, port)) = parse_service_id(req.service_id) else {
-                    return reply_fail(self, SidrStatus::Unsupported);
-                };
-                let Some(listener) = self.find_listener(ps as u16, port, hdr.dst) else {
-                    return reply_fail(self, SidrStatus::Unsupported);
-                };
-                let local = SocketAddr::new(hdr.dst, port);
-                let remote = SocketAddr::new(hdr.src, hdr.src_port);
-                let Ok(child) = self.new_child(listener, d, local, remote, id) else {
-                    return reply_fail(self, SidrStatus::NoQp);
-                };
-                let ah_attr = self.ud_ah(child, peer);
-                let param = Param::Ud {
-                    private: req.private_data[CMA_HDR_LEN..].to_vec(),
-                    ah_attr,
-                    qp_num: 0,
-                    qkey: 0,
-                };
-                let chan = self.ids[&listener.key()].chan;
-                self.push(
-                    chan,
                     Pending {
-                        id: child,
-                        listen: Some(listener),
-                        event: RDMA_CM_EVENT_CONNECT_REQUEST,
+                        id: idr,
+                        listen: None,
+                        event: RDMA_CM_EVENT_ESTABLISHED,
                         status: 0,
-                        param,
-                        rep: false,
-                    },
-                );
-            }
-            other => {
-                let cid = other.id();
-                let Some(&idr) = self.conns.get(&(d, cid)) else {
-                    return;
-                };
-                let Some(st) = self.ids.get_mut(&idr.key()) else {
-                    return;
-                };
-                let chan = st.chan;
-                let ev = |event: c_int, status: c_int, param: Param, rep: bool| Pending {
-                    id: idr,
-                    listen: None,
-                    event,
-                    status,
-                    param,
-                    rep,
-                };
-                let p = match other {
-                    CmEvent::RepReceived { rep, .. } => ev(
-                        RDMA_CM_EVENT_CONNECT_RESPONSE,
-                        0,
-                        Param::Conn {
+                        param: Param::Ud {
                             private: rep.private_data.to_vec(),
-                            responder_resources: rep.initiator_depth,
-                            initiator_depth: rep.responder_resources,
-                            flow_control: u8::from(rep.end_to_end_flow_control),
-                            retry_count: 0,
-                            rnr_retry_count: rep.rnr_retry_count,
-                            srq: u8::from(rep.srq),
-                            qp_num: rep.local_qpn.value(),
+                            ah_attr,
+                            qp_num: rep.qpn.value(),
+                            qkey: rep.qkey,
                         },
-                        true,
-                    ),
-                    CmEvent::Established { .. } => {
-                        ev(RDMA_CM_EVENT_ESTABLISHED, 0, Param::None, false)
+                        rep: false,
                     }
-                    CmEvent::Rejected { rej, .. } => {
-                        self.conns.remove(&(d, cid));
-                        if let Some(s) = self.ids.get_mut(&idr.key()) {
-                            s.cm = None;
-                        }
-                        ev(
-                            RDMA_CM_EVENT_REJECTED,
-                            c_int::from(rej.reason.to_u16()),
-                            Param::Conn {
-                                private: rej.private_data.to_vec(),
-                                responder_resources: 0,
-                                initiator_depth: 0,
-                                flow_control: 0,
-                                retry_count: 0,
-                                rnr_retry_count: 0,
-                                srq: 0,
-                                qp_num: 0,
-                            },
-                            false,
-                        )
+                } else {
+                    Pending {
+                        id: idr,
+                        listen: None,
+                        event: RDMA_CM_EVENT_UNREACHABLE,
+                        status: c_int::from(rep.status.to_u8()),
+                        param: Param::None,
+                        rep: false,
                     }
-                    CmEvent::MraReceived { .. } => return,
-                    CmEvent::DreqReceived { .. } | CmEvent::DrepReceived { .. } => {
-                        // cma_ib_handler reports one DISCONNECTED per connection, on the
-                        // first of DREQ received / DREP received / DREQ timeout.
-                        if st.disconnected {
-                            return;
-                        }
-                        st.disconnected = true;
-                        ev(RDMA_CM_EVENT_DISCONNECTED, 0, Param::None, false)
-                    }
-                    CmEvent::TimewaitExit { .. } => {
-                        self.conns.remove(&(d, cid));
-                        if let Some(s) = self.ids.get_mut(&idr.key()) {
-                            s.cm = None;
-                        }
-                        ev(RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, Param::None, false)
-                    }
-                    CmEvent::Timeout { state, .. } => {
-                        if state == CmState::DreqSent {
-                            if st.disconnected {
-                                return;
-                            }
-                            st.disconnected = true;
-                            ev(
-                                RDMA_CM_EVENT_DISCONNECTED,
-                                -libc::ETIMEDOUT,
-                                Param::None,
-                                false,
-                            )
-                        } else {
-                            self.conns.remove(&(d, cid));
-                            if let Some(s) = self.ids.get_mut(&idr.key()) {
-                                s.cm = None;
-                            }
-                            ev(
-                                RDMA_CM_EVENT_UNREACHABLE,
-                                -libc::ETIMEDOUT,
-                                Param::None,
-                                false,
-                            )
-                        }
-                    }
-                    CmEvent::SidrRepReceived { rep, .. } => {
-                        self.conns.remove(&(d, cid));
-                        let peer = st.remote.map(|r| r.ip());
-                        if let Some(s) = self.ids.get_mut(&idr.key()) {
-                            s.cm = None;
-                        }
-                        if rep.status == SidrStatus::Success {
-                            let ah_attr = match peer {
-                                Some(p) => self.ud_ah(idr, p),
-                                None => ibv_ah_attr::default(),
-                            };
-                            Pending {
-                                id: idr,
-                                listen: None,
-                                event: RDMA_CM_EVENT_ESTABLISHED,
-                                status: 0,
-                                param: Param::Ud {
-                                    private: rep.private_data.to_vec(),
-                                    ah_attr,
-                                    qp_num: rep.qpn.value(),
-                                    qkey: rep.qkey,
-                                },
-                                rep: false,
-                            }
-                        } else {
-                            Pending {
-                                id: idr,
-                                listen: None,
-                                event: RDMA_CM_EVENT_UNREACHABLE,
-                                status: c_int::from(rep.status.to_u8()),
-                                param: Param::None,
-                                rep: false,
-                            }
-                        }
-                    }
-                    CmEvent::ReqReceived { .. } | CmEvent::SidrReqReceived { .. } => return,
-                };
-                self.push(chan, p);
+                }
             }
-        }
+            CmEvent::ReqReceived { .. } | CmEvent::SidrReqReceived { .. } => return,
+        };
+        self.push(chan, p);
     }
 
     /// The address handle attributes of a UD peer, as the kernel's
