@@ -2,11 +2,13 @@
 //! built library.
 #![allow(dead_code)]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+mod process;
+pub use process::{finish, serial, Done};
 
 /// The directory holding the built cdylib: next to the test executable
 /// (`target/<profile>/deps/libibverbs.so`) or one level up.
@@ -92,54 +94,6 @@ pub fn listening(port: u16) -> bool {
             })
             .unwrap_or(false)
     })
-}
-
-/// Output of a finished process, killed after `timeout`.
-pub struct Done {
-    pub status: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Done {
-    pub fn all(&self) -> String {
-        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
-    }
-}
-
-pub fn finish(mut child: Child, timeout: Duration) -> Done {
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s.code(),
-            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
-    Done {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// One server/client pair at a time per test binary: on a 2-core box parallel pairs of
-/// CQ-spinning programs only slow each other down.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `bin args... -p <port>` as server, waits until it listens, then the client with

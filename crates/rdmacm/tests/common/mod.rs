@@ -3,11 +3,14 @@
 //! 127.0.6.2 and the client's on 127.0.6.3 (`SOFTHCA_ADDR`).
 #![allow(dead_code)]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+#[path = "../../../ibverbs/tests/common/process.rs"]
+mod process;
+pub use process::{finish, serial, Done};
 
 pub const SERVER: &str = "127.0.6.2";
 pub const CLIENT: &str = "127.0.6.3";
@@ -75,56 +78,6 @@ pub fn cmd(addr: &str, bin: &str, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-/// Output of a finished process, killed after `timeout` (status `None` then).
-pub struct Done {
-    pub status: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Done {
-    pub fn all(&self) -> String {
-        format!(
-            "status {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.status, self.stdout, self.stderr
-        )
-    }
-}
-
-pub fn finish(mut child: Child, timeout: Duration) -> Done {
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s.code(),
-            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
-    Done {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// One pair at a time: the addresses are fixed, and two cores are shared.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `server` on 127.0.6.2, waits for it to start, runs `client` on 127.0.6.3 to
