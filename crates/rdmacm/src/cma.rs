@@ -386,10 +386,7 @@ impl Cma {
                 ev(RDMA_CM_EVENT_DISCONNECTED, 0, Param::None, false)
             }
             CmEvent::TimewaitExit { .. } => {
-                self.conns.remove(&(d, cid));
-                if let Some(s) = self.ids.get_mut(&idr.key()) {
-                    s.cm = None;
-                }
+                self.forget_connection(d, cid, idr);
                 ev(RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, Param::None, false)
             }
             CmEvent::Timeout { state, .. } => {
@@ -405,10 +402,7 @@ impl Cma {
                         false,
                     )
                 } else {
-                    self.conns.remove(&(d, cid));
-                    if let Some(s) = self.ids.get_mut(&idr.key()) {
-                        s.cm = None;
-                    }
+                    self.forget_connection(d, cid, idr);
                     ev(
                         RDMA_CM_EVENT_UNREACHABLE,
                         -libc::ETIMEDOUT,
@@ -418,43 +412,60 @@ impl Cma {
                 }
             }
             CmEvent::SidrRepReceived { rep, .. } => {
-                self.conns.remove(&(d, cid));
                 let peer = st.remote.map(|r| r.ip());
-                if let Some(s) = self.ids.get_mut(&idr.key()) {
-                    s.cm = None;
-                }
-                if rep.status == SidrStatus::Success {
-                    let ah_attr = match peer {
-                        Some(p) => self.ud_ah(idr, p),
-                        None => ibv_ah_attr::default(),
-                    };
-                    Pending {
-                        id: idr,
-                        listen: None,
-                        event: RDMA_CM_EVENT_ESTABLISHED,
-                        status: 0,
-                        param: Param::Ud {
-                            private: rep.private_data.to_vec(),
-                            ah_attr,
-                            qp_num: rep.qpn.value(),
-                            qkey: rep.qkey,
-                        },
-                        rep: false,
-                    }
-                } else {
-                    Pending {
-                        id: idr,
-                        listen: None,
-                        event: RDMA_CM_EVENT_UNREACHABLE,
-                        status: c_int::from(rep.status.to_u8()),
-                        param: Param::None,
-                        rep: false,
-                    }
-                }
+                self.forget_connection(d, cid, idr);
+                self.sidr_reply_event(idr, peer, &rep)
             }
             CmEvent::ReqReceived { .. } | CmEvent::SidrReqReceived { .. } => return,
         };
         self.push(chan, p);
+    }
+
+    /// The id's CM connection is over (timewait ended, timed out, or SIDR answered):
+    /// the endpoint's ID no longer names it.
+    fn forget_connection(&mut self, d: usize, cid: CmId, idr: IdRef) {
+        self.conns.remove(&(d, cid));
+        if let Some(s) = self.ids.get_mut(&idr.key()) {
+            s.cm = None;
+        }
+    }
+
+    /// The event a SIDR_REP means for a UD id: ESTABLISHED with the peer's QPN, Q_Key and
+    /// address handle, or UNREACHABLE with the SIDR status (librdmacm `ucma_process_ud`).
+    fn sidr_reply_event(
+        &self,
+        idr: IdRef,
+        peer: Option<IpAddr>,
+        rep: &softhca_cm::mad::SidrRep,
+    ) -> Pending {
+        if rep.status == SidrStatus::Success {
+            let ah_attr = match peer {
+                Some(p) => self.ud_ah(idr, p),
+                None => ibv_ah_attr::default(),
+            };
+            Pending {
+                id: idr,
+                listen: None,
+                event: RDMA_CM_EVENT_ESTABLISHED,
+                status: 0,
+                param: Param::Ud {
+                    private: rep.private_data.to_vec(),
+                    ah_attr,
+                    qp_num: rep.qpn.value(),
+                    qkey: rep.qkey,
+                },
+                rep: false,
+            }
+        } else {
+            Pending {
+                id: idr,
+                listen: None,
+                event: RDMA_CM_EVENT_UNREACHABLE,
+                status: c_int::from(rep.status.to_u8()),
+                param: Param::None,
+                rep: false,
+            }
+        }
     }
 
     /// The address handle attributes of a UD peer, as the kernel's
