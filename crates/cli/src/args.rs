@@ -150,7 +150,8 @@ pub struct PerfArgs {
     /// TCP port of the connection exchange.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
-    /// Run server and client in this process (two devices on two loopback addresses).
+    /// Run both ends from this command: a server child process and the client, on two
+    /// free loopback addresses.
     #[arg(long)]
     pub loopback: bool,
     /// Latency test (ping-pong) instead of bandwidth.

@@ -5,6 +5,7 @@ mod args;
 mod bench;
 mod devinfo;
 mod error;
+mod local;
 mod perf;
 mod progress;
 mod report;
