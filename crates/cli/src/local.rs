@@ -219,22 +219,25 @@ pub fn last_json(f: &Finished, name: &str) -> Result<serde_json::Value, CliError
         .ok_or_else(|| CliError::peer(format!("{name} printed no result")))
 }
 
-/// Two loopback addresses whose RoCE UDP port is free, for the server's and the client's
-/// devices (starting at 127.0.0.160 to stay clear of the usual .1/.2).
+/// Loopback addresses whose RoCE UDP port is free at the moment of asking, for the
+/// devices of the two ends (from 127.0.0.160 on, clear of the usual .1/.2). Another
+/// process may take one before it is used: whoever opens a device on it must be ready to
+/// move on to the next.
+pub fn free_device_ips() -> impl Iterator<Item = IpAddr> {
+    (160..=254u8)
+        .map(|octet| IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)))
+        .filter(|&ip| UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok())
+}
+
+/// Two of [`free_device_ips`].
 pub fn free_device_pair() -> Result<(IpAddr, IpAddr), CliError> {
-    let mut found = Vec::new();
-    for octet in 160..=254u8 {
-        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet));
-        if UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok() {
-            found.push(ip);
-            if found.len() == 2 {
-                return Ok((found[0], found[1]));
-            }
-        }
+    let mut ips = free_device_ips();
+    match (ips.next(), ips.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(CliError::Usage(
+            "no two free loopback addresses (UDP port 4791 in use on 127.0.0.160-254)".into(),
+        )),
     }
-    Err(CliError::Usage(
-        "no two free loopback addresses (UDP port 4791 in use on 127.0.0.160-254)".into(),
-    ))
 }
 
 /// A TCP port nobody listens on right now (the kernel's choice for port 0).

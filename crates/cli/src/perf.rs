@@ -18,7 +18,7 @@ use softhca_perf::{Op, TestOptions};
 
 use crate::args::{PerfArgs, PerfOp};
 use crate::error::CliError;
-use crate::local::{free_device_pair, free_tcp_port, Pipe, Proc};
+use crate::local::{free_device_ips, free_tcp_port, Pipe, Proc};
 use crate::progress::ProgressLine;
 use crate::report::{print_summary, print_table};
 
@@ -265,24 +265,34 @@ fn serve(
 /// scheduling, which put 8 B latencies an order of magnitude above them.
 fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     let base = Config::from_env().map_err(CliError::verbs("configuration"))?;
-    // SOFTHCA_ADDR=a,b chooses the pair (tests and captures filter on it).
-    let (server_ip, client_ip) = match base.addrs[..] {
-        [s, c, ..] => (s, c),
-        _ => free_device_pair()?,
-    };
     let port = free_tcp_port()?;
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::Usage(format!("cannot find the softhca binary: {e}")))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(["perf", a.op.name(), "-p", &port.to_string()])
-        .env("SOFTHCA_ADDR", server_ip.to_string());
-    let mut server = Proc::spawn("softhca perf server", cmd)?;
-    server.wait_line(Pipe::Err, "waiting for a client", SERVER_READY)?;
-    let cfg = Config {
-        addrs: vec![client_ip],
-        ..base
+    // SOFTHCA_ADDR=a,b chooses the pair (tests and captures filter on it).
+    let (ctx, (server_ip, server)) = match base.addrs[..] {
+        [s, c, ..] => (open_on(&base, c)?, (s, start_server(a.op, s, port)?)),
+        _ => {
+            // Claim the client's address by opening its device, then try free addresses
+            // for the server until one is not taken meanwhile by a concurrent run.
+            let ctx = free_device_ips()
+                .find_map(|ip| open_on(&base, ip).ok())
+                .ok_or_else(|| CliError::Usage("no free loopback address for a device".into()))?;
+            let mine = ctx.gids().first().map(|g| g.to_ip());
+            let mut last = None;
+            let started = free_device_ips()
+                .filter(|&ip| Some(ip) != mine)
+                .take(SERVER_ATTEMPTS)
+                .find_map(|ip| match start_server(a.op, ip, port) {
+                    Ok(s) => Some((ip, s)),
+                    Err(e) => {
+                        last = Some(e);
+                        None
+                    }
+                });
+            let started = started.ok_or_else(|| {
+                last.unwrap_or_else(|| CliError::Usage("no free loopback address".into()))
+            })?;
+            (ctx, started)
+        }
     };
-    let ctx = Context::open(&cfg).map_err(CliError::verbs("cannot open device"))?;
     let result = client(a, &ctx, "127.0.0.1", port, server_ip, None);
     // For profiling the datapath: both devices' counters (also after a failure: they
     // say why it failed).
@@ -296,6 +306,30 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     result?;
     served.map(|_| ())
 }
+
+/// A device of `base`'s configuration on `ip` alone.
+fn open_on(base: &Config, ip: IpAddr) -> Result<Arc<Context>, CliError> {
+    let cfg = Config {
+        addrs: vec![ip],
+        ..base.clone()
+    };
+    Context::open(&cfg).map_err(CliError::verbs("cannot open device"))
+}
+
+/// `softhca perf <op>` serving on `ip` and TCP `port`, once it says it is waiting.
+fn start_server(op: PerfOp, ip: IpAddr, port: u16) -> Result<Proc, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Usage(format!("cannot find the softhca binary: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["perf", op.name(), "-p", &port.to_string()])
+        .env("SOFTHCA_ADDR", ip.to_string());
+    let mut server = Proc::spawn("softhca perf server", cmd)?;
+    server.wait_line(Pipe::Err, "waiting for a client", SERVER_READY)?;
+    Ok(server)
+}
+
+/// Free addresses tried for the server before giving up.
+const SERVER_ATTEMPTS: usize = 8;
 
 /// How long a `--loopback` server may take to start, and to exit after the last test.
 const SERVER_READY: Duration = Duration::from_secs(10);
