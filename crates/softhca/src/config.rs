@@ -80,7 +80,10 @@ impl PollMode {
 /// README's configuration table is checked against (`tests/env_vars.rs`).
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("SOFTHCA_ADDR", "comma-separated addresses to serve"),
-    ("SOFTHCA_NETDEV", "serve this interface's addresses"),
+    (
+        "SOFTHCA_NETDEV",
+        "serve this interface's addresses and send and receive only through it",
+    ),
     ("SOFTHCA_PORT", "UDP port"),
     (
         "SOFTHCA_MTU",
@@ -257,6 +260,7 @@ impl From<&Config> for softhca_io::BindOptions {
             allow_gro: cfg.gro,
             recv_tos: false,
             sockbuf: cfg.sockbuf,
+            bind_ifindex: 0,
         }
     }
 }

@@ -245,7 +245,9 @@ impl Context {
     ///   host fails with "address … is not assigned to any interface on this host", one
     ///   already served by another process with "address … is already in use".
     /// * else `cfg.netdev` (`SOFTHCA_NETDEV`): that interface's addresses (IPv6
-    ///   link-local excepted).
+    ///   link-local excepted), and the sockets are tied to the interface
+    ///   (`SO_BINDTODEVICE`), as rxe sends through its netdev whatever the routing
+    ///   table prefers: a data network stays apart from a management one.
     /// * else automatically: every up, non-loopback interface address that no other
     ///   process serves on `cfg.udp_port` yet (another softhca process or rxe got it
     ///   first: skipped), then the first free loopback address among 127.0.0.1 …
