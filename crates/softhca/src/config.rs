@@ -124,6 +124,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_RDMACM_DEBUG",
         "the drop-in librdmacm prints why a call failed",
     ),
+    (
+        "SOFTHCA_RUN_DIR",
+        "where devices publish their state for `softhca stat` and `softhca agent` (`off`: nowhere)",
+    ),
 ];
 
 /// Default of [`Config::sockbuf`]: 16 MiB, room for a burst of 64 KiB GSO sends.
@@ -201,6 +205,8 @@ pub struct Config {
     pub sockbuf: usize,
     /// Reporting switches ([`Diagnostics`]).
     pub diagnostics: Diagnostics,
+    /// Where the device publishes its state for other processes (`SOFTHCA_RUN_DIR`).
+    pub publish: crate::publish::Publish,
 }
 
 /// The RoCEv2 UDP destination port (IBTA Annex A17.2.3).
@@ -224,6 +230,7 @@ impl Default for Config {
             gro: true,
             sockbuf: DEFAULT_SOCKBUF,
             diagnostics: Diagnostics::default(),
+            publish: crate::publish::Publish::default(),
         }
     }
 }
@@ -343,6 +350,9 @@ impl Config {
         // A value that is not a byte count keeps the default, as it always has.
         if let Some(n) = env("SOFTHCA_SOCKBUF").and_then(|v| v.parse::<usize>().ok()) {
             cfg.sockbuf = n;
+        }
+        if let Some(v) = env("SOFTHCA_RUN_DIR") {
+            cfg.publish = crate::publish::Publish::parse(&v);
         }
         cfg.diagnostics = Diagnostics::from_env();
         Ok(cfg)

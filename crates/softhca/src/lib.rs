@@ -35,6 +35,7 @@ mod error;
 mod event;
 mod mr;
 mod pd;
+mod publish;
 mod qp;
 mod ring;
 mod stats;
@@ -45,7 +46,9 @@ pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
 pub use softhca_transport::Counters;
 
-pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
+pub use attr::{
+    gid_words, guid_text, AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState,
+};
 pub use config::{
     Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
 };
@@ -55,6 +58,9 @@ pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
+pub use publish::{
+    read_all, read_snapshot, DeviceSnapshot, GidSnapshot, Publish, QpSnapshot, Snapshot,
+};
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;
