@@ -15,7 +15,7 @@ use crate::Mtu;
 
 /// One address of a local interface, from `getifaddrs(3)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct IfAddr {
+pub struct IfAddr {
     /// Interface name (`eth0`).
     pub name: String,
     /// The address.
@@ -27,7 +27,7 @@ pub(crate) struct IfAddr {
 }
 
 /// Every IPv4/IPv6 address of every interface.
-pub(crate) fn interface_addrs() -> Result<Vec<IfAddr>, Error> {
+pub fn interface_addrs() -> Result<Vec<IfAddr>, Error> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {

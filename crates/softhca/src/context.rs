@@ -761,6 +761,7 @@ fn take_snapshot(shared: &DatapathShared, desc: &DeviceSnapshot, caps: (bool, bo
     Snapshot {
         pid: std::process::id(),
         command: crate::publish::command_name(),
+        key: desc.name.clone(),
         taken_ms,
         device: desc.clone(),
         qps: qps.iter().map(qp_snapshot).collect(),

@@ -46,6 +46,7 @@ pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
 pub use softhca_transport::Counters;
 
+pub use addr::{interface_addrs, IfAddr};
 pub use attr::{
     gid_words, guid_text, AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState,
 };

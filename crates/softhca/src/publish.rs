@@ -78,6 +78,36 @@ impl Publish {
         }
     }
 
+    /// The directories a reader looks in: [`Publish::dirs`], and for root in
+    /// [`Publish::Auto`] also every user's (`/run/user/*/softhca`, `/tmp/softhca-*`).
+    pub fn reader_dirs(&self) -> Vec<PathBuf> {
+        let mut v = self.dirs();
+        // SAFETY: geteuid has no preconditions and touches no memory.
+        if *self == Publish::Auto && unsafe { libc::geteuid() } == 0 {
+            let under = |dir: &str, prefix: &str, tail: &str| -> Vec<PathBuf> {
+                let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .map(|e| e.path().join(tail))
+                    .collect();
+                found.sort();
+                found
+            };
+            for d in under("/run/user", "", "softhca")
+                .into_iter()
+                .chain(under("/tmp", "softhca-", ""))
+            {
+                let d = d.components().collect::<PathBuf>();
+                if !v.contains(&d) {
+                    v.push(d);
+                }
+            }
+        }
+        v
+    }
+
     /// The directory this process publishes in: the first of [`Publish::dirs`] that
     /// exists or can be made, is a real directory (not a link) owned by us or by root,
     /// and we may write.
@@ -205,6 +235,10 @@ pub struct Snapshot {
     pub pid: u32,
     /// Its command name (`/proc/<pid>/comm`).
     pub command: String,
+    /// The device's name within its process, once read: its name, or `<name>-2`, … for
+    /// a second device of the same name (the socket's name without the pid).
+    #[serde(default)]
+    pub key: String,
     /// When the snapshot was taken, milliseconds since the Unix epoch.
     pub taken_ms: u64,
     /// The device.
@@ -402,7 +436,17 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, Error> {
         ))
     })?;
     s.pid = pid;
+    s.key = socket_key(path).unwrap_or_else(|| s.device.name.clone());
     Ok(s)
+}
+
+/// `softhca0-2` from `…/1234-softhca0-2.sock`.
+fn socket_key(path: &Path) -> Option<String> {
+    let stem = path.file_stem()?.to_str()?;
+    let (pid, key) = stem.split_once('-')?;
+    pid.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| key.to_string())
 }
 
 fn peer_pid(conn: &UnixStream) -> std::io::Result<u32> {
@@ -447,7 +491,7 @@ pub fn read_all(dirs: &[PathBuf]) -> Vec<Snapshot> {
                 .ok()
         }));
     }
-    out.sort_by(|a, b| (a.pid, &a.device.name).cmp(&(b.pid, &b.device.name)));
+    out.sort_by(|a, b| (a.pid, &a.key).cmp(&(b.pid, &b.key)));
     out
 }
 
@@ -484,6 +528,7 @@ mod tests {
             Some(Snapshot {
                 pid: 0,
                 command: command_name(),
+                key: String::new(),
                 taken_ms: 1,
                 device: DeviceSnapshot {
                     name: "t0".into(),
@@ -515,6 +560,7 @@ mod tests {
         assert_eq!(all.len(), 1, "one device, the directory read once");
         assert_eq!(all[0].pid, std::process::id());
         assert_eq!(all[0].counters["rdma_sends"], 7);
+        assert_eq!(all[0].key, "t0_x");
         // A reader that connects and leaves at once harms nothing.
         drop(UnixStream::connect(&path).unwrap());
         assert_eq!(read_snapshot(&path).unwrap().device.active_mtu, 1024);

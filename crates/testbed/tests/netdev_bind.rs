@@ -11,8 +11,7 @@
 //! with a message otherwise.
 
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -23,12 +22,7 @@ const COUNT: usize = 64;
 const TOTAL: usize = MSG * COUNT;
 
 fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    softhca_testbed::ip(args).is_ok()
 }
 
 /// Two namespaces, each with a data and a management veth end; removed on drop.
@@ -43,9 +37,8 @@ const MGMT_IP: [&str; 2] = ["10.58.1.1", "10.58.1.2"];
 
 impl Net {
     fn new() -> Option<Net> {
-        // SAFETY: geteuid has no preconditions and touches no memory.
-        if unsafe { libc::geteuid() } != 0 || !ip(&["-V"]) {
-            eprintln!("skipped: needs root and iproute2 (ip netns)");
+        if let Err(e) = softhca_testbed::check_available() {
+            eprintln!("skipped: {e}");
             return None;
         }
         let id = std::process::id() % 10_000;
@@ -183,22 +176,6 @@ struct Hello {
     rkey: u32,
 }
 
-/// Runs `f` on a thread that entered namespace `ns` (setns changes only that thread;
-/// the sockets and the datapath thread it creates stay in the namespace).
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: a valid namespace fd; setns affects only this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-}
-
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(11) as u8)
@@ -275,11 +252,11 @@ fn transfer(net: &Net, cfg: impl Fn(usize) -> Config) -> Bytes {
     let (d0, d1) = (mpsc::channel(), mpsc::channel());
     let a = {
         let c = cfg(0);
-        in_netns(&net.ns[0], move || side(0, c, h0, r0, (d0.0, d1.1)))
+        softhca_testbed::spawn_in_netns(&net.ns[0], move || side(0, c, h0, r0, (d0.0, d1.1)))
     };
     let b = {
         let c = cfg(1);
-        in_netns(&net.ns[1], move || side(1, c, h1, r1, (d1.0, d0.1)))
+        softhca_testbed::spawn_in_netns(&net.ns[1], move || side(1, c, h1, r1, (d1.0, d0.1)))
     };
     a.join().expect("side 0");
     b.join().expect("side 1");
