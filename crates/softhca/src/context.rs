@@ -53,6 +53,7 @@ fn flush_at_exit(shared: &Arc<DatapathShared>) {
 }
 
 extern "C" fn flush_all_at_exit() {
+    crate::publish::remove_at_exit();
     let Ok(v) = OPEN_DEVICES.try_lock() else {
         return;
     };

@@ -275,6 +275,7 @@ impl Publisher {
             .spawn(move || serve(&l, &s, &source))
             .map_err(|e| tracing::debug!("no publication thread: {e}"))
             .ok()?;
+        LIVE.lock().push((std::process::id(), path.clone()));
         Some(Publisher {
             path,
             listener,
@@ -299,6 +300,24 @@ impl Drop for Publisher {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
+        LIVE.lock().retain(|(_, p)| *p != self.path);
+    }
+}
+
+/// The sockets of this process's publishers, with the pid that made them, for
+/// [`remove_at_exit`].
+static LIVE: parking_lot::Mutex<Vec<(u32, PathBuf)>> = parking_lot::Mutex::new(Vec::new());
+
+/// Removes this process's sockets when it exits with devices still open (a program
+/// that never closes its device): no reader then has to tell them from live ones.
+pub(crate) fn remove_at_exit() {
+    // A forked child that exits runs its parent's atexit handlers: the sockets are
+    // still the parent's.
+    let me = std::process::id();
+    if let Some(live) = LIVE.try_lock() {
+        for (_, p) in live.iter().filter(|(pid, _)| *pid == me) {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -355,7 +374,14 @@ fn remove_stale(dir: &Path) {
     // SAFETY: getuid has no preconditions and touches no memory.
     let uid = unsafe { libc::getuid() };
     for path in socket_paths(dir) {
-        let mine = std::fs::symlink_metadata(&path).is_ok_and(|m| m.uid() == uid);
+        // A socket made this very moment is refused too, until its owner listens.
+        let old = |m: &std::fs::Metadata| {
+            m.modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(2))
+        };
+        let mine = std::fs::symlink_metadata(&path).is_ok_and(|m| m.uid() == uid && old(&m));
         let refused = matches!(UnixStream::connect(&path),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
         if mine && refused {
