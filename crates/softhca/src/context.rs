@@ -20,8 +20,9 @@ use crate::datapath::{DatapathShared, DatapathThread, Stepper};
 use crate::error::Error;
 use crate::event::{AsyncEvent, AsyncQueue};
 use crate::pd::Pd;
-use crate::publish::{DeviceSnapshot, GidSnapshot, Publisher, QpSnapshot, Snapshot};
+use crate::publish::Publisher;
 use crate::ring::{CqRing, LockedEngine};
+use crate::snapshot::{describe, publish, take_snapshot, DeviceSnapshot, Snapshot};
 use crate::stats::Stats;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
@@ -685,7 +686,7 @@ impl Context {
 }
 
 /// [`Context::counters`] from the locked engine.
-fn counters_of(
+pub(crate) fn counters_of(
     core: &LockedEngine,
     shared: &DatapathShared,
     caps: (bool, bool),
@@ -696,108 +697,6 @@ fn counters_of(
     v.push(("io_gso", u64::from(caps.0)));
     v.push(("io_gro", u64::from(caps.1)));
     v
-}
-
-/// Publishes the device's state as `cfg.publish` says (see `publish`).
-fn publish(
-    cfg: &Config,
-    shared: &Arc<DatapathShared>,
-    desc: DeviceSnapshot,
-) -> (DeviceSnapshot, Option<Publisher>) {
-    let (weak, d, caps) = (Arc::downgrade(shared), desc.clone(), (desc.gso, desc.gro));
-    let source = Box::new(move || Some(take_snapshot(&*weak.upgrade()?, &d, caps)));
-    let publisher = Publisher::start(&cfg.publish, &cfg.name, source);
-    (desc, publisher)
-}
-
-/// The device part of a [`Snapshot`], as `softhca devinfo -v` shows it.
-fn describe(
-    cfg: &Config,
-    attr: &DeviceAttr,
-    gids: &[Gid],
-    mtu: Mtu,
-    caps: (bool, bool),
-) -> DeviceSnapshot {
-    DeviceSnapshot {
-        name: cfg.name.clone(),
-        fw_ver: attr.fw_ver.clone(),
-        node_guid: crate::attr::guid_text(attr.node_guid),
-        sys_image_guid: crate::attr::guid_text(attr.sys_image_guid),
-        vendor_id: attr.vendor_id,
-        phys_port_cnt: attr.phys_port_cnt,
-        port_state: "PORT_ACTIVE".to_string(),
-        max_mtu: Mtu::M4096.bytes() as u32,
-        active_mtu: mtu.bytes() as u32,
-        link_layer: "Ethernet".to_string(),
-        gids: (0..)
-            .zip(gids)
-            .map(|(index, g)| GidSnapshot {
-                index,
-                gid: crate::attr::gid_words(g),
-                ip: g.to_ip(),
-            })
-            .collect(),
-        udp_port: cfg.udp_port,
-        netdev: cfg.netdev.clone().filter(|_| cfg.addrs.is_empty()),
-        cpu: cfg.cpu,
-        poll: match cfg.poll {
-            PollMode::Busy => "busy".to_string(),
-            PollMode::Blocking => "blocking".to_string(),
-            PollMode::Adaptive { spin_us } => format!("adaptive:{spin_us}"),
-        },
-        gso: caps.0,
-        gro: caps.1,
-    }
-}
-
-/// The device's state now: one engine lock for the QPs and the counters together.
-fn take_snapshot(shared: &DatapathShared, desc: &DeviceSnapshot, caps: (bool, bool)) -> Snapshot {
-    let (qps, counters) = {
-        let core = shared.engine.lock();
-        (core.engine.qp_resources(), counters_of(&core, shared, caps))
-    };
-    let taken_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    Snapshot {
-        pid: std::process::id(),
-        command: crate::publish::command_name(),
-        key: desc.name.clone(),
-        taken_ms,
-        device: desc.clone(),
-        qps: qps.iter().map(qp_snapshot).collect(),
-        counters: counters
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-    }
-}
-
-/// One QP in `rdma res show qp`'s words.
-fn qp_snapshot(q: &crate::QpResource) -> QpSnapshot {
-    let qp_type = match q.qp_type {
-        _ if q.qpn == 1 => "GSI",
-        crate::QpType::Rc => "RC",
-        crate::QpType::Uc => "UC",
-        crate::QpType::Ud => "UD",
-    };
-    QpSnapshot {
-        qpn: q.qpn,
-        qp_type: qp_type.to_string(),
-        state: format!("{:?}", q.state).to_ascii_uppercase(),
-        pd: q.pd,
-        dest_qpn: q.dest_qpn,
-        peer: q.dest.map(|d| d.ip()),
-        peer_port: q.dest.map(|d| d.port()),
-        path_mtu: q.path_mtu.bytes() as u32,
-        sq_psn: q.sq_psn,
-        una_psn: q.una_psn,
-        rq_psn: q.rq_psn,
-        send_queued: q.send_queued,
-        recv_posted: q.recv_posted,
-        inflight_psns: q.inflight_psns,
-        rd_atomic_inflight: q.rd_atomic_inflight,
-    }
 }
 
 impl Drop for Device {

@@ -38,6 +38,7 @@ mod pd;
 mod publish;
 mod qp;
 mod ring;
+mod snapshot;
 mod stats;
 mod sys;
 mod turnaround;
@@ -59,9 +60,8 @@ pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
-pub use publish::{
-    read_all, read_snapshot, DeviceSnapshot, GidSnapshot, Publish, QpSnapshot, Snapshot,
-};
+pub use publish::{read_all, read_snapshot, Publish};
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
+pub use snapshot::{DeviceSnapshot, GidSnapshot, QpSnapshot, Snapshot};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;

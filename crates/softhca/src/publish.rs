@@ -17,9 +17,7 @@
 //! so one process cannot pass itself off as another, and the pid is the one the
 //! reader's pid namespace knows (an agent on the host, a process in a container).
 
-use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -29,9 +27,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::Error;
+use crate::snapshot::Snapshot;
 
 /// Where devices publish their state (`SOFTHCA_RUN_DIR`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,113 +137,6 @@ fn usable_dir(d: &Path) -> bool {
     // SAFETY: passes a NUL-terminated path that outlives the call.
     let writable = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0;
     m.is_dir() && (m.uid() == uid || m.uid() == 0) && writable
-}
-
-/// One GID of a [`DeviceSnapshot`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GidSnapshot {
-    /// Its index in the GID table.
-    pub index: u32,
-    /// The GID as `ibv_devinfo -v` prints it (`0000:…:ffff:7f00:0002`).
-    pub gid: String,
-    /// The address it stands for.
-    pub ip: IpAddr,
-}
-
-/// What a device is: the `softhca devinfo -v` view, without the counters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceSnapshot {
-    /// Device name (`hca_id`).
-    pub name: String,
-    /// Firmware version (the softhca version).
-    pub fw_ver: String,
-    /// Node GUID as `ibv_devinfo` prints it.
-    pub node_guid: String,
-    /// System image GUID.
-    pub sys_image_guid: String,
-    /// Vendor ID.
-    pub vendor_id: u32,
-    /// Ports (1).
-    pub phys_port_cnt: u8,
-    /// Port 1's state (`PORT_ACTIVE`).
-    pub port_state: String,
-    /// Largest MTU, bytes.
-    pub max_mtu: u32,
-    /// Active MTU, bytes.
-    pub active_mtu: u32,
-    /// `Ethernet`.
-    pub link_layer: String,
-    /// The GID table.
-    pub gids: Vec<GidSnapshot>,
-    /// UDP port.
-    pub udp_port: u16,
-    /// The interface the device is tied to (`SOFTHCA_NETDEV`).
-    pub netdev: Option<String>,
-    /// The datapath thread's CPU, when pinned.
-    pub cpu: Option<usize>,
-    /// Idle policy of the datapath thread (`adaptive:50`, `busy`, `blocking`).
-    pub poll: String,
-    /// UDP segmentation offload in use.
-    pub gso: bool,
-    /// UDP receive offload in use.
-    pub gro: bool,
-}
-
-/// One QP, as `rdma res show qp` lists it, plus the work it holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QpSnapshot {
-    /// QP number.
-    pub qpn: u32,
-    /// `RC`, `UC` or `UD` (`GSI` for QP 1).
-    pub qp_type: String,
-    /// `RESET`, `INIT`, `RTR`, `RTS`, `SQD`, `SQE` or `ERR`.
-    pub state: String,
-    /// Protection domain.
-    pub pd: u32,
-    /// Peer QP (RC/UC once connected).
-    pub dest_qpn: u32,
-    /// Peer address (RC/UC once connected).
-    pub peer: Option<IpAddr>,
-    /// Peer UDP port.
-    pub peer_port: Option<u16>,
-    /// Path MTU, bytes.
-    pub path_mtu: u32,
-    /// PSN of the next request (`sq-psn`).
-    pub sq_psn: u32,
-    /// Oldest unacknowledged request PSN.
-    pub una_psn: u32,
-    /// PSN the responder expects next (`rq-psn`).
-    pub rq_psn: u32,
-    /// Send work requests not yet completed.
-    pub send_queued: u32,
-    /// Receive work requests posted, not yet consumed.
-    pub recv_posted: u32,
-    /// Request PSNs sent and not acknowledged.
-    pub inflight_psns: u32,
-    /// READ and atomic requests under way.
-    pub rd_atomic_inflight: u32,
-}
-
-/// A device's state at one moment, as a reader gets it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// The publishing process (its pid as the reader's pid namespace knows it, from
-    /// `SO_PEERCRED`, once read).
-    pub pid: u32,
-    /// Its command name (`/proc/<pid>/comm`).
-    pub command: String,
-    /// The device's name within its process, once read: its name, or `<name>-2`, … for
-    /// a second device of the same name (the socket's name without the pid).
-    #[serde(default)]
-    pub key: String,
-    /// When the snapshot was taken, milliseconds since the Unix epoch.
-    pub taken_ms: u64,
-    /// The device.
-    pub device: DeviceSnapshot,
-    /// Its QPs, by QPN.
-    pub qps: Vec<QpSnapshot>,
-    /// Every counter `softhca devinfo -v` lists, by name.
-    pub counters: BTreeMap<String, u64>,
 }
 
 /// Makes a device's [`Snapshot`]; `None` once the device is gone.
@@ -374,6 +264,13 @@ fn remove_stale(dir: &Path) {
     // SAFETY: getuid has no preconditions and touches no memory.
     let uid = unsafe { libc::getuid() };
     for path in socket_paths(dir) {
+        // A process this pid namespace sees alive is left alone (no probe, so it does
+        // not take a snapshot for nothing); one it does not see is dead, or lives in
+        // another pid namespace: the probe tells which.
+        let pid = socket_pid(&path);
+        if pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists()) {
+            continue;
+        }
         // A socket made this very moment is refused too, until its owner listens.
         let old = |m: &std::fs::Metadata| {
             m.modified()
@@ -382,9 +279,10 @@ fn remove_stale(dir: &Path) {
                 .is_some_and(|age| age > Duration::from_secs(2))
         };
         let mine = std::fs::symlink_metadata(&path).is_ok_and(|m| m.uid() == uid && old(&m));
-        let refused = matches!(UnixStream::connect(&path),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
-        if mine && refused {
+        if mine
+            && matches!(UnixStream::connect(&path),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -466,6 +364,11 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, Error> {
     Ok(s)
 }
 
+/// `1234` from `…/1234-softhca0-2.sock`.
+fn socket_pid(path: &Path) -> Option<u32> {
+    path.file_stem()?.to_str()?.split_once('-')?.0.parse().ok()
+}
+
 /// `softhca0-2` from `…/1234-softhca0-2.sock`.
 fn socket_key(path: &Path) -> Option<String> {
     let stem = path.file_stem()?.to_str()?;
@@ -521,16 +424,11 @@ pub fn read_all(dirs: &[PathBuf]) -> Vec<Snapshot> {
     out
 }
 
-/// `/proc/self/comm`: this process's command name.
-pub(crate) fn command_name() -> String {
-    std::fs::read_to_string("/proc/self/comm")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::{command_name, DeviceSnapshot};
+    use std::collections::BTreeMap;
 
     #[test]
     fn parse_and_dirs() {
