@@ -232,10 +232,21 @@ fn devinfo(addr: &str) -> (String, String, u64, Vec<String>) {
     (field("node_guid:"), gid0, mtu, names)
 }
 
-fn run_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softhca-agent-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// The test's run directory, removed on drop (a failed test too).
+struct RunDir(PathBuf);
+
+impl RunDir {
+    fn new() -> RunDir {
+        let d = std::env::temp_dir().join(format!("softhca-agent-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        RunDir(d)
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// PSN `a + n` modulo 2^24.
@@ -245,8 +256,9 @@ fn psn_add(a: u32, n: u32) -> u64 {
 
 #[test]
 fn agent_and_stat_report_what_the_processes_count() {
-    let dir = run_dir();
-    let mut peers = [Peer::start(0, &dir), Peer::start(1, &dir)];
+    let run_dir = RunDir::new();
+    let dir = &run_dir.0;
+    let mut peers = [Peer::start(0, dir), Peer::start(1, dir)];
     let hellos = [peers[0].json(), peers[1].json()];
     peers[0].say(&hellos[1].to_string());
     peers[1].say(&hellos[0].to_string());
@@ -254,14 +266,15 @@ fn agent_and_stat_report_what_the_processes_count() {
     peers[1].say("check");
     let own1 = peers[1].json();
     let pids = [peers[0].child.id(), peers[1].child.id()];
-    let agent = Agent::start(&dir);
+    let agent = Agent::start(dir);
     let base = agent.1.clone();
 
     check_devices(&base, &pids, &hellos);
     check_counters(&base, &pids, &[&own0, &own1]);
-    check_stat(&base, &dir, pids[0]);
-    check_errors(&base, &dir);
+    check_stat(&base, dir, pids[0]);
+    check_errors(&base, dir);
     check_spec_routes(&base, pids[0]);
+    check_schemas(&base, pids[0]);
 
     for p in &mut peers {
         p.say("exit");
@@ -270,7 +283,6 @@ fn agent_and_stat_report_what_the_processes_count() {
         assert!(p.child.wait().unwrap().success(), "peer failed");
     }
     drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Devices, as `softhca devinfo -v` shows them, and QPs whose PSNs count the traffic.
@@ -446,4 +458,31 @@ fn check_spec_routes(base: &str, pid: u32) {
         .unwrap()
         .iter()
         .any(|i| i["name"] == "lo" && i["virtual"] == true));
+}
+
+/// Every answer is valid under the schema the OpenAPI description gives for its status,
+/// checked by an independent validator (Python's openapi-schema-validator; skipped with
+/// a message where it is not installed).
+fn check_schemas(base: &str, pid: u32) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("tests/support/openapi_check.py"))
+        .arg(root.join("../agent/openapi.yaml"))
+        .args([base, &pid.to_string(), "softhca0"])
+        .output();
+    let Ok(out) = out else {
+        eprintln!("schema check skipped: no python3");
+        return;
+    };
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(77) {
+        eprintln!("schema check {}", text.trim());
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "answers against openapi.yaml:\n{text}"
+    );
+    assert_eq!(text.matches("ok /v1/").count(), 12, "{text}");
 }
