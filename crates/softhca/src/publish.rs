@@ -401,24 +401,33 @@ fn peer_pid(conn: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.pid as u32)
 }
 
-/// The snapshots of every device published in `dirs` (each directory once), by pid
-/// then name. Sockets nobody answers on (a process that was killed) are skipped.
+/// The snapshots of every device published in `dirs` and in their subdirectories (one
+/// level: a directory per pod under a node's run directory), each directory once, by
+/// pid then key. Sockets nobody answers on (a process that was killed) are skipped.
 pub fn read_all(dirs: &[PathBuf]) -> Vec<Snapshot> {
-    let mut seen = Vec::new();
+    let mut seen: Vec<PathBuf> = Vec::new();
     let mut out: Vec<Snapshot> = Vec::new();
     for dir in dirs {
-        let Ok(real) = std::fs::canonicalize(dir) else {
-            continue;
-        };
-        if seen.contains(&real) {
-            continue;
+        let subdirs = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path());
+        for d in std::iter::once(dir.clone()).chain(subdirs) {
+            let Ok(real) = std::fs::canonicalize(&d) else {
+                continue;
+            };
+            if seen.contains(&real) {
+                continue;
+            }
+            seen.push(real.clone());
+            out.extend(socket_paths(&real).iter().filter_map(|p| {
+                read_snapshot(p)
+                    .map_err(|e| tracing::debug!("{}: {e}", p.display()))
+                    .ok()
+            }));
         }
-        seen.push(real.clone());
-        out.extend(socket_paths(&real).iter().filter_map(|p| {
-            read_snapshot(p)
-                .map_err(|e| tracing::debug!("{}: {e}", p.display()))
-                .ok()
-        }));
     }
     out.sort_by(|a, b| (a.pid, &a.key).cmp(&(b.pid, &b.key)));
     out
@@ -447,7 +456,8 @@ mod tests {
 
     #[test]
     fn a_reader_gets_the_snapshot_and_the_socket_goes_with_the_publisher() {
-        let dir = std::env::temp_dir().join(format!("softhca-publish-{}", std::process::id()));
+        let parent = std::env::temp_dir().join(format!("softhca-publish-{}", std::process::id()));
+        let dir = parent.join("pod");
         let source: Source = Box::new(|| {
             Some(Snapshot {
                 pid: 0,
@@ -482,6 +492,12 @@ mod tests {
         assert!(path.ends_with(format!("{}-t0_x.sock", std::process::id())));
         let all = read_all(&[dir.clone(), dir.clone()]);
         assert_eq!(all.len(), 1, "one device, the directory read once");
+        assert!(
+            read_all(std::slice::from_ref(&parent))
+                .iter()
+                .any(|s| s.pid == std::process::id() && s.key == "t0_x"),
+            "found one level down"
+        );
         assert_eq!(all[0].pid, std::process::id());
         assert_eq!(all[0].counters["rdma_sends"], 7);
         assert_eq!(all[0].key, "t0_x");
@@ -492,5 +508,6 @@ mod tests {
         assert!(!path.exists(), "socket removed");
         assert!(read_all(std::slice::from_ref(&dir)).is_empty());
         let _ = std::fs::remove_dir(&dir);
+        let _ = std::fs::remove_dir(&parent);
     }
 }
