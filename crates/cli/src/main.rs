@@ -10,6 +10,7 @@ mod perf;
 mod progress;
 mod report;
 mod size;
+mod stat;
 mod stream;
 
 use std::process::ExitCode;
@@ -100,5 +101,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => bench::run(&a),
         Command::BenchPeer(a) => bench::peer::run(&a),
         Command::Stream(a) => stream::run(&a),
+        Command::Stat(a) => stat::run(&a),
+        Command::Agent(a) => stat::agent(&a),
     }
 }
