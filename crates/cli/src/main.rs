@@ -10,6 +10,7 @@ mod progress;
 mod report;
 mod size;
 mod stream;
+mod topo;
 
 use std::process::ExitCode;
 
@@ -99,5 +100,6 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => bench::run(&a),
         Command::BenchPeer(a) => bench::peer::run(&a),
         Command::Stream(a) => stream::run(&a),
+        Command::Topo(a) => topo::run(&a),
     }
 }

@@ -35,6 +35,7 @@ mod error;
 mod event;
 mod mr;
 mod pd;
+mod placement;
 mod qp;
 mod ring;
 mod stats;
@@ -47,7 +48,8 @@ pub use softhca_transport::Counters;
 
 pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
 pub use config::{
-    Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
+    Config, CpuPin, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS,
+    ROCE_UDP_PORT,
 };
 pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
@@ -55,6 +57,7 @@ pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
+pub use placement::Placement;
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;
