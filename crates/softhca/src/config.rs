@@ -145,6 +145,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("SOFTHCA_LOG", "tracing filter of the CLI"),
     (
+        "SOFTHCA_RUN_DIR",
+        "directory of the node's shared state (softhca-k8s's k8s-allocations.json)",
+    ),
+    (
         "SOFTHCA_RDMACM_DEBUG",
         "the drop-in librdmacm prints why a call failed",
     ),
