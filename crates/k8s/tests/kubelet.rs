@@ -191,6 +191,7 @@ fn ip(args: &[&str]) -> bool {
 /// again when it comes back. Root only: a veth pair in a private namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_down_turns_unhealthy() {
+    // SAFETY: geteuid has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root (a network namespace with a veth pair)");
         return;
