@@ -61,6 +61,8 @@ pub struct PluginConfig {
     pub container_lib_dir: PathBuf,
     /// CDI kind (`softhca.io/rdma`): also answer a CDI device `<kind>=<interface>`.
     pub cdi_kind: Option<String>,
+    /// Where to write the CDI spec of that kind (`/etc/cdi`, `/var/run/cdi`).
+    pub cdi_spec_dir: Option<PathBuf>,
     /// Where the allocations file is written.
     pub run_dir: PathBuf,
     /// Root of the sysfs tree read for NUMA nodes and link state.
@@ -87,6 +89,11 @@ impl PluginConfig {
         if self.devices_per_netdev == 0 {
             return Err(PluginError::Config(
                 "--devices-per-netdev must be at least 1".into(),
+            ));
+        }
+        if self.cdi_spec_dir.is_some() && self.cdi_kind.is_none() {
+            return Err(PluginError::Config(
+                "--cdi-spec-dir needs --cdi-kind".into(),
             ));
         }
         if self.endpoint.contains('/') || self.endpoint == KUBELET_SOCKET {

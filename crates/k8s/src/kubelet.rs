@@ -150,6 +150,10 @@ pub async fn run(
 ) -> Result<(), PluginError> {
     cfg.validate()?;
     let devs = inventory(&cfg)?;
+    if let (Some(kind), Some(dir)) = (&cfg.cdi_kind, &cfg.cdi_spec_dir) {
+        let path = crate::cdi::write_spec(&cfg, kind, dir)?;
+        tracing::info!("CDI spec {}", path.display());
+    }
     let (tx, rx) = watch::channel(device_list(&devs, &cfg.sysfs_root));
     spawn_health(cfg.clone(), devs.clone(), tx);
     let plugin = Plugin::new(cfg.clone(), devs, rx);

@@ -12,7 +12,8 @@
 //! * [`service`]: the `DevicePlugin` gRPC service the kubelet calls;
 //! * [`kubelet`]: serving on the socket directory, registering, and re-registering
 //!   when the kubelet restarts;
-//! * [`record`]: the allocations file other tools (the node agent) read.
+//! * [`record`]: the allocations file other tools (the node agent) read;
+//! * [`cdi`]: the same container edits as a CDI spec, for runtimes given CDI names.
 
 pub mod api {
     //! The device-plugin API generated from kubelet's `api.proto`.
@@ -20,6 +21,7 @@ pub mod api {
     tonic::include_proto!("v1beta1");
 }
 
+pub mod cdi;
 pub mod config;
 pub mod inventory;
 pub mod kubelet;

@@ -40,6 +40,9 @@ struct Args {
     /// with a CDI spec in /etc/cdi.
     #[arg(long, value_name = "KIND")]
     cdi_kind: Option<String>,
+    /// Write the CDI spec of --cdi-kind into DIR at start (e.g. /etc/cdi).
+    #[arg(long, value_name = "DIR")]
+    cdi_spec_dir: Option<PathBuf>,
     /// Directory for k8s-allocations.json.
     #[arg(long, env = "SOFTHCA_RUN_DIR", default_value = "/run/softhca")]
     run_dir: PathBuf,
@@ -65,6 +68,7 @@ fn config(a: Args) -> Result<PluginConfig, PluginError> {
         lib_dir: a.lib_dir,
         container_lib_dir: a.container_lib_dir,
         cdi_kind: a.cdi_kind,
+        cdi_spec_dir: a.cdi_spec_dir,
         run_dir: a.run_dir,
         sysfs_root: a.sysfs_root,
         health_interval: Duration::from_millis(a.health_interval_ms.max(10)),

@@ -1,6 +1,5 @@
 //! The `DevicePlugin` service the kubelet calls.
 
-use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -51,14 +50,7 @@ impl Plugin {
             .first()
             .ok_or_else(|| Status::invalid_argument("no device ID"))?;
         let lib = self.cfg.container_lib_dir.display().to_string();
-        let envs: BTreeMap<String, String> = [
-            ("SOFTHCA_NETDEV", first.pool.container.clone()),
-            ("SOFTHCA_CPU", "auto".to_string()),
-            ("LD_LIBRARY_PATH", lib.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        let envs = crate::cdi::envs(&self.cfg, &first.pool.container);
         let cdi: Vec<String> = self
             .cfg
             .cdi_kind

@@ -25,6 +25,9 @@ use softhca_k8s::api::{self, ContainerAllocateResponse};
 const IMAGE: &str = "localhost/softhca-edge-test:1";
 const NETWORK: &str = "shedk8s";
 const SUBNET: &str = "10.89.40.0/24";
+/// The CDI kind, and the directory podman reads specs from (removed afterwards).
+const CDI_KIND: &str = "softhca.io/rdma";
+const CDI_DIR: &str = "/var/run/cdi";
 const SERVER_IP: &str = "10.89.40.20";
 const CLIENT_IP: &str = "10.89.40.21";
 
@@ -233,7 +236,17 @@ async fn allocate_two(dir: &Path, bridge: &str) -> (PluginProc, Vec<ContainerAll
     let netdev = format!("{bridge}:eth0");
     // plugin_cmd hands out `<dir>/lib`.
     lib_dir(dir);
-    let mut cmd = plugin_cmd(dir, &["--netdev", &netdev, "--devices-per-netdev", "4"]);
+    let args = [
+        "--netdev",
+        &netdev,
+        "--devices-per-netdev",
+        "4",
+        "--cdi-kind",
+        CDI_KIND,
+        "--cdi-spec-dir",
+        CDI_DIR,
+    ];
+    let mut cmd = plugin_cmd(dir, &args);
     let p = PluginProc(cmd.spawn().unwrap());
     let reg = kubelet.next_register(Duration::from_secs(10)).await;
     let mut c = plugin_client(dir, &reg.endpoint).await;
@@ -289,27 +302,7 @@ async fn perftest_between_allocated_containers() {
     let srv = run_args(&resps[0], srv_sbx, "0");
     let cli = run_args(&resps[1], cli_sbx, &last_cpu);
 
-    // The allocated container sees the device; one without an allocation sees none.
-    let o = Command::new("podman")
-        .arg("run")
-        .args(&srv)
-        .args([IMAGE, "ibv_devinfo"])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success() && text(&o).contains("hca_id:\tsofthca0"),
-        "{}",
-        text(&o)
-    );
-    let net = format!("--network=container:{srv_sbx}");
-    let bare = podman(&[&["run"][..], &BASE[..], &[&net, IMAGE, "ibv_devinfo"]].concat());
-    assert!(!bare.status.success(), "{}", text(&bare));
-    assert!(
-        text(&bare).contains("No IB devices found")
-            || text(&bare).contains("Failed to get IB devices list"),
-        "{}",
-        text(&bare)
-    );
+    check_device_seen(&srv, &resps[0], srv_sbx);
 
     // SOFTHCA_CPU=auto inside a one-CPU cpuset: the softhca CLI, mounted read-only.
     let cli_bin = format!(
@@ -356,6 +349,42 @@ async fn perftest_between_allocated_containers() {
         let _ = podman(&["rm", "-f", "-t", "0", name]);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The allocated container sees the device, by envs and mounts and by the CDI name
+/// alone (what a CDI-aware runtime gets instead); one without an allocation sees none.
+fn check_device_seen(srv: &[String], resp: &ContainerAllocateResponse, srv_sbx: &str) {
+    let o = Command::new("podman")
+        .arg("run")
+        .args(srv)
+        .args([IMAGE, "ibv_devinfo"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("hca_id:\tsofthca0"),
+        "{}",
+        text(&o)
+    );
+    let net = format!("--network=container:{srv_sbx}");
+    let bare = podman(&[&["run"][..], &BASE[..], &[&net, IMAGE, "ibv_devinfo"]].concat());
+    assert!(!bare.status.success(), "{}", text(&bare));
+    assert!(
+        text(&bare).contains("No IB devices found")
+            || text(&bare).contains("Failed to get IB devices list"),
+        "{}",
+        text(&bare)
+    );
+
+    let cdi = &resp.cdi_devices[0].name;
+    assert_eq!(cdi, "softhca.io/rdma=eth0");
+    let dev = format!("--device={cdi}");
+    let o = podman(&[&["run"][..], &BASE[..], &[&net, &dev, IMAGE, "ibv_devinfo"]].concat());
+    assert!(
+        o.status.success() && text(&o).contains("hca_id:\tsofthca0"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_file(softhca_k8s::cdi::spec_path(Path::new(CDI_DIR), CDI_KIND));
 }
 
 /// The CPUs this test may use (the containers' cpusets are chosen among them).

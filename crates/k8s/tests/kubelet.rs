@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{first_list, plugin_client, plugin_cmd, start_kubelet, temp_dir, PluginProc};
+use softhca_k8s::api::device_plugin_client::DevicePluginClient;
 use softhca_k8s::api::{self, Empty};
+use tonic::transport::Channel;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../topo/tests/fixtures/qemu-2numa")
@@ -65,95 +67,8 @@ async fn registers_lists_allocates_and_reregisters() {
     assert_eq!(devs[0].topology.as_ref().unwrap().nodes[0].id, 1);
     assert!(devs[3].topology.is_none());
 
-    let pref = c
-        .get_preferred_allocation(api::PreferredAllocationRequest {
-            container_requests: vec![api::ContainerPreferredAllocationRequest {
-                available_device_i_ds: vec!["eth0-0".into(), "eth3-1".into(), "eth3-2".into()],
-                must_include_device_i_ds: vec![],
-                allocation_size: 2,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        pref.container_responses[0].device_i_ds,
-        ["eth3-1", "eth3-2"],
-        "one NUMA node"
-    );
-
-    let resp = c
-        .allocate(api::AllocateRequest {
-            container_requests: vec![
-                api::ContainerAllocateRequest {
-                    devices_ids: vec!["eth3-1".into()],
-                },
-                api::ContainerAllocateRequest {
-                    devices_ids: vec!["eth0-0".into()],
-                },
-            ],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let r0 = &resp.container_responses[0];
-    assert_eq!(r0.envs["SOFTHCA_NETDEV"], "net1");
-    assert_eq!(r0.envs["SOFTHCA_CPU"], "auto");
-    assert_eq!(r0.envs["LD_LIBRARY_PATH"], "/opt/softhca/lib");
-    assert_eq!(r0.mounts.len(), 1);
-    assert_eq!(r0.mounts[0].container_path, "/opt/softhca/lib");
-    assert_eq!(Path::new(&r0.mounts[0].host_path), dir.join("lib"));
-    assert!(r0.mounts[0].read_only && r0.devices.is_empty());
-    assert_eq!(r0.cdi_devices[0].name, "softhca.io/rdma=net1");
-    assert_eq!(resp.container_responses[1].envs["SOFTHCA_NETDEV"], "eth0");
-
-    let bad = c
-        .allocate(api::AllocateRequest {
-            container_requests: vec![api::ContainerAllocateRequest {
-                devices_ids: vec!["eth9-0".into()],
-            }],
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
-    assert!(bad.message().contains("eth9-0"), "{}", bad.message());
-
-    let file: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("run/k8s-allocations.json")).unwrap())
-            .unwrap();
-    assert_eq!(file["resource_name"], "softhca.io/rdma");
-    let a = &file["allocations"];
-    assert_eq!(a.as_array().unwrap().len(), 2);
-    assert_eq!(a[0]["device_ids"], serde_json::json!(["eth3-1"]));
-    assert_eq!(a[0]["netdevs"], serde_json::json!(["eth3"]));
-    assert_eq!(a[0]["numa_nodes"], serde_json::json!([1]));
-    assert_eq!(a[0]["envs"]["SOFTHCA_NETDEV"], "net1");
-
-    // The kubelet restarts: its socket goes away and comes back as a new file.
-    kubelet.stop();
-    std::fs::remove_file(dir.join("kubelet.sock")).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let t = Instant::now();
-    let mut kubelet = start_kubelet(&dir);
-    let again = kubelet.next_register(Duration::from_secs(5)).await;
-    eprintln!(
-        "re-registered {:?} after kubelet.sock was recreated",
-        t.elapsed()
-    );
-    assert_eq!(again.resource_name, "softhca.io/rdma");
-    // ... and a kubelet that also removed the plugin's socket gets a fresh one.
-    std::fs::remove_file(dir.join("softhca-rdma.sock")).unwrap();
-    kubelet.stop();
-    std::fs::remove_file(dir.join("kubelet.sock")).unwrap();
-    let mut kubelet = start_kubelet(&dir);
-    let t = Instant::now();
-    kubelet.next_register(Duration::from_secs(5)).await;
-    eprintln!(
-        "re-registered on a new plugin socket after {:?}",
-        t.elapsed()
-    );
-    let mut c = plugin_client(&dir, "softhca-rdma.sock").await;
-    assert_eq!(first_list(&mut c).await.0.len(), 6);
+    check_allocation(&mut c, &dir).await;
+    check_reregistration(&dir, kubelet).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -239,4 +154,99 @@ async fn link_down_turns_unhealthy() {
     drop(_p);
     let _ = ip(&["netns", "del", &ns]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Preferred allocation, Allocate (good and bad IDs) and the allocations file.
+async fn check_allocation(c: &mut DevicePluginClient<Channel>, dir: &Path) {
+    let pref = c
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec!["eth0-0".into(), "eth3-1".into(), "eth3-2".into()],
+                must_include_device_i_ds: vec![],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        pref.container_responses[0].device_i_ds,
+        ["eth3-1", "eth3-2"],
+        "one NUMA node"
+    );
+
+    let resp = c
+        .allocate(api::AllocateRequest {
+            container_requests: vec![
+                api::ContainerAllocateRequest {
+                    devices_ids: vec!["eth3-1".into()],
+                },
+                api::ContainerAllocateRequest {
+                    devices_ids: vec!["eth0-0".into()],
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r0 = &resp.container_responses[0];
+    assert_eq!(r0.envs["SOFTHCA_NETDEV"], "net1");
+    assert_eq!(r0.envs["SOFTHCA_CPU"], "auto");
+    assert_eq!(r0.envs["LD_LIBRARY_PATH"], "/opt/softhca/lib");
+    assert_eq!(r0.mounts.len(), 1);
+    assert_eq!(r0.mounts[0].container_path, "/opt/softhca/lib");
+    assert_eq!(Path::new(&r0.mounts[0].host_path), dir.join("lib"));
+    assert!(r0.mounts[0].read_only && r0.devices.is_empty());
+    assert_eq!(r0.cdi_devices[0].name, "softhca.io/rdma=net1");
+    assert_eq!(resp.container_responses[1].envs["SOFTHCA_NETDEV"], "eth0");
+
+    let bad = c
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec!["eth9-0".into()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(bad.message().contains("eth9-0"), "{}", bad.message());
+
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run/k8s-allocations.json")).unwrap())
+            .unwrap();
+    assert_eq!(file["resource_name"], "softhca.io/rdma");
+    let a = &file["allocations"];
+    assert_eq!(a.as_array().unwrap().len(), 2);
+    assert_eq!(a[0]["device_ids"], serde_json::json!(["eth3-1"]));
+    assert_eq!(a[0]["netdevs"], serde_json::json!(["eth3"]));
+    assert_eq!(a[0]["numa_nodes"], serde_json::json!([1]));
+    assert_eq!(a[0]["envs"]["SOFTHCA_NETDEV"], "net1");
+}
+
+/// The kubelet restarts: its socket goes away and comes back as a new file.
+async fn check_reregistration(dir: &Path, mut kubelet: common::FakeKubelet) {
+    kubelet.stop();
+    std::fs::remove_file(dir.join("kubelet.sock")).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let mut kubelet = start_kubelet(dir);
+    let again = kubelet.next_register(Duration::from_secs(5)).await;
+    eprintln!(
+        "re-registered {:?} after kubelet.sock was recreated",
+        t.elapsed()
+    );
+    assert_eq!(again.resource_name, "softhca.io/rdma");
+    // ... and a kubelet that also removed the plugin's socket gets a fresh one.
+    std::fs::remove_file(dir.join("softhca-rdma.sock")).unwrap();
+    kubelet.stop();
+    std::fs::remove_file(dir.join("kubelet.sock")).unwrap();
+    let mut kubelet = start_kubelet(dir);
+    let t = Instant::now();
+    kubelet.next_register(Duration::from_secs(5)).await;
+    eprintln!(
+        "re-registered on a new plugin socket after {:?}",
+        t.elapsed()
+    );
+    let mut c = plugin_client(dir, "softhca-rdma.sock").await;
+    assert_eq!(first_list(&mut c).await.0.len(), 6);
 }
