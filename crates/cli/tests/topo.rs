@@ -130,3 +130,45 @@ fn auto_cpu_under_taskset() {
         format!("{cpu} (auto: allowed {cpu}, lo has no NUMA locality)")
     );
 }
+
+/// `SOFTHCA_CPU=auto` in a real two-node machine: the QEMU guest the fixture comes
+/// from, booted again with this softhca binary (opt-in, about 2-3 minutes of software
+/// emulation: `SOFTHCA_QEMU_NUMA=1`; needs qemu-system-x86, busybox and a kernel in
+/// /boot). The re-captured tree also gives the committed fixture's matrix.
+#[test]
+fn auto_cpu_in_the_two_node_guest() {
+    if std::env::var_os("SOFTHCA_QEMU_NUMA").is_none() {
+        eprintln!("skipped: opt-in, set SOFTHCA_QEMU_NUMA=1 (boots a QEMU guest)");
+        return;
+    }
+    let out_dir = std::env::temp_dir().join(format!("shed-topo-{}", std::process::id()));
+    let out = Command::new("bash")
+        .arg(guest().join("../../capture-qemu.sh"))
+        .arg(&out_dir)
+        .arg(env!("CARGO_BIN_EXE_softhca"))
+        .output()
+        .unwrap();
+    let text = ok(out);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("mask ")).collect();
+    assert_eq!(
+        lines,
+        [
+            "mask 0xf eth3: 3 (auto: allowed 0-3, eth3 local 2-3, NUMA node 1)",
+            "mask 0x7 eth3: 2 (auto: allowed 0-2, eth3 local 2-3, NUMA node 1)",
+            "mask 0x3 eth3: 1 (auto: allowed 0-1, eth3 local 2-3, NUMA node 1)",
+            "mask 0xf eth2: 1 (auto: allowed 0-3, eth2 local 0-1, NUMA node 0)",
+        ],
+        "{text}"
+    );
+    let json = |root: &std::path::Path| {
+        let out = softhca()
+            .args(["topo", "--json", "--all", "--sysfs-root"])
+            .arg(root)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+        (v["matrix"].clone(), v["numa_nodes"].clone())
+    };
+    assert_eq!(json(&out_dir), json(&guest()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

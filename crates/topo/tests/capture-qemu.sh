@@ -3,10 +3,14 @@
 # (pxb host bridges on two NUMA nodes, chained pci-bridges) yields every
 # distance class, into fixtures/<name>/ as a small tree of text files and
 # symlinks. Needs qemu-system-x86, busybox and a Debian kernel in /boot.
-#   tests/capture-qemu.sh [OUT_DIR]     (default: tests/fixtures/qemu-2numa)
+#   tests/capture-qemu.sh [OUT_DIR [SOFTHCA_BINARY]]   (default: tests/fixtures/qemu-2numa)
+# With the softhca binary, the guest also runs `softhca devinfo -v` with
+# SOFTHCA_CPU=auto under several affinity masks and prints each datapath_cpu line
+# (a real multi-NUMA placement run).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/fixtures/qemu-2numa}
+softhca=${2:-}
 kver=$(ls /boot/vmlinuz-* | sed 's#.*/vmlinuz-##' | sort -V | tail -1)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 root=$work/root
@@ -15,6 +19,12 @@ cp /usr/bin/busybox "$root/bin/"
 for lib in $(ldd /usr/bin/busybox | grep -o '/[^ ]*'); do
   mkdir -p "$root$(dirname "$lib")"; cp "$lib" "$root$lib"
 done
+if [ -n "$softhca" ]; then
+  mkdir -p "$root/usr/local/bin"; cp "$softhca" "$root/usr/local/bin/softhca"
+  for lib in $(ldd "$softhca" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"; cp -n "$lib" "$root$lib"
+  done
+fi
 n=0
 for m in virtio_pci virtio_net nvme 8021q dummy; do
   for ko in $(modprobe -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}'); do
@@ -45,6 +55,17 @@ for l in /sys/bus/pci/devices/* /sys/class/net/* /sys/class/nvme/*; do
   for s in "$d"/device "$d"/lower_*; do link "$s"; done
 done
 mkdir -p /out/proc; cat /proc/cpuinfo >/out/proc/cpuinfo
+if [ -x /usr/local/bin/softhca ]; then
+  # eth3: node 1 (CPUs 2-3); eth2: node 0 (CPUs 0-1). Masks: 0-3, 0-2, 0-1.
+  ip addr add 10.40.3.1/24 dev eth3; ip addr add 10.40.2.1/24 dev eth2
+  echo '=====PLACEMENT====='
+  for run in "f eth3" "7 eth3" "3 eth3" "f eth2"; do
+    set -- $run
+    line=$(SOFTHCA_CPU=auto SOFTHCA_NETDEV=$2 SOFTHCA_LOG=off taskset "$1" /usr/local/bin/softhca devinfo -v 2>&1 | grep datapath_cpu)
+    echo "mask 0x$1 $2: ${line#*datapath_cpu:}"
+  done
+  echo '=====PLACEMENT-END====='
+fi
 echo '=====BEGIN====='; tar -C /out -cz . | base64; echo '=====END====='
 sleep 2; echo o >/proc/sysrq-trigger; sleep 10
 INIT
@@ -82,4 +103,5 @@ cp "$work/console" "${CAPTURE_CONSOLE:-/dev/null}" 2>/dev/null || true
 sed -n '/=====BEGIN=====/,/=====END=====/p' "$work/console" | sed '1d;$d' | tr -d '\r' | base64 -d >"$work/out.tgz" \
   || { tail -30 "$work/console" >&2; exit 1; }
 rm -rf "$out"; mkdir -p "$out"; tar -C "$out" -xzf "$work/out.tgz"
+sed -n '/=====PLACEMENT=====/,/=====PLACEMENT-END=====/p' "$work/console" | sed '1d;$d' | tr -d '\r' | tr -s '\t' ' '
 echo "captured $(find "$out" -type f -o -type l | wc -l) entries into $out"
