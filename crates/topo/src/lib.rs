@@ -141,7 +141,13 @@ impl Topology {
         let nodes = sys.numa_nodes(&cpus)?;
         let mut endpoints = Vec::new();
         for name in sys.netdev_names()? {
-            endpoints.push(sys.netdev(&name, &cpus, &nodes)?);
+            match sys.netdev(&name, &cpus, &nodes) {
+                Ok(e) => endpoints.push(e),
+                // Removed since the directory was listed (a veth of a container that
+                // just stopped): not part of the machine any more.
+                Err(TopoError::NoInterface(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         endpoints.extend(sys.pci_class_endpoints(&cpus, &nodes)?);
         endpoints.extend(sys.nvme_endpoints(&cpus, &nodes)?);
