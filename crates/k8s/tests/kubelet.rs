@@ -116,6 +116,7 @@ async fn link_down_turns_unhealthy() {
         let _ = ip(&["netns", "del", &ns]);
     }
     assert!(ip(&["netns", "add", &ns]));
+    let _ns = Netns(ns.clone());
     let in_ns = |args: &[&str]| ip(&[&["netns", "exec", &ns, "ip"][..], args].concat());
     assert!(in_ns(&[
         "link", "add", "shd0", "type", "veth", "peer", "name", "shd1"
@@ -152,8 +153,16 @@ async fn link_down_turns_unhealthy() {
         );
     }
     drop(_p);
-    let _ = ip(&["netns", "del", &ns]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Deletes the namespace (and its veth pair) even when the test fails.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
 }
 
 /// Preferred allocation, Allocate (good and bad IDs) and the allocations file.
