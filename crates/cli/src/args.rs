@@ -35,6 +35,9 @@ pub enum Command {
     /// Stream synthetic camera frames to a host receiver on loopback: RC SEND, UC WRITE
     /// with immediate, or GigE Vision GVSP over UDP (`--compare`: all three).
     Stream(StreamArgs),
+    /// Distance matrix between NICs, GPUs, NVMe and softhca devices with CPU and NUMA
+    /// affinity, like `nvidia-smi topo -m`, read from /sys (no root needed).
+    Topo(TopoArgs),
     /// The devices of running processes: QPs (state, peer, PSNs, outstanding work) and
     /// counters, like `rdma res show qp` and `rdma statistic`.
     Stat(StatArgs),
@@ -66,6 +69,24 @@ pub struct AgentArgs {
     /// Read devices published in DIR (default: SOFTHCA_RUN_DIR, else the usual places).
     #[arg(long, value_name = "DIR")]
     pub run_dir: Vec<std::path::PathBuf>,
+}
+
+/// `softhca topo`.
+#[derive(Debug, Args, Clone)]
+pub struct TopoArgs {
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also show virtual interfaces (loopback, veth, bridges) nothing serves.
+    #[arg(long)]
+    pub all: bool,
+    /// Read the sysfs tree below DIR instead of / (a captured tree).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub sysfs_root: std::path::PathBuf,
+    /// Place softhca device NAME on interface NETDEV (repeatable); by default the device
+    /// the SOFTHCA_* environment opens is placed, unless --sysfs-root is given.
+    #[arg(long, value_name = "NAME=NETDEV")]
+    pub device: Vec<String>,
 }
 
 /// `softhca bench`.

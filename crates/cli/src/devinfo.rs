@@ -84,6 +84,10 @@ fn print(out: &mut impl Write, ctx: &Context, verbose: bool) -> Result<(), CliEr
     if verbose {
         let (gso, gro) = ctx.io_capabilities();
         writeln!(out, "\tio:\t\t\t\tUDP GSO {}, GRO {}", on(gso), on(gro))?;
+        let cpu = ctx
+            .placement()
+            .map_or("not pinned".to_string(), |p| p.to_string());
+        writeln!(out, "\tdatapath_cpu:\t\t\t{cpu}")?;
         writeln!(out, "\tcounters:")?;
         for (name, v) in ctx.counters() {
             writeln!(out, "\t\t{:<32}{v}", format!("{name}:"))?;

@@ -12,6 +12,7 @@ mod report;
 mod size;
 mod stat;
 mod stream;
+mod topo;
 
 use std::process::ExitCode;
 
@@ -103,5 +104,6 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stream(a) => stream::run(&a),
         Command::Stat(a) => stat::run(&a),
         Command::Agent(a) => stat::agent(&a),
+        Command::Topo(a) => topo::run(&a),
     }
 }

@@ -30,6 +30,21 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), IoError> {
     Ok(())
 }
 
+/// The CPUs the calling thread may run on (`sched_getaffinity(2)`): inside a container,
+/// its cpuset.
+pub fn allowed_cpus() -> Result<Vec<usize>, IoError> {
+    // SAFETY: cpu_set_t is plain bits; sched_getaffinity writes at most `size_of` bytes
+    // into it, and CPU_ISSET reads indexes below the mask size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(IoError::last_os("sched_getaffinity"));
+        }
+        let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        Ok((0..max).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
+    }
+}
+
 /// `struct sched_attr` of `sched_setattr(2)` (include/uapi/linux/sched/types.h,
 /// `SCHED_ATTR_SIZE_VER1`).
 #[repr(C)]

@@ -76,6 +76,30 @@ impl PollMode {
     }
 }
 
+/// Where to pin the datapath thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuPin {
+    /// This CPU.
+    Cpu(usize),
+    /// A CPU this thread may run on (its affinity mask, so a container's cpuset), local
+    /// to the served interface's NUMA node when /sys tells it; see
+    /// [`crate::Placement`].
+    Auto,
+}
+
+impl CpuPin {
+    /// Parses a CPU number or `auto` (case-insensitive).
+    pub fn parse(s: &str) -> Result<CpuPin, Error> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(CpuPin::Auto);
+        }
+        s.parse()
+            .map(CpuPin::Cpu)
+            .map_err(|_| Error::Config(format!("SOFTHCA_CPU: {s:?} is not a CPU number or auto")))
+    }
+}
+
 /// Every environment variable softhca reads, with its meaning: the single list the
 /// README's configuration table is checked against (`tests/env_vars.rs`).
 pub const ENV_VARS: &[(&str, &str)] = &[
@@ -89,7 +113,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_MTU",
         "largest path MTU (256, 512, 1024, 2048, 4096)",
     ),
-    ("SOFTHCA_CPU", "pin the datapath thread to this CPU"),
+    (
+        "SOFTHCA_CPU",
+        "pin the datapath thread to this CPU, or `auto`: an allowed CPU near the interface",
+    ),
     ("SOFTHCA_POLL", "idle policy of the datapath thread"),
     ("SOFTHCA_GSO", "`0` turns UDP segmentation offload off"),
     ("SOFTHCA_GRO", "`0` turns UDP receive offload off"),
@@ -126,7 +153,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "SOFTHCA_RUN_DIR",
-        "where devices publish their state for `softhca stat` and `softhca agent` (`off`: nowhere)",
+        "where devices publish their state for `softhca stat` and `softhca agent` (`off`: nowhere), and softhca-k8s writes k8s-allocations.json",
     ),
 ];
 
@@ -173,8 +200,8 @@ pub struct Config {
     pub netdev: Option<String>,
     /// Largest path MTU; the active MTU is this or less if an interface needs it.
     pub mtu: Mtu,
-    /// Pin the datapath thread to this CPU.
-    pub cpu: Option<usize>,
+    /// Pin the datapath thread (`None`: let the scheduler place it).
+    pub cpu: Option<CpuPin>,
     /// UDP port to bind and to send to (RoCEv2: 4791).
     pub udp_port: u16,
     /// Idle policy of the datapath thread.
@@ -305,10 +332,7 @@ impl Config {
                 })?;
         }
         if let Some(v) = env("SOFTHCA_CPU") {
-            cfg.cpu =
-                Some(v.parse().map_err(|_| {
-                    Error::Config(format!("SOFTHCA_CPU: {v:?} is not a CPU number"))
-                })?);
+            cfg.cpu = Some(CpuPin::parse(&v)?);
         }
         if let Some(v) = env("SOFTHCA_PORT") {
             cfg.udp_port =
@@ -405,6 +429,14 @@ mod tests {
             (false, true, false, 1 << 20)
         );
         assert_eq!(Config::default().sockbuf, DEFAULT_SOCKBUF);
+    }
+
+    #[test]
+    fn cpu_pin_parse() {
+        assert_eq!(CpuPin::parse("3").unwrap(), CpuPin::Cpu(3));
+        assert_eq!(CpuPin::parse(" Auto ").unwrap(), CpuPin::Auto);
+        assert!(CpuPin::parse("near").is_err());
+        assert!(CpuPin::parse("-1").is_err());
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::placement::Placement;
 use softhca_io::{EventFd, RoceSocket};
 use softhca_transport::{Engine, EngineConfig};
 
@@ -114,6 +116,8 @@ pub(crate) struct Device {
     desc: DeviceSnapshot,
     /// The socket other processes read this device's state from (see `publish`).
     publisher: Option<Publisher>,
+    netdev: Option<String>,
+    placement: Option<Placement>,
 }
 
 /// An open device (`ibv_context`). Every [`Context::open`] of a device this process
@@ -345,6 +349,8 @@ impl Device {
         // per-QP source port instead, 0xC000 + hash(QPN); one socket per QP would be
         // needed for that).
         engine.set_source_port(Some(cfg.udp_port));
+        // Served interfaces come first: the first one is the device's interface.
+        let netdev = served.first().and_then(|s| s.ifname.clone());
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
         let stepper = Stepper::new(
             &sockets,
@@ -376,7 +382,8 @@ impl Device {
         });
         flush_at_exit(&shared);
         let dp = DatapathThread::new(shared.clone())?;
-        let cpu = cfg.cpu;
+        let placement = crate::placement::place(cfg.cpu, netdev.as_deref());
+        let cpu = placement.as_ref().map(|p| p.cpu);
         let thread = std::thread::Builder::new()
             .name(format!("softhca-dp-{}", cfg.name))
             .spawn(move || dp.run(cpu))
@@ -386,7 +393,7 @@ impl Device {
             })?;
         tracing::info!(name = %cfg.name, addrs = ?served_addrs.iter().map(|s| s.ip).collect::<Vec<_>>(),
             ?mtu, port = cfg.udp_port, gso = caps.0, gro = caps.1, "softhca device open");
-        let (desc, publisher) = publish(cfg, &shared, describe(cfg, &attr, &gids, mtu, caps));
+        let (desc, publisher) = publish(cfg, &shared, describe(cfg, &attr, &gids, mtu, caps, cpu));
         Ok(Arc::new(Device {
             desc,
             publisher,
@@ -399,6 +406,8 @@ impl Device {
             udp_port: cfg.udp_port,
             caps,
             attr,
+            netdev,
+            placement,
         }))
     }
 }
@@ -407,6 +416,16 @@ impl Context {
     /// The device name (`ibv_get_device_name`).
     pub fn name(&self) -> &str {
         &self.dev.name
+    }
+
+    /// The interface of the first served address (`lo` for a loopback address).
+    pub fn netdev(&self) -> Option<&str> {
+        self.dev.netdev.as_deref()
+    }
+
+    /// Where the datapath thread is pinned (`SOFTHCA_CPU`), and why.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.dev.placement.as_ref()
     }
 
     /// Device attributes (`ibv_query_device`).

@@ -36,6 +36,7 @@ mod event;
 mod mr;
 mod pd;
 mod publish;
+mod placement;
 mod qp;
 mod ring;
 mod snapshot;
@@ -52,7 +53,8 @@ pub use attr::{
     gid_words, guid_text, AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState,
 };
 pub use config::{
-    Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
+    Config, CpuPin, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS,
+    ROCE_UDP_PORT,
 };
 pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
@@ -61,6 +63,7 @@ pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
 pub use publish::{read_all, read_snapshot, Publish};
+pub use placement::Placement;
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use snapshot::{DeviceSnapshot, GidSnapshot, QpSnapshot, Snapshot};
 pub use softhca_io::IoError;

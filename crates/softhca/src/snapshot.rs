@@ -54,7 +54,7 @@ pub struct DeviceSnapshot {
     pub udp_port: u16,
     /// The interface the device is tied to (`SOFTHCA_NETDEV`).
     pub netdev: Option<String>,
-    /// The datapath thread's CPU, when pinned.
+    /// The datapath thread's CPU, when pinned (the one chosen, for `SOFTHCA_CPU=auto`).
     pub cpu: Option<usize>,
     /// Idle policy of the datapath thread (`adaptive:50`, `busy`, `blocking`).
     pub poll: String,
@@ -147,6 +147,7 @@ pub(crate) fn describe(
     gids: &[Gid],
     mtu: Mtu,
     caps: (bool, bool),
+    cpu: Option<usize>,
 ) -> DeviceSnapshot {
     DeviceSnapshot {
         name: cfg.name.clone(),
@@ -169,7 +170,7 @@ pub(crate) fn describe(
             .collect(),
         udp_port: cfg.udp_port,
         netdev: cfg.netdev.clone().filter(|_| cfg.addrs.is_empty()),
-        cpu: cfg.cpu,
+        cpu,
         poll: match cfg.poll {
             PollMode::Busy => "busy".to_string(),
             PollMode::Blocking => "blocking".to_string(),
