@@ -227,6 +227,56 @@ fn rnr_retry_7_is_infinite() {
     assert_eq!(s[0].status, WcStatus::Success);
 }
 
+/// RDMA WRITE with immediate of `len` bytes to a responder with no receive posted: the
+/// packet carrying the immediate (Only, or Last after First and Middle were placed) gets
+/// RNR NAKs; once a receive is posted its retry completes the write. rxe takes the
+/// receive WQE before it checks or starts the write, so an RNR leaves no message in
+/// progress behind (a retried Only after one would be out of sequence: invalid request).
+fn write_with_imm_after_rnr(len: usize) {
+    let o = RcOpts {
+        min_rnr_timer: 1,
+        ..RcOpts::default()
+    };
+    let mut net = SimNet::new(4, 2, Mtu::M1024);
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let la = net.reg(0, len, full_access());
+    let rb = net.reg(1, len, full_access());
+    net.fill_random(&la);
+    let mut w = send_wr(1, WrOpcode::RdmaWriteWithImm, la.sges(0, len));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    w.imm_data = 0x1234_5678;
+    let now = net.now;
+    net.nodes[0].engine.post_send(now, a, w).unwrap();
+    net.run_until(1_000_000_000, |n| {
+        n.nodes[0].engine.counters().rcvd_rnr_err >= 2
+    });
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(9, Default::default()))
+        .unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
+    let r = net.take_completions(1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len, r[0].imm_data),
+        (9, WcStatus::Success, len as u32, 0x1234_5678)
+    );
+    assert!(net.mem(&rb) == net.mem(&la));
+    assert_eq!(net.nodes[0].engine.counters().rcvd_invalid_request_naks, 0);
+}
+
+#[test]
+fn rnr_on_write_with_imm_only_then_success() {
+    write_with_imm_after_rnr(1000);
+}
+
+#[test]
+fn rnr_on_write_with_imm_last_then_success() {
+    write_with_imm_after_rnr(3000);
+}
+
 #[test]
 fn duplicate_read_is_reexecuted() {
     let mut net = SimNet::new(5, 2, Mtu::M1024);
