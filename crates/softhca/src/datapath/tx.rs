@@ -235,6 +235,8 @@ fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transm
     let mut all = true;
     let mut off = 0;
     let mut stalled: Option<Instant> = None;
+    // The position whose send reported an earlier datagram's ICMP error.
+    let mut refused_at = None;
     while off < list.len() {
         let skipped = match sock.send(&list[off..]) {
             Ok(0) => wait_writable(shared, sock, &mut stalled, list.len() - off),
@@ -247,6 +249,16 @@ fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transm
                 wait_writable(shared, sock, &mut stalled, list.len() - off)
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            // A connected socket reports an ICMP error (port unreachable: a peer that was
+            // not up yet) at its next send, which it refuses without sending
+            // (`sock_alloc_send_pskb` takes `sk_err`): that datagram goes again, once.
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionRefused
+                    && refused_at.replace(off) != Some(off) =>
+            {
+                Stats::add(&shared.stats.tx_refused, 1);
+                0
+            }
             Err(e) => {
                 tracing::debug!("send to {} failed: {e}; dropped", list[off].dst);
                 Stats::add(&shared.stats.tx_errors, 1);
