@@ -844,8 +844,13 @@ pub(crate) fn create_id(
         ps16 as u16,
         if ud { IBV_QPT_UD } else { IBV_QPT_RC },
     );
-    lock()
-        .ids
+    let mut c = lock();
+    // The kernel's CM answers on every device from boot; ours starts with the first id,
+    // not at the first bind to a device address or listen: a program may tell its peer
+    // its port before it listens (Debian's qperf does), and a REQ must then find the
+    // device up, not a closed UDP port. A failure is reported by the call that needs it.
+    let _ = c.open();
+    c.ids
         .insert(idr.key(), new_state(chan, sync, ps16 as u16, ud));
     Ok(idr)
 }

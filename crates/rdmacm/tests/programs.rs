@@ -195,6 +195,46 @@ fn qperf_cm1_rc_bw_rc_lat() {
 }
 
 #[test]
+fn qperf_cm1_rc_rdma_write_bw_rc_rdma_read_bw() {
+    if !ready(&["qperf"]) {
+        return;
+    }
+    // RDMA WRITE with immediate and RDMA READ over rdma_cm connections, one after the
+    // other from one client process: the READ test asks for responder resources and
+    // initiator depth through the REQ and REP. With 4 KiB messages each WRITE is one
+    // packet, which the server, reposting its receives as it polls, meets with RNR NAKs
+    // now and then; 64 KiB ones (qperf's default) meet them on their Last packet.
+    for size in ["4096", "65536"] {
+        let (_s, c) = pair(
+            ("qperf", &["-lp", "19863"]),
+            (
+                "qperf",
+                &[
+                    "-lp",
+                    "19863",
+                    "-cm1",
+                    "-t",
+                    "1",
+                    "-m",
+                    size,
+                    SERVER,
+                    "rc_rdma_write_bw",
+                    "rc_rdma_read_bw",
+                ],
+            ),
+            T,
+            false,
+            true,
+        );
+        assert_eq!(c.status, Some(0), "client: {}", c.all());
+        for t in ["rc_rdma_write_bw:", "rc_rdma_read_bw:"] {
+            let after = c.stdout.split(t).nth(1).unwrap_or_default();
+            assert!(after.trim_start().starts_with("bw  ="), "{t} {}", c.all());
+        }
+    }
+}
+
+#[test]
 fn cmtime() {
     if !ready(&["cmtime"]) {
         return;
