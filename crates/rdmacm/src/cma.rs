@@ -25,6 +25,10 @@ use crate::verbs::*;
 const PACKET_LIFETIME: u8 = 18;
 /// Hop limit of a routed RoCE v2 path (`cma_resolve_iboe_route` takes the route's: 64).
 const HOP_LIMIT: u8 = 64;
+/// How long a REQ or SIDR_REQ for a port nobody listens on waits for `rdma_listen`
+/// before it is rejected (see `EndpointConfig::no_listener_grace`): perftest `-R`
+/// connects right after its handshake, when its server is about to listen.
+const NO_LISTENER_GRACE_NS: u64 = 1_000_000_000;
 
 /// Per-id state (librdmacm's `cma_id_private` plus the kernel's `rdma_id_private`).
 pub(crate) struct IdState {
@@ -127,7 +131,9 @@ impl Cma {
                     continue;
                 }
             };
-            let ep = Endpoint::new(EndpointConfig::new(dev.node_guid, rand::random()));
+            let mut cfg = EndpointConfig::new(dev.node_guid, rand::random());
+            cfg.no_listener_grace = NO_LISTENER_GRACE_NS;
+            let ep = Endpoint::new(cfg);
             let dev = Arc::new(dev);
             let idx = self.devs.len();
             self.devs.push(DevEntry {
@@ -276,6 +282,10 @@ impl Cma {
             return;
         };
         let reply_fail = |c: &mut Cma, st| {
+            crate::error::debug(format_args!(
+                "SIDR_REQ from {peer} for service ID {:#x}: {st:?}",
+                req.service_id
+            ));
             let p = SidrReplyParams {
                 status: st,
                 qpn: Qpn::new(0),
@@ -1023,6 +1033,10 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
         *n += 1;
     }
     c.listeners.push((ps, local.port(), local.ip(), idr.key()));
+    // Requests that came before the listener are due now: wake the progress threads.
+    for d in 0..c.devs.len() {
+        c.pump(d);
+    }
     Ok(())
 }
 
