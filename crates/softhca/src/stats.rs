@@ -14,8 +14,8 @@ pub(crate) struct Stats {
     pub tx_transmits: AtomicU64,
     pub tx_batches: AtomicU64,
     pub tx_errors: AtomicU64,
-    /// Sends refused for an earlier datagram's ICMP error (port unreachable) and made
-    /// again.
+    /// Sends refused for an earlier datagram's ICMP error (port or host unreachable)
+    /// and made again.
     pub tx_refused: AtomicU64,
     pub tx_no_socket: AtomicU64,
     /// Packets dropped by fault injection ([`crate::Config::tx_drop_ppm`]).
