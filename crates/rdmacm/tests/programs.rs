@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{have, lib_dir, pair, SERVER};
+use common::{cmd, finish, have, lib_dir, pair, SERVER};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -252,5 +252,44 @@ fn cmtime() {
         c.stdout.contains("destroying id") && c.stdout.contains("connect      :"),
         "{}",
         c.all()
+    );
+}
+
+#[test]
+fn connect_to_a_stopped_server_is_unreachable_after_the_req_retries() {
+    if !ready(&["ucmatose"]) {
+        return;
+    }
+    // A server that stops answering (SIGSTOP: its device gets the REQs and never
+    // replies, a hung host) on addresses of its own, so that the other tests' pairs run
+    // meanwhile. The client's REQ goes 16 times, 6.144 s apart (2 × 2^(18-8) ms packet
+    // lifetime + 2^(20-8) ms CM response timeout, as the kernel's cm.c times it), then
+    // UNREACHABLE with -110 (ETIMEDOUT), which ucmatose exits with (146).
+    let (server, client) = ("127.0.20.22", "127.0.20.23");
+    let mut s = cmd(server, "ucmatose", &["-b", server, "-p", "7475"])
+        .spawn()
+        .expect("spawn server");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(s.id() as i32, libc::SIGSTOP) };
+    let start = std::time::Instant::now();
+    let c = finish(
+        cmd(client, "ucmatose", &["-s", server, "-p", "7475"])
+            .spawn()
+            .expect("spawn client"),
+        Duration::from_secs(150),
+    );
+    let took = start.elapsed().as_secs_f64();
+    let _ = s.kill();
+    let _ = s.wait();
+    assert!(
+        c.stdout.contains("RDMA_CM_EVENT_UNREACHABLE, error: -110"),
+        "{}",
+        c.all()
+    );
+    assert_eq!(c.status, Some(146), "{}", c.all());
+    assert!(
+        (97.0..125.0).contains(&took),
+        "UNREACHABLE after {took:.1} s"
     );
 }
