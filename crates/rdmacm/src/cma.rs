@@ -201,7 +201,7 @@ impl Cma {
 
     /// A REQ for a listener: a new id and a CONNECT_REQUEST event, or a reject.
     fn on_req_received(&mut self, d: usize, now: u64, ev: CmEvent) {
-        let CmEvent::ReqReceived { id, peer: _, req } = ev else {
+        let CmEvent::ReqReceived { id, peer, req } = ev else {
             return;
         };
         let hdr = match CmaHdr::parse(&req.private_data) {
@@ -218,6 +218,10 @@ impl Cma {
             // cm_req_handler: the primary remote GID must be one of ours.
             let _ = self.devs[d].ep.reject(now, id, RejReason::InvalidGid, &[]);
             return;
+        }
+        {
+            let e = &mut self.devs[d];
+            e.dev.use_source(&mut e.st, peer, remote_gid);
         }
         let Some((ps, port)) = parse_service_id(req.service_id) else {
             let _ = self.devs[d]
@@ -1137,6 +1141,11 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
             // SAFETY: the program's QP.
             unsafe { ((*qp).qp_num, !(*qp).srq.is_null()) }
         };
+        {
+            let e = &mut c.devs[d];
+            e.dev.use_source(&mut e.st, remote.ip(), local.ip());
+        }
+        let st = c.state(idr)?;
         let cm = if st.ud {
             let mut sp = SidrRequestParams::new(remote.ip(), sid);
             sp.private_data = cma_private(

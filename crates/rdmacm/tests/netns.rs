@@ -155,3 +155,43 @@ fn qperf_cm1_rc_bw_between_namespaces() {
         assert!(after.trim_start().starts_with("bw  ="), "{t} {}", c.all());
     }
 }
+
+#[test]
+fn ucmatose_from_a_second_address_between_namespaces() {
+    let Some(l) = link(&["ucmatose"]) else { return };
+    // The client's device serves a second address of its interface, not the one the
+    // route to the server leaves from: its MADs must still leave from it (the kernel's
+    // CM sends from the cm_id's source GID), else the REQ is never sent.
+    let second = "10.99.0.12";
+    let ok = softhca_testbed::ip(&[
+        "-n",
+        &l.netns(End::B),
+        "addr",
+        "add",
+        &format!("{second}/24"),
+        "dev",
+        &format!("{}b", l.name()),
+    ]);
+    if let Err(e) = ok {
+        eprintln!("SKIP: second address: {e}");
+        return;
+    }
+    let (s, c) = pair_of(
+        || at(&l, End::A, "ucmatose", &["-b", SERVER, "-c", "2"]),
+        || {
+            let mut c = at(
+                &l,
+                End::B,
+                "ucmatose",
+                &["-s", SERVER, "-b", second, "-c", "2", "-C", "10"],
+            );
+            c.env("SOFTHCA_ADDR", second);
+            c
+        },
+        T,
+        true,
+        true,
+    );
+    both_ok(&s, &c);
+    assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
+}
