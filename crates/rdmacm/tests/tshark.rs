@@ -28,6 +28,16 @@ fn run(bin: &str, server: &[&str], client: &[&str], retry: bool) -> (common::Don
     )
 }
 
+fn both_ok(s: &common::Done, c: &common::Done) {
+    assert_eq!(
+        (s.status, c.status),
+        (Some(0), Some(0)),
+        "{}{}",
+        s.all(),
+        c.all()
+    );
+}
+
 #[test]
 fn cm_messages_decode_cleanly_in_tshark() {
     if lib_dir().is_none() || !["rping", "ucmatose", "udaddy"].iter().all(|b| have(b)) {
@@ -51,13 +61,7 @@ fn cm_messages_decode_cleanly_in_tshark() {
         &["-c", "-a", a, "-v", "-C", "3"],
         true,
     );
-    assert_eq!(
-        (s.status, c.status),
-        (Some(0), Some(0)),
-        "{}{}",
-        s.all(),
-        c.all()
-    );
+    both_ok(&s, &c);
     let (_, c) = run(
         "ucmatose",
         &["-b", a, "-p", "7471"],
@@ -70,13 +74,7 @@ fn cm_messages_decode_cleanly_in_tshark() {
         c.all()
     );
     let (s, c) = run("udaddy", &["-b", a], &["-s", a], true);
-    assert_eq!(
-        (s.status, c.status),
-        (Some(0), Some(0)),
-        "{}{}",
-        s.all(),
-        c.all()
-    );
+    both_ok(&s, &c);
     let file = cap.stop();
 
     // Class 0x07 (CM), attribute IDs of IBTA table 99 (12.6).

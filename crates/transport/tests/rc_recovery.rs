@@ -154,6 +154,16 @@ fn rnr_setup(o: &RcOpts) -> (SimNet, Qpn, Qpn, Mr, Mr) {
     (net, a, b, la, rb)
 }
 
+/// Posts receive 9 on node 1's `b`, runs, checks that send 1 of node 0 completed, and
+/// returns node 1's completions.
+fn recv_then_done(net: &mut SimNet, b: Qpn, sges: smallvec::SmallVec<[Sge; 4]>) -> Vec<Completion> {
+    net.nodes[1].engine.post_recv(b, recv_wr(9, sges)).unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
+    net.take_completions(1)
+}
+
 #[test]
 fn rnr_nak_then_success_after_recv_posted() {
     let o = RcOpts {
@@ -166,14 +176,7 @@ fn rnr_nak_then_success_after_recv_posted() {
     });
     assert_eq!(net.nodes[1].engine.counters().send_rnr_err, 2);
     assert!(net.take_completions(0).is_empty());
-    net.nodes[1]
-        .engine
-        .post_recv(b, recv_wr(9, rb.sges(0, 3000)))
-        .unwrap();
-    net.run(1_000_000_000);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
-    let r = net.take_completions(1);
+    let r = recv_then_done(&mut net, b, rb.sges(0, 3000));
     assert_eq!(
         (r[0].wr_id, r[0].status, r[0].byte_len),
         (9, WcStatus::Success, 3000)
@@ -251,14 +254,7 @@ fn write_with_imm_after_rnr(len: usize) {
     net.run_until(1_000_000_000, |n| {
         n.nodes[0].engine.counters().rcvd_rnr_err >= 2
     });
-    net.nodes[1]
-        .engine
-        .post_recv(b, recv_wr(9, Default::default()))
-        .unwrap();
-    net.run(1_000_000_000);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
-    let r = net.take_completions(1);
+    let r = recv_then_done(&mut net, b, Default::default());
     assert_eq!(
         (r[0].wr_id, r[0].status, r[0].byte_len, r[0].imm_data),
         (9, WcStatus::Success, len as u32, 0x1234_5678)
