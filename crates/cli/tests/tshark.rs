@@ -2,81 +2,31 @@
 //! packet decodes as valid RoCEv2 (InfiniBand BTH over UDP 4791) with the opcodes each
 //! test must produce.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+use softhca_testbed::capture::{fields, problems, Capture};
 
 /// The device pair of this test (other tests and processes may use 4791 on other
 /// loopback addresses at the same time; the capture filter keeps only ours).
 const SERVER: &str = "127.0.0.221";
 const CLIENT: &str = "127.0.0.222";
-
-fn have_tshark() -> bool {
-    Command::new("tshark")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
+const DECODE: Option<&str> = Some("udp.port==4791,infiniband");
 
 #[test]
 fn perf_all_decodes_as_roce() {
-    if !have_tshark() {
-        println!("skipped: tshark not installed");
-        return;
-    }
     let dir = std::env::temp_dir().join(format!("softhca-tshark-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("perf.pcapng");
-    let _ = std::fs::remove_file(&file);
-    let mut cap = Command::new("tshark")
-        .args([
-            "-i",
-            "lo",
-            "-f",
-            &format!("udp port 4791 and host {SERVER}"),
-            "-w",
-        ])
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // tshark prints "Capturing on 'Loopback: lo'" once the capture runs.
-    let start = Instant::now();
-    {
-        use std::io::BufRead;
-        let mut err = std::io::BufReader::new(cap.stderr.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if err.read_line(&mut line).unwrap_or(0) == 0 || line.contains("Capturing on") {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "tshark did not start: {line}"
-            );
-        }
-        if !line.contains("Capturing on") {
-            let _ = cap.kill();
-            let _ = cap.wait();
-            println!(
-                "skipped: tshark cannot capture on lo here ({})",
-                line.trim()
-            );
+    let cap = match Capture::start(
+        "lo",
+        &format!("udp port 4791 and host {SERVER}"),
+        &dir.join("perf.pcapng"),
+    ) {
+        Ok(c) => c,
+        Err(why) => {
+            println!("skipped: {why}");
             return;
         }
-        // Keep draining tshark's stderr so it never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while err.read_line(&mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
-    }
-    // "Capturing on" comes slightly before dumpcap's filter is live.
-    std::thread::sleep(Duration::from_millis(500));
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
         .args([
             "perf",
@@ -92,38 +42,15 @@ fn perf_all_decodes_as_roce() {
         .env("SOFTHCA_ADDR", format!("{SERVER},{CLIENT}"))
         .output()
         .unwrap();
-    // Let the last packets reach the capture, then stop tshark with SIGINT so it
-    // finishes the file.
-    std::thread::sleep(Duration::from_millis(1000));
-    // SAFETY: plain kill(2) on the child we spawned.
-    unsafe { libc::kill(cap.id() as i32, libc::SIGINT) };
-    let _ = cap.wait();
+    let file = cap.stop();
     assert!(
         out.status.success(),
         "perf all failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let fields = Command::new("tshark")
-        .arg("-r")
-        .arg(&file)
-        .args([
-            "-d",
-            "udp.port==4791,infiniband",
-            "-T",
-            "fields",
-            "-e",
-            "infiniband.bth.opcode",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        fields.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fields.stderr)
-    );
-    let opcodes: Vec<u32> = String::from_utf8_lossy(&fields.stdout)
-        .lines()
+    let opcodes: Vec<u32> = fields(&file, DECODE, "infiniband", &["infiniband.bth.opcode"])
+        .iter()
         .filter_map(|l| l.split(',').next()?.trim().parse().ok())
         .collect();
     assert!(
@@ -140,42 +67,11 @@ fn perf_all_decodes_as_roce() {
     assert!((13..=16).any(has), "no RDMA READ response");
     assert!(has(17), "no ACK");
 
-    let bad = Command::new("tshark")
-        .arg("-r")
-        .arg(&file)
-        .args([
-            "-d",
-            "udp.port==4791,infiniband",
-            "-Y",
-            "_ws.malformed || _ws.expert.severity >= error",
-        ])
-        .output()
-        .unwrap();
+    let bad = problems(&file, DECODE);
     assert!(
-        bad.status.success(),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+        bad.is_empty(),
+        "malformed packets (capture kept at {}):\n{bad}",
+        file.display()
     );
-    let bad_out = String::from_utf8_lossy(&bad.stdout);
-    if !bad_out.trim().is_empty() {
-        let detail = Command::new("tshark")
-            .arg("-r")
-            .arg(&file)
-            .args([
-                "-V",
-                "-x",
-                "-Y",
-                "_ws.malformed || _ws.expert.severity >= error",
-                "-c",
-                "3",
-            ])
-            .output()
-            .unwrap();
-        panic!(
-            "malformed packets (capture kept at {}):\n{bad_out}\n{}",
-            file.display(),
-            String::from_utf8_lossy(&detail.stdout)
-        );
-    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -100,6 +100,31 @@ impl CmState {
     }
 }
 
+/// A received REQ or SIDR_REQ.
+#[derive(Clone, Copy, Debug)]
+enum Request {
+    Req(Req),
+    Sidr(SidrReq),
+}
+
+/// A request waiting for a listener (see [`EndpointConfig::no_listener_grace`]).
+#[derive(Clone, Copy, Debug)]
+struct Unclaimed {
+    until: Nanos,
+    src: IpAddr,
+    tid: u64,
+    request: Request,
+}
+
+impl Unclaimed {
+    fn service_id(&self) -> ServiceId {
+        match &self.request {
+            Request::Req(r) => r.service_id,
+            Request::Sidr(r) => r.service_id,
+        }
+    }
+}
+
 /// A connection (or SIDR request) handle: the local communication ID.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
 pub struct CmId(pub CommId);
@@ -123,6 +148,13 @@ pub struct EndpointConfig {
     pub delayed_mra_service_timeout: Option<u8>,
     /// Our CA ACK delay exponent, sent as REP TargetAckDelay (rxe: 15).
     pub ca_ack_delay: u8,
+    /// How long a REQ or SIDR_REQ for a service ID nobody listens on waits for a
+    /// listener before its REJ "invalid service ID" or SIDR_REP "unsupported" (0: at
+    /// once, as the kernel answers). Programs that let their peer connect just before
+    /// they listen (perftest `-R` after its handshake, Debian's qperf) race with the
+    /// peer's request; the kernel's listen takes microseconds, a process on a loaded
+    /// host may be descheduled in between for many milliseconds.
+    pub no_listener_grace: Nanos,
 }
 
 impl EndpointConfig {
@@ -136,6 +168,7 @@ impl EndpointConfig {
             max_pending: 1024,
             delayed_mra_service_timeout: Some(24),
             ca_ack_delay: 15,
+            no_listener_grace: 0,
         }
     }
 }
@@ -572,6 +605,9 @@ pub struct Endpoint {
     /// (kernel `remote_sidr_table`).
     remote_sidr: FxHashMap<(CommId, IpAddr), CommId>,
     pending: usize,
+    /// Requests for a service ID nobody listens on yet, waiting until their deadline
+    /// ([`EndpointConfig::no_listener_grace`]; 0 once a listener came).
+    unclaimed: Vec<Unclaimed>,
     transmits: VecDeque<(IpAddr, [u8; MAD_LEN])>,
     events: VecDeque<CmEvent>,
     counters: Counters,
@@ -589,6 +625,7 @@ impl Endpoint {
             remote_qpns: FxHashMap::default(),
             remote_sidr: FxHashMap::default(),
             pending: 0,
+            unclaimed: Vec::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -645,7 +682,12 @@ impl Endpoint {
 
     /// The earliest time [`Endpoint::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.conns.values().filter_map(Conn::deadline).min()
+        let held = self.unclaimed.iter().map(|u| u.until);
+        self.conns
+            .values()
+            .filter_map(Conn::deadline)
+            .chain(held)
+            .min()
     }
 
     // ----------------------------------------------------------------- commands
@@ -654,6 +696,12 @@ impl Endpoint {
     pub fn listen(&mut self, service_id: ServiceId) -> Result<(), CmError> {
         if self.listeners.insert(service_id, ()).is_some() {
             return Err(CmError::AlreadyListening(service_id));
+        }
+        // Requests that came early are due now: the next handle_timeout hands them over.
+        for u in &mut self.unclaimed {
+            if u.service_id() == service_id {
+                u.until = 0;
+            }
         }
         Ok(())
     }
@@ -1009,14 +1057,14 @@ impl Endpoint {
         };
         let tid = msg.hdr.tid;
         match msg.body {
-            CmBody::Req(r) => self.on_req(now, src, tid, r),
+            CmBody::Req(r) => self.on_req(now, src, tid, r, true),
             CmBody::Mra(m) => self.on_mra(now, m),
             CmBody::Rej(r) => self.on_rej(now, r),
             CmBody::Rep(r) => self.on_rep(now, src, tid, r),
             CmBody::Rtu(r) => self.on_rtu(r),
             CmBody::Dreq(d) => self.on_dreq(now, src, tid, d),
             CmBody::Drep(d) => self.on_drep(now, d),
-            CmBody::SidrReq(r) => self.on_sidr_req(src, tid, r),
+            CmBody::SidrReq(r) => self.on_sidr_req(now, src, tid, r, true),
             CmBody::SidrRep(r) => self.on_sidr_rep(r),
         }
     }
@@ -1032,6 +1080,31 @@ impl Endpoint {
         for id in due {
             self.fire(now, id);
         }
+        let (due, waiting) = std::mem::take(&mut self.unclaimed)
+            .into_iter()
+            .partition(|u| u.until <= now);
+        self.unclaimed = waiting;
+        for u in due {
+            match u.request {
+                Request::Req(r) => self.on_req(now, u.src, u.tid, r, false),
+                Request::Sidr(r) => self.on_sidr_req(now, u.src, u.tid, r, false),
+            }
+        }
+    }
+
+    /// Keeps a request for a service ID nobody listens on until a listener comes or
+    /// the grace ends; false when there is no grace or no room (answer it now).
+    fn hold(&mut self, now: Nanos, src: IpAddr, tid: u64, request: Request) -> bool {
+        if self.cfg.no_listener_grace == 0 || self.unclaimed.len() >= self.cfg.max_pending {
+            return false;
+        }
+        self.unclaimed.push(Unclaimed {
+            until: now.saturating_add(self.cfg.no_listener_grace),
+            src,
+            tid,
+            request,
+        });
+        true
     }
 
     fn fire(&mut self, now: Nanos, id: CommId) {
@@ -1084,7 +1157,7 @@ impl Endpoint {
     }
 
     /// REQ (kernel `cm_req_handler`, `cm_match_req`).
-    fn on_req(&mut self, now: Nanos, src: IpAddr, tid: u64, req: Req) {
+    fn on_req(&mut self, now: Nanos, src: IpAddr, tid: u64, req: Req, may_hold: bool) {
         let _ = now;
         // Duplicate: this (remote comm ID, CA GUID) already has a connection here.
         if let Some(&local) = self.remote_ids.get(&(req.local_comm_id, req.local_ca_guid)) {
@@ -1115,6 +1188,9 @@ impl Endpoint {
             return;
         }
         if !self.listeners.contains_key(&req.service_id) {
+            if may_hold && self.hold(now, src, tid, Request::Req(req)) {
+                return;
+            }
             self.counters.req_no_listener += 1;
             self.issue_rej(
                 src,
@@ -1506,7 +1582,7 @@ impl Endpoint {
     }
 
     /// SIDR_REQ (kernel `cm_sidr_req_handler`).
-    fn on_sidr_req(&mut self, src: IpAddr, tid: u64, req: SidrReq) {
+    fn on_sidr_req(&mut self, now: Nanos, src: IpAddr, tid: u64, req: SidrReq, may_hold: bool) {
         if self.remote_sidr.contains_key(&(req.request_id, src)) {
             self.counters.rx_duplicates += 1;
             return;
@@ -1514,6 +1590,9 @@ impl Endpoint {
         let listened = self.listeners.contains_key(&req.service_id);
         if listened && self.pending >= self.cfg.max_pending {
             self.counters.req_over_limit += 1;
+            return;
+        }
+        if !listened && may_hold && self.hold(now, src, tid, Request::Sidr(req)) {
             return;
         }
         if !listened {

@@ -478,6 +478,81 @@ fn no_listener_gets_rej_invalid_service_id() {
     assert_eq!(net.b.counters().req_no_listener, 1);
 }
 
+/// B waits `no_listener_grace` (100 ms here) for a listener before it rejects.
+fn with_grace() -> Net {
+    let mut cb = EndpointConfig::new(GUID_B, 0x5555_6666_7777_8888);
+    cb.no_listener_grace = 100 * MS;
+    Net::with(EndpointConfig::new(GUID_A, 0x1111_2222_3333_4444), cb)
+}
+
+#[test]
+fn req_before_listen_is_handed_to_the_listener_that_comes() {
+    let mut net = with_grace();
+    net.a.connect(0, &connect_params(rping_sid())).unwrap();
+    net.settle();
+    assert!(net.sent(ip_b(), "REJ").is_empty());
+    assert!(net.take_b().is_empty());
+    assert_eq!(net.b.poll_timeout(), Some(100 * MS));
+    net.now = 30 * MS;
+    net.b.listen(rping_sid()).unwrap();
+    assert_eq!(net.b.poll_timeout(), Some(0), "due at once");
+    net.advance();
+    let (_, req) = req_received(&net.take_b());
+    assert_eq!(req.service_id, rping_sid());
+    assert!(net.sent(ip_b(), "REJ").is_empty());
+    assert_eq!(net.b.counters().req_no_listener, 0);
+}
+
+#[test]
+fn req_nobody_listens_for_is_rejected_after_the_grace() {
+    let mut net = with_grace();
+    let ida = net.a.connect(0, &connect_params(rping_sid())).unwrap();
+    net.settle();
+    net.advance();
+    let rejs = net.sent(ip_b(), "REJ");
+    assert_eq!(
+        rejs.iter().map(|s| s.at).collect::<Vec<_>>(),
+        vec![100 * MS]
+    );
+    assert!(matches!(
+        net.take_a().as_slice(),
+        [CmEvent::Rejected { id, rej }] if *id == ida && rej.reason == RejReason::InvalidServiceId
+    ));
+    assert_eq!(net.b.counters().req_no_listener, 1);
+    assert_eq!(net.b.poll_timeout(), None);
+}
+
+#[test]
+fn sidr_req_before_listen_waits_for_the_listener_else_unsupported() {
+    let mut net = with_grace();
+    let sid = service_id(PortSpace::Udp, 7174);
+    net.a
+        .sidr_request(0, &SidrRequestParams::new(ip_b(), sid))
+        .unwrap();
+    net.settle();
+    assert!(net.sent(ip_b(), "SIDR_REP").is_empty());
+    net.b.listen(sid).unwrap();
+    net.advance();
+    assert!(matches!(
+        net.take_b().as_slice(),
+        [CmEvent::SidrReqReceived { .. }]
+    ));
+    // Another service ID, never listened on: "unsupported" once the grace is over.
+    let other = service_id(PortSpace::Udp, 1);
+    let t0 = net.now;
+    net.a
+        .sidr_request(t0, &SidrRequestParams::new(ip_b(), other))
+        .unwrap();
+    net.settle();
+    while net.take_a().is_empty() && net.advance() {}
+    let reps = net.sent(ip_b(), "SIDR_REP");
+    let CmBody::SidrRep(r) = reps.last().expect("a SIDR_REP").msg.body else {
+        panic!()
+    };
+    assert_eq!(r.status, SidrStatus::Unsupported);
+    assert_eq!(reps.last().map(|s| s.at), Some(t0 + 100 * MS));
+}
+
 #[test]
 fn consumer_reject_carries_reason_28_and_private_data() {
     let mut net = Net::new();

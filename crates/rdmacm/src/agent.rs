@@ -47,7 +47,8 @@ unsafe impl Sync for Dev {}
 
 /// Mutable per-device state, under the global CM lock.
 pub(crate) struct DevState {
-    ahs: rustc_hash::FxHashMap<IpAddr, usize>,
+    /// GSI address handles by destination, with their source GID index.
+    ahs: rustc_hash::FxHashMap<IpAddr, (usize, u8)>,
     free_send: Vec<usize>,
 }
 
@@ -106,6 +107,47 @@ impl Dev {
             }
         }
         Err(Error::NoDevice)
+    }
+
+    /// MADs to `dst` leave from `src` (a connection's own address, which need not be the
+    /// route's source: a device with two addresses on one interface), as the kernel's
+    /// CM sends from the cm_id's source GID.
+    pub fn use_source(&self, st: &mut DevState, dst: IpAddr, src: IpAddr) {
+        let Some(sgid) = self.gid_index(src) else {
+            return;
+        };
+        if st.ahs.get(&dst).is_some_and(|&(_, g)| g == sgid) {
+            return;
+        }
+        if let Some((old, _)) = st.ahs.remove(&dst) {
+            // SAFETY: our AH; every GSI send completes before `send` returns.
+            unsafe { ibv_destroy_ah(old as *mut ibv_ah) };
+        }
+        if let Err(e) = self.create_ah(st, dst, sgid) {
+            crate::error::debug(format_args!("GSI address handle to {dst}: {e}"));
+        }
+    }
+
+    fn create_ah(&self, st: &mut DevState, dst: IpAddr, sgid: u8) -> Result<*mut ibv_ah> {
+        let mut attr = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ip_to_gid(dst),
+                flow_label: 0,
+                sgid_index: sgid,
+                hop_limit: 64,
+                traffic_class: 0,
+            },
+            is_global: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        // SAFETY: valid PD and attributes.
+        let ah = unsafe { ibv_create_ah(self.pd, &mut attr) };
+        if ah.is_null() {
+            return Err(Error::last_os("ibv_create_ah (GSI)"));
+        }
+        st.ahs.insert(dst, (ah as usize, sgid));
+        Ok(ah)
     }
 
     pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
@@ -269,28 +311,10 @@ impl Dev {
     /// Sends a MAD to QP 1 of `dst`.
     pub fn send(&self, st: &mut DevState, dst: IpAddr, mad: &[u8; MAD_LEN]) -> Result<()> {
         let ah = match st.ahs.get(&dst) {
-            Some(&a) => a as *mut ibv_ah,
+            Some(&(a, _)) => a as *mut ibv_ah,
             None => {
                 let (sgid, _) = self.source_for(dst)?;
-                let mut attr = ibv_ah_attr {
-                    grh: ibv_global_route {
-                        dgid: ip_to_gid(dst),
-                        flow_label: 0,
-                        sgid_index: sgid,
-                        hop_limit: 64,
-                        traffic_class: 0,
-                    },
-                    is_global: 1,
-                    port_num: 1,
-                    ..Default::default()
-                };
-                // SAFETY: valid PD and attributes.
-                let ah = unsafe { ibv_create_ah(self.pd, &mut attr) };
-                if ah.is_null() {
-                    return Err(Error::last_os("ibv_create_ah (GSI)"));
-                }
-                st.ahs.insert(dst, ah as usize);
-                ah
+                self.create_ah(st, dst, sgid)?
             }
         };
         let deadline = Instant::now() + Duration::from_secs(1);

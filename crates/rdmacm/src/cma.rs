@@ -25,6 +25,10 @@ use crate::verbs::*;
 const PACKET_LIFETIME: u8 = 18;
 /// Hop limit of a routed RoCE v2 path (`cma_resolve_iboe_route` takes the route's: 64).
 const HOP_LIMIT: u8 = 64;
+/// How long a REQ or SIDR_REQ for a port nobody listens on waits for `rdma_listen`
+/// before it is rejected (see `EndpointConfig::no_listener_grace`): perftest `-R`
+/// connects right after its handshake, when its server is about to listen.
+const NO_LISTENER_GRACE_NS: u64 = 1_000_000_000;
 
 /// Per-id state (librdmacm's `cma_id_private` plus the kernel's `rdma_id_private`).
 pub(crate) struct IdState {
@@ -127,7 +131,9 @@ impl Cma {
                     continue;
                 }
             };
-            let ep = Endpoint::new(EndpointConfig::new(dev.node_guid, rand::random()));
+            let mut cfg = EndpointConfig::new(dev.node_guid, rand::random());
+            cfg.no_listener_grace = NO_LISTENER_GRACE_NS;
+            let ep = Endpoint::new(cfg);
             let dev = Arc::new(dev);
             let idx = self.devs.len();
             self.devs.push(DevEntry {
@@ -195,7 +201,7 @@ impl Cma {
 
     /// A REQ for a listener: a new id and a CONNECT_REQUEST event, or a reject.
     fn on_req_received(&mut self, d: usize, now: u64, ev: CmEvent) {
-        let CmEvent::ReqReceived { id, peer: _, req } = ev else {
+        let CmEvent::ReqReceived { id, peer, req } = ev else {
             return;
         };
         let hdr = match CmaHdr::parse(&req.private_data) {
@@ -212,6 +218,10 @@ impl Cma {
             // cm_req_handler: the primary remote GID must be one of ours.
             let _ = self.devs[d].ep.reject(now, id, RejReason::InvalidGid, &[]);
             return;
+        }
+        {
+            let e = &mut self.devs[d];
+            e.dev.use_source(&mut e.st, peer, remote_gid);
         }
         let Some((ps, port)) = parse_service_id(req.service_id) else {
             let _ = self.devs[d]
@@ -276,6 +286,10 @@ impl Cma {
             return;
         };
         let reply_fail = |c: &mut Cma, st| {
+            crate::error::debug(format_args!(
+                "SIDR_REQ from {peer} for service ID {:#x}: {st:?}",
+                req.service_id
+            ));
             let p = SidrReplyParams {
                 status: st,
                 qpn: Qpn::new(0),
@@ -844,8 +858,13 @@ pub(crate) fn create_id(
         ps16 as u16,
         if ud { IBV_QPT_UD } else { IBV_QPT_RC },
     );
-    lock()
-        .ids
+    let mut c = lock();
+    // The kernel's CM answers on every device from boot; ours starts with the first id,
+    // not at the first bind to a device address or listen: a program may tell its peer
+    // its port before it listens (Debian's qperf does), and a REQ must then find the
+    // device up, not a closed UDP port. A failure is reported by the call that needs it.
+    let _ = c.open();
+    c.ids
         .insert(idr.key(), new_state(chan, sync, ps16 as u16, ud));
     Ok(idr)
 }
@@ -1018,6 +1037,10 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
         *n += 1;
     }
     c.listeners.push((ps, local.port(), local.ip(), idr.key()));
+    // Requests that came before the listener are due now: wake the progress threads.
+    for d in 0..c.devs.len() {
+        c.pump(d);
+    }
     Ok(())
 }
 
@@ -1118,6 +1141,11 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
             // SAFETY: the program's QP.
             unsafe { ((*qp).qp_num, !(*qp).srq.is_null()) }
         };
+        {
+            let e = &mut c.devs[d];
+            e.dev.use_source(&mut e.st, remote.ip(), local.ip());
+        }
+        let st = c.state(idr)?;
         let cm = if st.ud {
             let mut sp = SidrRequestParams::new(remote.ip(), sid);
             sp.private_data = cma_private(

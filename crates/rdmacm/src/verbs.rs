@@ -37,6 +37,7 @@ extern "C" {
     pub fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
     pub fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
     pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
+    pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int;
     pub fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int;
 
     // c/verbs_inline.c

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{have, lib_dir, pair, SERVER};
+use common::{cmd, finish, have, lib_dir, pair, SERVER};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -195,6 +195,46 @@ fn qperf_cm1_rc_bw_rc_lat() {
 }
 
 #[test]
+fn qperf_cm1_rc_rdma_write_bw_rc_rdma_read_bw() {
+    if !ready(&["qperf"]) {
+        return;
+    }
+    // RDMA WRITE with immediate and RDMA READ over rdma_cm connections, one after the
+    // other from one client process: the READ test asks for responder resources and
+    // initiator depth through the REQ and REP. With 4 KiB messages each WRITE is one
+    // packet, which the server, reposting its receives as it polls, meets with RNR NAKs
+    // now and then; 64 KiB ones (qperf's default) meet them on their Last packet.
+    for size in ["4096", "65536"] {
+        let (_s, c) = pair(
+            ("qperf", &["-lp", "19863"]),
+            (
+                "qperf",
+                &[
+                    "-lp",
+                    "19863",
+                    "-cm1",
+                    "-t",
+                    "1",
+                    "-m",
+                    size,
+                    SERVER,
+                    "rc_rdma_write_bw",
+                    "rc_rdma_read_bw",
+                ],
+            ),
+            T,
+            false,
+            true,
+        );
+        assert_eq!(c.status, Some(0), "client: {}", c.all());
+        for t in ["rc_rdma_write_bw:", "rc_rdma_read_bw:"] {
+            let after = c.stdout.split(t).nth(1).unwrap_or_default();
+            assert!(after.trim_start().starts_with("bw  ="), "{t} {}", c.all());
+        }
+    }
+}
+
+#[test]
 fn cmtime() {
     if !ready(&["cmtime"]) {
         return;
@@ -212,5 +252,44 @@ fn cmtime() {
         c.stdout.contains("destroying id") && c.stdout.contains("connect      :"),
         "{}",
         c.all()
+    );
+}
+
+#[test]
+fn connect_to_a_stopped_server_is_unreachable_after_the_req_retries() {
+    if !ready(&["ucmatose"]) {
+        return;
+    }
+    // A server that stops answering (SIGSTOP: its device gets the REQs and never
+    // replies, a hung host) on addresses of its own, so that the other tests' pairs run
+    // meanwhile. The client's REQ goes 16 times, 6.144 s apart (2 × 2^(18-8) ms packet
+    // lifetime + 2^(20-8) ms CM response timeout, as the kernel's cm.c times it), then
+    // UNREACHABLE with -110 (ETIMEDOUT), which ucmatose exits with (146).
+    let (server, client) = ("127.0.20.22", "127.0.20.23");
+    let mut s = cmd(server, "ucmatose", &["-b", server, "-p", "7475"])
+        .spawn()
+        .expect("spawn server");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(s.id() as i32, libc::SIGSTOP) };
+    let start = std::time::Instant::now();
+    let c = finish(
+        cmd(client, "ucmatose", &["-s", server, "-p", "7475"])
+            .spawn()
+            .expect("spawn client"),
+        Duration::from_secs(150),
+    );
+    let took = start.elapsed().as_secs_f64();
+    let _ = s.kill();
+    let _ = s.wait();
+    assert!(
+        c.stdout.contains("RDMA_CM_EVENT_UNREACHABLE, error: -110"),
+        "{}",
+        c.all()
+    );
+    assert_eq!(c.status, Some(146), "{}", c.all());
+    assert!(
+        (97.0..125.0).contains(&took),
+        "UNREACHABLE after {took:.1} s"
     );
 }

@@ -14,6 +14,9 @@ pub(crate) struct Stats {
     pub tx_transmits: AtomicU64,
     pub tx_batches: AtomicU64,
     pub tx_errors: AtomicU64,
+    /// Sends refused for an earlier datagram's ICMP error (port or host unreachable)
+    /// and made again.
+    pub tx_refused: AtomicU64,
     pub tx_no_socket: AtomicU64,
     /// Packets dropped by fault injection ([`crate::Config::tx_drop_ppm`]).
     pub tx_injected_drops: AtomicU64,
@@ -62,6 +65,7 @@ impl Stats {
             ("io_tx_transmits", r(&self.tx_transmits)),
             ("io_tx_batches", r(&self.tx_batches)),
             ("io_tx_errors", r(&self.tx_errors)),
+            ("io_tx_refused", r(&self.tx_refused)),
             ("io_tx_no_socket", r(&self.tx_no_socket)),
             ("io_tx_injected_drops", r(&self.tx_injected_drops)),
             ("io_tx_would_block", r(&self.tx_would_block)),

@@ -25,6 +25,7 @@
 //! host can run it, so tests can skip with a clear message elsewhere.
 #![warn(missing_docs)]
 
+pub mod capture;
 mod forward;
 mod tap;
 

@@ -549,29 +549,10 @@ impl Qp {
         let op = h.bth.opcode;
         let is_last = op.ends_message();
         let n = payload.len() as u64;
-        if op.starts_message() {
-            let Some(reth) = h.reth else {
-                return Err(Fail::Drop);
-            };
-            let len = u64::from(reth.dma_len);
-            self.check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
-                .map_err(|c| self.nak_or_drop(c))?;
-            self.resp.cur = Some(InMsg::Write {
-                rkey: reth.rkey,
-                va: reth.va,
-                remaining: len,
-                total: len,
-            });
-        }
-        let Some(InMsg::Write { remaining, .. }) = &self.resp.cur else {
-            return Err(Fail::Drop);
-        };
-        if n > *remaining || (is_last && n != *remaining) {
-            self.resp.cur = None;
-            return Err(self.nak_or_drop(NakCode::InvalidRequest));
-        }
-        // WRITE with immediate consumes a receive WQE; without one, RNR before
-        // any byte of this packet is placed.
+        // WRITE with immediate consumes a receive WQE; without one, RNR before the
+        // packet is checked or any byte placed, and before an Only packet starts a
+        // message (rxe `check_resource` comes before `check_rkey`): its retry must find
+        // the responder as it was.
         let recv = if h.imm_dt.is_some() {
             match self.take_recv(ctx) {
                 Some(r) => Some(r),
@@ -580,6 +561,12 @@ impl Qp {
         } else {
             None
         };
+        if let Err(f) = self.start_or_continue_write(ctx, h, n) {
+            if let Some((w, s)) = recv {
+                self.return_recv(ctx, w, s);
+            }
+            return Err(f);
+        }
         let pd = self.init.pd;
         let Some(InMsg::Write {
             rkey,
@@ -618,6 +605,35 @@ impl Qp {
                 wc.wc_flags |= WcFlags::WITH_IMM;
                 self.post_completion(ctx, false, wc);
             }
+        }
+        Ok(())
+    }
+
+    /// A WRITE packet of `n` bytes: a First or Only one checks the whole range against
+    /// its rkey and starts the message; each must fit what the message has left, a Last
+    /// or Only one exactly.
+    fn start_or_continue_write(&mut self, ctx: &Ctx<'_>, h: &Headers, n: u64) -> Result<(), Fail> {
+        let op = h.bth.opcode;
+        if op.starts_message() {
+            let Some(reth) = h.reth else {
+                return Err(Fail::Drop);
+            };
+            let len = u64::from(reth.dma_len);
+            self.check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
+                .map_err(|c| self.nak_or_drop(c))?;
+            self.resp.cur = Some(InMsg::Write {
+                rkey: reth.rkey,
+                va: reth.va,
+                remaining: len,
+                total: len,
+            });
+        }
+        let Some(InMsg::Write { remaining, .. }) = &self.resp.cur else {
+            return Err(Fail::Drop);
+        };
+        if n > *remaining || (op.ends_message() && n != *remaining) {
+            self.resp.cur = None;
+            return Err(self.nak_or_drop(NakCode::InvalidRequest));
         }
         Ok(())
     }

@@ -154,6 +154,16 @@ fn rnr_setup(o: &RcOpts) -> (SimNet, Qpn, Qpn, Mr, Mr) {
     (net, a, b, la, rb)
 }
 
+/// Posts receive 9 on node 1's `b`, runs, checks that send 1 of node 0 completed, and
+/// returns node 1's completions.
+fn recv_then_done(net: &mut SimNet, b: Qpn, sges: smallvec::SmallVec<[Sge; 4]>) -> Vec<Completion> {
+    net.nodes[1].engine.post_recv(b, recv_wr(9, sges)).unwrap();
+    net.run(1_000_000_000);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
+    net.take_completions(1)
+}
+
 #[test]
 fn rnr_nak_then_success_after_recv_posted() {
     let o = RcOpts {
@@ -166,14 +176,7 @@ fn rnr_nak_then_success_after_recv_posted() {
     });
     assert_eq!(net.nodes[1].engine.counters().send_rnr_err, 2);
     assert!(net.take_completions(0).is_empty());
-    net.nodes[1]
-        .engine
-        .post_recv(b, recv_wr(9, rb.sges(0, 3000)))
-        .unwrap();
-    net.run(1_000_000_000);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (1, WcStatus::Success));
-    let r = net.take_completions(1);
+    let r = recv_then_done(&mut net, b, rb.sges(0, 3000));
     assert_eq!(
         (r[0].wr_id, r[0].status, r[0].byte_len),
         (9, WcStatus::Success, 3000)
@@ -225,6 +228,49 @@ fn rnr_retry_7_is_infinite() {
     net.run(1_000_000_000);
     let s = net.take_completions(0);
     assert_eq!(s[0].status, WcStatus::Success);
+}
+
+/// RDMA WRITE with immediate of `len` bytes to a responder with no receive posted: the
+/// packet carrying the immediate (Only, or Last after First and Middle were placed) gets
+/// RNR NAKs; once a receive is posted its retry completes the write. rxe takes the
+/// receive WQE before it checks or starts the write, so an RNR leaves no message in
+/// progress behind (a retried Only after one would be out of sequence: invalid request).
+fn write_with_imm_after_rnr(len: usize) {
+    let o = RcOpts {
+        min_rnr_timer: 1,
+        ..RcOpts::default()
+    };
+    let mut net = SimNet::new(4, 2, Mtu::M1024);
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let la = net.reg(0, len, full_access());
+    let rb = net.reg(1, len, full_access());
+    net.fill_random(&la);
+    let mut w = send_wr(1, WrOpcode::RdmaWriteWithImm, la.sges(0, len));
+    w.remote_addr = rb.addr;
+    w.rkey = rb.rkey;
+    w.imm_data = 0x1234_5678;
+    let now = net.now;
+    net.nodes[0].engine.post_send(now, a, w).unwrap();
+    net.run_until(1_000_000_000, |n| {
+        n.nodes[0].engine.counters().rcvd_rnr_err >= 2
+    });
+    let r = recv_then_done(&mut net, b, Default::default());
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len, r[0].imm_data),
+        (9, WcStatus::Success, len as u32, 0x1234_5678)
+    );
+    assert!(net.mem(&rb) == net.mem(&la));
+    assert_eq!(net.nodes[0].engine.counters().rcvd_invalid_request_naks, 0);
+}
+
+#[test]
+fn rnr_on_write_with_imm_only_then_success() {
+    write_with_imm_after_rnr(1000);
+}
+
+#[test]
+fn rnr_on_write_with_imm_last_then_success() {
+    write_with_imm_after_rnr(3000);
 }
 
 #[test]

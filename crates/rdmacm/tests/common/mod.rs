@@ -71,9 +71,13 @@ pub fn have(bin: &str) -> bool {
 /// A program running on a device with address `addr`, against our libraries.
 pub fn cmd(addr: &str, bin: &str, args: &[&str]) -> Command {
     let mut c = Command::new(bin);
-    c.args(args)
-        .env("LD_LIBRARY_PATH", lib_dir().expect("lib dir"))
-        .env("SOFTHCA_ADDR", addr)
+    c.args(args).env("SOFTHCA_ADDR", addr);
+    with_our_libs(c)
+}
+
+/// `c` with our libraries on `LD_LIBRARY_PATH` and its output collected.
+pub fn with_our_libs(mut c: Command) -> Command {
+    c.env("LD_LIBRARY_PATH", lib_dir().expect("lib dir"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -82,9 +86,7 @@ pub fn cmd(addr: &str, bin: &str, args: &[&str]) -> Command {
 
 /// Runs `server` on 127.0.6.2, waits for it to start, runs `client` on 127.0.6.3 to
 /// completion, then waits for the server (or kills it, for daemons, when `server_exits`
-/// is false). On a loaded machine the server may not listen yet when the client connects
-/// (a REJ "invalid service ID"): a client that fails within seconds while the server still
-/// runs is started again, up to five times, unless `retry` is false.
+/// is false). See [`pair_of`].
 pub fn pair(
     server: (&str, &[&str]),
     client: (&str, &[&str]),
@@ -92,21 +94,35 @@ pub fn pair(
     server_exits: bool,
     retry: bool,
 ) -> (Done, Done) {
+    pair_of(
+        || cmd(SERVER, server.0, server.1),
+        || cmd(CLIENT, client.0, client.1),
+        timeout,
+        server_exits,
+        retry,
+    )
+}
+
+/// Starts the server command, waits for it to start, runs the client command to
+/// completion, then waits for the server (or kills it, for daemons, when `server_exits`
+/// is false). On a loaded machine the server may not listen yet when the client connects
+/// (a REJ "invalid service ID"): a client that fails within seconds while the server still
+/// runs is started again, up to five times, unless `retry` is false.
+pub fn pair_of(
+    server: impl Fn() -> Command,
+    client: impl Fn() -> Command,
+    timeout: Duration,
+    server_exits: bool,
+    retry: bool,
+) -> (Done, Done) {
     let _g = serial();
-    let mut s = cmd(SERVER, server.0, server.1)
-        .spawn()
-        .expect("spawn server");
+    let mut s = server().spawn().expect("spawn server");
     std::thread::sleep(Duration::from_millis(1500));
     let mut attempts = 0;
     let c = loop {
         attempts += 1;
         let start = Instant::now();
-        let c = finish(
-            cmd(CLIENT, client.0, client.1)
-                .spawn()
-                .expect("spawn client"),
-            timeout,
-        );
+        let c = finish(client().spawn().expect("spawn client"), timeout);
         let quick_failure = c.status != Some(0) && start.elapsed() < Duration::from_secs(10);
         let server_running = matches!(s.try_wait(), Ok(None));
         if !(retry && quick_failure && server_running && attempts < 5) {

@@ -235,6 +235,8 @@ fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transm
     let mut all = true;
     let mut off = 0;
     let mut stalled: Option<Instant> = None;
+    // The position whose send reported an earlier datagram's ICMP error.
+    let mut refused_at = None;
     while off < list.len() {
         let skipped = match sock.send(&list[off..]) {
             Ok(0) => wait_writable(shared, sock, &mut stalled, list.len() - off),
@@ -247,6 +249,14 @@ fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transm
                 wait_writable(shared, sock, &mut stalled, list.len() - off)
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            // A connected socket reports an ICMP error about an earlier datagram (port
+            // unreachable: a peer not up yet; host unreachable: no ARP answer) at its next
+            // send, which it refuses without sending (`sock_alloc_send_pskb` takes
+            // `sk_err`): that datagram goes again, once.
+            Err(e) if is_async_icmp_error(&e) && refused_at.replace(off) != Some(off) => {
+                Stats::add(&shared.stats.tx_refused, 1);
+                0
+            }
             Err(e) => {
                 tracing::debug!("send to {} failed: {e}; dropped", list[off].dst);
                 Stats::add(&shared.stats.tx_errors, 1);
@@ -257,6 +267,14 @@ fn send_all(shared: &DatapathShared, sock: &sio::RoceSocket, list: &[sio::Transm
         all &= skipped == 0;
     }
     all
+}
+
+/// The errors an ICMP message leaves on a connected UDP socket (`icmp_err_convert`).
+fn is_async_icmp_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
+    )
 }
 
 /// Waits for the socket to drain; returns how many transmits to skip (all of them once

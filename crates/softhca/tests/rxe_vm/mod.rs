@@ -10,10 +10,18 @@ use std::process::Command;
 /// The guest powers itself off after its command: when the harness's init script exits
 /// before its own power-off completes, the guest kernel panics ("Attempted to kill
 /// init") and the VM only ends at the harness's timeout.
+#[allow(dead_code)]
 pub fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
+    run_for(harness, guest, host, 400)
+}
+
+/// [`run`] with a limit of `timeout_s` seconds for the whole boot.
+#[allow(dead_code)]
+pub fn run_for(harness: &Path, guest: &str, host: &str, timeout_s: u32) -> (bool, String) {
     let guest = format!("{guest}; sync; echo o > /proc/sysrq-trigger; sleep 60");
     let out = Command::new(harness)
-        .args(["run", "--timeout", "400", "--guest", &guest, "--host", host])
+        .args(["run", "--timeout", &timeout_s.to_string()])
+        .args(["--guest", &guest, "--host", host])
         .output()
         .expect("run rxe-vm");
     let text = format!(

@@ -1,0 +1,112 @@
+//! Wire check of softhca's CM messages: tshark's InfiniBand CM dissector (RoCEv2 on UDP
+//! 4791, which Wireshark decodes as RRoCE by itself) must decode every MAD that
+//! unmodified rdma_cm programs make softhca send on loopback, REQ, REP, RTU, DREQ, DREP
+//! (rping), REJ (ucmatose to a port with no listener), SIDR_REQ and SIDR_REP (udaddy),
+//! with no malformed packet and no error-level expert entry. Needs tshark and the right to
+//! capture on `lo` (root); skipped with a message otherwise.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cmd, have, lib_dir, pair_of};
+use softhca_testbed::capture::{fields, problems, Capture};
+
+/// This test's device pair: the capture keeps only their packets.
+const SERVER: &str = "127.0.20.2";
+const CLIENT: &str = "127.0.20.3";
+const T: Duration = Duration::from_secs(60);
+
+/// Server and client of one program, each on its own address.
+fn run(bin: &str, server: &[&str], client: &[&str], retry: bool) -> (common::Done, common::Done) {
+    pair_of(
+        || cmd(SERVER, bin, server),
+        || cmd(CLIENT, bin, client),
+        T,
+        retry,
+        retry,
+    )
+}
+
+fn both_ok(s: &common::Done, c: &common::Done) {
+    assert_eq!(
+        (s.status, c.status),
+        (Some(0), Some(0)),
+        "{}{}",
+        s.all(),
+        c.all()
+    );
+}
+
+#[test]
+fn cm_messages_decode_cleanly_in_tshark() {
+    if lib_dir().is_none() || !["rping", "ucmatose", "udaddy"].iter().all(|b| have(b)) {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("softhca-rdmacm-tshark-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("capture dir");
+    let filter = format!("udp port 4791 and host {SERVER} and host {CLIENT}");
+    let cap = match Capture::start("lo", &filter, &dir.join("cm.pcapng")) {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+    };
+    let a = SERVER;
+    let (s, c) = run(
+        "rping",
+        &["-s", "-a", a, "-v", "-C", "3"],
+        &["-c", "-a", a, "-v", "-C", "3"],
+        true,
+    );
+    both_ok(&s, &c);
+    let (_, c) = run(
+        "ucmatose",
+        &["-b", a, "-p", "7471"],
+        &["-s", a, "-p", "7472"],
+        false,
+    );
+    assert!(
+        c.stdout.contains("RDMA_CM_EVENT_REJECTED, error: 8"),
+        "{}",
+        c.all()
+    );
+    let (s, c) = run("udaddy", &["-b", a], &["-s", a], true);
+    both_ok(&s, &c);
+    let file = cap.stop();
+
+    // Class 0x07 (CM), attribute IDs of IBTA table 99 (12.6).
+    let seen: std::collections::BTreeSet<String> = fields(
+        &file,
+        None,
+        "infiniband.mad.mgmtclass == 0x07",
+        &["infiniband.mad.attributeid"],
+    )
+    .into_iter()
+    .collect();
+    for (name, id) in [
+        ("REQ", "0x0010"),
+        ("REJ", "0x0012"),
+        ("REP", "0x0013"),
+        ("RTU", "0x0014"),
+        ("DREQ", "0x0015"),
+        ("DREP", "0x0016"),
+        ("SIDR_REQ", "0x0017"),
+        ("SIDR_REP", "0x0018"),
+    ] {
+        assert!(
+            seen.contains(id),
+            "no {name} ({id}) decoded as CM; seen {seen:?} (capture kept at {})",
+            file.display()
+        );
+    }
+    let bad = problems(&file, None);
+    assert!(
+        bad.is_empty(),
+        "tshark found problems (capture kept at {}):\n{bad}",
+        file.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
