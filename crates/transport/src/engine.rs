@@ -109,13 +109,7 @@ pub(crate) struct Parts<'a> {
 /// something to send.
 pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut Timers) {
     qp.complete_sends(ctx);
-    let cur = qp.inflight_psns();
-    ctx.budget.inflight = ctx
-        .budget
-        .inflight
-        .saturating_sub(qp.reported_inflight)
-        .saturating_add(cur);
-    qp.reported_inflight = cur;
+    report_inflight(qp, ctx);
     let ooo = qp.resp.ooo_bytes;
     ctx.budget.ooo_bytes = ctx
         .budget
@@ -135,6 +129,9 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
     if !qp.in_ready {
         ctx.budget.hit = false;
         if qp.has_output(ctx) {
+            // Planning may have started a WQE: its PSNs count before any other QP's
+            // next look at the budget.
+            report_inflight(qp, ctx);
             qp.in_ready = true;
             ready.push_back(qp.qpn);
         } else if ctx.budget.hit && !qp.budget_blocked {
@@ -147,6 +144,17 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
     if qp.req.sq.front().is_some_and(|w| w.status.is_some()) {
         qp.complete_sends(ctx);
     }
+}
+
+/// Bring the device budget up to date with `qp`'s request PSNs in flight.
+fn report_inflight(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+    let cur = qp.inflight_psns();
+    ctx.budget.inflight = ctx
+        .budget
+        .inflight
+        .saturating_sub(qp.reported_inflight)
+        .saturating_add(cur);
+    qp.reported_inflight = cur;
 }
 
 fn same_ip(a: IpAddr, b: IpAddr) -> bool {
@@ -926,6 +934,11 @@ impl Engine {
     /// Is any QP ready to transmit? (Cheap check for the datapath loop.)
     pub fn has_transmit(&self) -> bool {
         !self.ready.is_empty()
+    }
+
+    /// A QP's congestion control figures (None: no such QP, or no controller yet).
+    pub fn qp_cc_stats(&self, qpn: Qpn) -> Option<crate::cc::CcStats> {
+        self.qps.get(&qpn.value())?.cc_stats()
     }
 
     /// Outstanding PSN span of a QP's requester (diagnostics and tests).

@@ -1,0 +1,261 @@
+//! Swift-style delay AIMD (see the module documentation of `cc` for the why).
+
+use super::{CcStats, Congestion, CongestionControl};
+use crate::verbs::Nanos;
+
+/// Tuning of [`DelayAimd`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DelayAimdConfig {
+    /// Window a QP starts with, bytes (Swift and HPCC start at line rate; a token
+    /// bucket's burst is typically 256 KiB).
+    pub initial_window: u64,
+    /// Least window, packets.
+    pub min_window_pkts: u64,
+    /// Least queueing delay allowed above the base round trip, ns: a software host's
+    /// scheduling noise.
+    pub min_queue_delay: Nanos,
+    /// The queueing delay allowed above the base, as a fraction of the base.
+    pub queue_delay_fraction: f64,
+    /// Swift's β: how hard the window falls per unit of relative excess delay.
+    pub beta: f64,
+    /// Swift's max_mdf: the most one decrease takes, and what a loss takes.
+    pub max_decrease: f64,
+    /// Additive increase per round trip, packets.
+    pub increase_pkts: f64,
+    /// How long the least round trip stays the base without being seen again, ns.
+    pub min_rtt_window: Nanos,
+}
+
+impl Default for DelayAimdConfig {
+    fn default() -> Self {
+        DelayAimdConfig {
+            initial_window: 256 * 1024,
+            min_window_pkts: 2,
+            min_queue_delay: 500_000,
+            queue_delay_fraction: 0.25,
+            beta: 0.8,
+            max_decrease: 0.5,
+            increase_pkts: 1.0,
+            min_rtt_window: 10_000_000_000,
+        }
+    }
+}
+
+/// Rounds shorter than this are merged (one decision per round trip, and a loopback's
+/// round trip of a few microseconds would otherwise decide on single samples).
+const MIN_ROUND_NS: Nanos = 100_000;
+/// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
+const MAX_WINDOW_PKTS: u64 = 1024;
+
+/// Delay AIMD state of one QP.
+#[derive(Debug, Clone)]
+pub(crate) struct DelayAimd {
+    cfg: DelayAimdConfig,
+    mtu: u64,
+    /// Window, bytes (fractional for additive increase).
+    cwnd: f64,
+    slow_start: bool,
+    srtt: Nanos,
+    min_rtt: Nanos,
+    /// When `min_rtt` was last seen (it expires after `min_rtt_window`).
+    min_rtt_at: Nanos,
+    /// The current round: when it began and its least sample.
+    round_start: Nanos,
+    round_min: Nanos,
+    /// The last decrease for loss (at most one per round trip).
+    last_loss_cut: Option<Nanos>,
+    stats: CcStats,
+}
+
+impl DelayAimd {
+    pub fn new(cfg: DelayAimdConfig, mtu: u64) -> Self {
+        let mtu = mtu.max(256);
+        DelayAimd {
+            cwnd: cfg.initial_window.max(mtu) as f64,
+            cfg,
+            mtu,
+            slow_start: true,
+            srtt: 0,
+            min_rtt: 0,
+            min_rtt_at: 0,
+            round_start: 0,
+            round_min: Nanos::MAX,
+            last_loss_cut: None,
+            stats: CcStats::default(),
+        }
+    }
+
+    /// The round trip above which the window shrinks.
+    fn target(&self) -> Nanos {
+        let q = (self.min_rtt as f64 * self.cfg.queue_delay_fraction) as Nanos;
+        self.min_rtt + q.max(self.cfg.min_queue_delay)
+    }
+
+    fn clamp(&mut self) {
+        let lo = (self.cfg.min_window_pkts.max(1) * self.mtu) as f64;
+        let hi = (MAX_WINDOW_PKTS * self.mtu) as f64;
+        self.cwnd = self.cwnd.clamp(lo, hi);
+    }
+
+    fn sample(&mut self, now: Nanos, rtt: Nanos) {
+        let rtt = rtt.max(1);
+        self.srtt = crate::timers::rtt_update(self.srtt, rtt);
+        let expired = now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window;
+        if self.min_rtt == 0 || rtt <= self.min_rtt || expired {
+            // An expired base is replaced by this round's least sample at the latest.
+            self.min_rtt = if expired && self.round_min < rtt {
+                self.round_min
+            } else {
+                rtt
+            };
+            self.min_rtt_at = now;
+        }
+        self.round_min = self.round_min.min(rtt);
+    }
+
+    /// Once per round trip: grow or shrink by the round's least sample.
+    fn end_round(&mut self, now: Nanos) {
+        let standing = self.round_min;
+        let target = self.target();
+        if standing <= target {
+            if self.slow_start {
+                self.cwnd *= 2.0;
+            } else {
+                self.cwnd += self.cfg.increase_pkts * self.mtu as f64;
+            }
+        } else {
+            self.slow_start = false;
+            let excess = (standing - target) as f64 / standing as f64;
+            let cut = (self.cfg.beta * excess).min(self.cfg.max_decrease);
+            self.cwnd *= 1.0 - cut;
+            self.stats.delay_decreases += 1;
+        }
+        self.clamp();
+        self.round_start = now;
+        self.round_min = Nanos::MAX;
+    }
+}
+
+impl CongestionControl for DelayAimd {
+    fn on_ack(&mut self, now: Nanos, _acked: u64, rtt: Option<Nanos>) {
+        let Some(rtt) = rtt else {
+            return;
+        };
+        self.sample(now, rtt);
+        if now.saturating_sub(self.round_start) >= self.srtt.max(MIN_ROUND_NS) {
+            self.end_round(now);
+        }
+    }
+
+    fn on_congestion(&mut self, now: Nanos, what: Congestion) {
+        self.slow_start = false;
+        match what {
+            Congestion::Loss => {
+                let recent = self
+                    .last_loss_cut
+                    .is_some_and(|t| now.saturating_sub(t) < self.srtt.max(MIN_ROUND_NS));
+                if recent {
+                    return;
+                }
+                self.cwnd *= 1.0 - self.cfg.max_decrease;
+                self.stats.loss_decreases += 1;
+            }
+            Congestion::Timeout => {
+                // Nothing came back for a whole timeout: start low again (Swift sets
+                // the least window on a retransmit timeout).
+                self.cwnd = 0.0;
+                self.stats.timeouts += 1;
+            }
+        }
+        self.last_loss_cut = Some(now);
+        self.clamp();
+        // The samples of this round predate the cut.
+        self.round_start = now;
+        self.round_min = Nanos::MAX;
+    }
+
+    fn window(&self) -> u64 {
+        self.cwnd as u64
+    }
+
+    fn pacing_rate(&self) -> Option<u64> {
+        if self.srtt == 0 {
+            return None;
+        }
+        let gain = if self.slow_start { 2.0 } else { 1.25 };
+        Some((gain * self.cwnd * 1e9 / self.srtt as f64) as u64)
+    }
+
+    fn stats(&self) -> CcStats {
+        CcStats {
+            window: self.window(),
+            rate: self.pacing_rate().unwrap_or(0),
+            srtt: self.srtt,
+            min_rtt: self.min_rtt,
+            target: if self.min_rtt > 0 { self.target() } else { 0 },
+            slow_start: self.slow_start,
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MTU: u64 = 4096;
+
+    fn run_rounds(c: &mut DelayAimd, from: Nanos, rounds: u64, rtt: Nanos) -> Nanos {
+        let mut now = from;
+        for _ in 0..rounds {
+            now += rtt.max(MIN_ROUND_NS);
+            c.on_ack(now, MTU, Some(rtt));
+        }
+        now
+    }
+
+    #[test]
+    fn slow_start_doubles_until_the_delay_passes_the_target() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        let w0 = c.window();
+        let now = run_rounds(&mut c, 0, 3, 200_000);
+        assert!(c.window() >= 4 * w0, "{} vs {w0}", c.window());
+        assert!(c.stats().slow_start);
+        // 200 µs base: the target is 200 + max(500, 50) µs.
+        assert_eq!(c.stats().target, 700_000);
+        let before = c.window();
+        run_rounds(&mut c, now, 1, 1_400_000);
+        assert!(!c.stats().slow_start);
+        // Excess (1400 - 700) / 1400 = 0.5, times β 0.8: a 40 % cut.
+        let expect = before as f64 * 0.6;
+        assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
+        assert_eq!(c.stats().delay_decreases, 1);
+    }
+
+    #[test]
+    fn additive_increase_after_slow_start_and_one_cut_per_round_for_loss() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        run_rounds(&mut c, 0, 1, 200_000);
+        c.on_congestion(1_000_000, Congestion::Loss);
+        let w = c.window();
+        c.on_congestion(1_000_100, Congestion::Loss);
+        assert_eq!(c.window(), w, "a second loss in the same round trip");
+        let now = run_rounds(&mut c, 1_000_000, 4, 200_000);
+        assert_eq!(c.window(), w + 4 * MTU);
+        c.on_congestion(now, Congestion::Timeout);
+        assert_eq!(c.window(), 2 * MTU);
+        assert_eq!(c.stats().loss_decreases, 1);
+        assert_eq!(c.stats().timeouts, 1);
+    }
+
+    #[test]
+    fn the_window_stays_within_its_bounds_and_paces_by_the_round_trip() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        assert_eq!(c.pacing_rate(), None);
+        run_rounds(&mut c, 0, 40, 100_000);
+        assert_eq!(c.window(), MAX_WINDOW_PKTS * MTU);
+        run_rounds(&mut c, 10_000_000, 100, 50_000_000);
+        assert_eq!(c.window(), 2 * MTU);
+        assert!(c.pacing_rate().is_some_and(|r| r > 0));
+    }
+}

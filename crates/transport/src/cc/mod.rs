@@ -1,0 +1,138 @@
+//! Congestion control: how much an RC QP may have in flight, and how fast it sends.
+//!
+//! # Design
+//!
+//! softhca runs over ordinary IP networks: a 1 GbE link, a container bridge, a VPN, a
+//! token bucket on a veth. Those drop when full and mark nothing (no ECN-marking qdisc
+//! here), and the peer may be kernel rxe, whose packets must stay bit-exact and which
+//! echoes no timestamp. So the sender alone decides, from what it sees itself:
+//!
+//! - **delay**: the round trip from its own send time of an ACK-requesting packet to
+//!   the ACK (or READ response) that covers its PSN ([`RttSampler`]; Karn: nothing
+//!   retransmitted is sampled);
+//! - **loss**: a PSN sequence NAK, a gap in READ responses, a retransmit timeout.
+//!
+//! The algorithm ([`DelayAimd`]) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
+//! control of Google's Falcon): additive increase while the delay is under a target,
+//! a multiplicative decrease proportional to the excess above it at most once per round
+//! trip, and a fixed decrease on loss. What differs, and why:
+//!
+//! - The target is scaled to the path, not to a fabric's hop count: the least round
+//!   trip seen (the base) plus a queueing allowance of a quarter of the base, at least
+//!   [`DelayAimdConfig::min_queue_delay`]. A software host's scheduler adds hundreds
+//!   of microseconds of noise that a datacenter NIC's timestamps do not have; a long
+//!   path (5 ms) needs a queue in proportion to keep its bottleneck busy (UET NSCC's
+//!   target is likewise a configured queueing delay above the base).
+//! - The delay signal is the least sample of a round trip, not each sample: a
+//!   descheduled receiver or a coalesced ACK inflates single samples, the standing
+//!   queue inflates all of them (Copa's "standing RTT").
+//! - Slow start (doubling per round) until the first delay excess or loss: the target
+//!   window on a 5 ms path is 100 times that of a veth, and additive increase alone
+//!   would take seconds to get there.
+//! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
+//!   ([`Pacer`]), with a burst of one GSO send, so a window opening at once does not
+//!   become one line-rate burst into a shallow token bucket (SRD and Falcon pace every
+//!   connection in hardware for the same reason).
+//!
+//! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
+//! its responses, so a requester's window bounds the READ data coming back too. A
+//! responder has no ACK for its READ responses: [`ResponseRate`] paces them at a rate
+//! that grows while no READ is asked again and falls when one is (a requester's
+//! retransmission is the only loss signal it gets from any peer).
+//!
+//! UC and UD have no ACKs and so no signal: they send at the rate the application
+//! posts, as rxe does (an application needing a limit paces its posts).
+//!
+//! Other algorithms (a BBR-like model, DCQCN once ECN marks exist) implement
+//! [`CongestionControl`] and are chosen by [`CcAlgorithm`].
+
+mod delay;
+mod hooks;
+mod pacer;
+mod rtt;
+
+pub(crate) use delay::DelayAimd;
+pub use delay::DelayAimdConfig;
+pub(crate) use hooks::QpCc;
+pub(crate) use pacer::{Pacer, ResponseRate};
+pub(crate) use rtt::RttSampler;
+
+use crate::verbs::Nanos;
+
+/// Which congestion control RC QPs use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CcAlgorithm {
+    /// None: the window is the protocol's (`max 1024 PSNs`) and nothing is paced, as
+    /// rxe and a RoCE NIC without DCQCN do.
+    Off,
+    /// Delay-driven AIMD with pacing ([`DelayAimdConfig`]).
+    DelayAimd(DelayAimdConfig),
+}
+
+impl Default for CcAlgorithm {
+    fn default() -> Self {
+        CcAlgorithm::DelayAimd(DelayAimdConfig::default())
+    }
+}
+
+/// A congestion signal other than delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Congestion {
+    /// A packet was lost (sequence NAK, response gap): the network dropped it.
+    Loss,
+    /// The retransmit timer fired: nothing came back for a whole timeout.
+    Timeout,
+}
+
+/// What a congestion controller decides for one QP's requests.
+pub(crate) trait CongestionControl: std::fmt::Debug + Send {
+    /// An RTT sample (ns) and `acked` bytes newly acknowledged, at `now`.
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>);
+    /// A loss or a timeout at `now`.
+    fn on_congestion(&mut self, now: Nanos, what: Congestion);
+    /// Bytes allowed in flight.
+    fn window(&self) -> u64;
+    /// Bytes per second to pace at; None: not paced (no round trip measured yet).
+    fn pacing_rate(&self) -> Option<u64>;
+    /// The figures `softhca devinfo -v` shows.
+    fn stats(&self) -> CcStats;
+}
+
+/// One QP's congestion state, for counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CcStats {
+    /// The window, bytes.
+    pub window: u64,
+    /// The pacing rate, bytes per second (0: not paced).
+    pub rate: u64,
+    /// Smoothed round trip, ns (0: none yet).
+    pub srtt: Nanos,
+    /// Least round trip seen (the base of the delay target), ns.
+    pub min_rtt: Nanos,
+    /// The delay above which the window shrinks, ns.
+    pub target: Nanos,
+    /// Decreases for delay over the target.
+    pub delay_decreases: u64,
+    /// Decreases for loss.
+    pub loss_decreases: u64,
+    /// Retransmit timeouts seen.
+    pub timeouts: u64,
+    /// Times sending waited for the window.
+    pub window_limited: u64,
+    /// Times sending waited for the pacer.
+    pub pacing_waits: u64,
+    /// Still in slow start.
+    pub slow_start: bool,
+    /// The responder's READ response rate, bytes per second (0: not paced).
+    pub response_rate: u64,
+    /// Decreases of the READ response rate (a READ asked again).
+    pub response_cuts: u64,
+}
+
+/// A new controller for a QP whose packets carry `mtu` bytes.
+pub(crate) fn new_controller(alg: CcAlgorithm, mtu: u64) -> Option<Box<dyn CongestionControl>> {
+    match alg {
+        CcAlgorithm::Off => None,
+        CcAlgorithm::DelayAimd(c) => Some(Box::new(DelayAimd::new(c, mtu))),
+    }
+}
