@@ -117,15 +117,6 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
         .saturating_sub(qp.reported_ooo)
         .saturating_add(ooo);
     qp.reported_ooo = ooo;
-    let want = qp.deadline();
-    qp.timer = want;
-    if let Some(t) = want {
-        if qp.armed.is_none_or(|a| t < a) {
-            qp.timer_gen += 1;
-            qp.armed = Some(t);
-            timers.push(t, qp.qpn, qp.timer_gen);
-        }
-    }
     if !qp.in_ready {
         ctx.budget.hit = false;
         if qp.has_output(ctx) {
@@ -137,6 +128,16 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
         } else if ctx.budget.hit && !qp.budget_blocked {
             qp.budget_blocked = true;
             ctx.budget.blocked.push_back(qp.qpn);
+        }
+    }
+    // After planning: a pacer's wait it found is a deadline too.
+    let want = qp.deadline();
+    qp.timer = want;
+    if let Some(t) = want {
+        if qp.armed.is_none_or(|a| t < a) {
+            qp.timer_gen += 1;
+            qp.armed = Some(t);
+            timers.push(t, qp.qpn, qp.timer_gen);
         }
     }
     // Planning may have found a local error on the next WQE (bad lkey, UD too long):

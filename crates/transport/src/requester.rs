@@ -270,8 +270,13 @@ impl Qp {
         if ty == QpType::Rc {
             // Coalesced ACKs: ask on the last packet of a message, and periodically in
             // long ones, and when the window is about to close.
+            // With congestion control: also on the last packet the window lets go, and
+            // twice per window, so that a small window is acknowledged before it
+            // closes, and the window gets round-trip samples.
+            let every = self.cc_ack_every(ctx.cfg).min(ACK_EVERY);
             hdr.bth.ack_req = last
-                || self.req.pkts_since_ack_req + 1 >= ACK_EVERY
+                || self.req.pkts_since_ack_req + 1 >= every
+                || self.cc_window_closes_at(ctx.cfg, psn)
                 || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {

@@ -433,9 +433,10 @@ fn lost_tail_of_read_requests_is_recovered() {
 }
 
 /// 16 READs of 16 KiB (16 response packets each at MTU 1024) in flight at 10 Gb/s, so
-/// that responses of later READs arrive while a hole waits.
+/// that responses of later READs arrive while a hole waits. All 16 go out at once: no
+/// congestion window (they are the subject, not the pace).
 fn sixteen_reads(seed: u64, o: &RcOpts) -> (SimNet, Mr, Mr) {
-    let mut net = SimNet::new(seed, 2, Mtu::M1024);
+    let mut net = SimNet::with_config(seed, 2, Mtu::M1024, |c| c.cc = CcAlgorithm::Off);
     net.link_ps_per_byte = 800;
     let (a, _b) = pair(&mut net, QpType::Rc, o);
     let (la, rb) = post_reads(&mut net, a, 16, 16_384);

@@ -6,8 +6,9 @@ use crate::verbs::Nanos;
 /// Tuning of [`DelayAimd`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DelayAimdConfig {
-    /// Window a QP starts with, bytes (Swift and HPCC start at line rate; a token
-    /// bucket's burst is typically 256 KiB).
+    /// Window a QP starts with, bytes: one 64 KiB message (TCP starts at 10 packets; a
+    /// line-rate start as Swift's fills a shallow queue before the first round trip
+    /// is known, and each round trip sampled then includes that burst).
     pub initial_window: u64,
     /// Least window, packets.
     pub min_window_pkts: u64,
@@ -16,6 +17,11 @@ pub struct DelayAimdConfig {
     pub min_queue_delay: Nanos,
     /// The queueing delay allowed above the base, as a fraction of the base.
     pub queue_delay_fraction: f64,
+    /// Swift's flow scaling: the most queueing delay added to the target of a flow
+    /// with the least window (none at the largest), so that a small flow grows while a
+    /// large one sharing its bottleneck shrinks, and they converge to fair shares
+    /// faster than AIMD alone makes them.
+    pub flow_scaling_range: Nanos,
     /// Swift's β: how hard the window falls per unit of relative excess delay.
     pub beta: f64,
     /// Swift's max_mdf: the most one decrease takes, and what a loss takes.
@@ -29,10 +35,11 @@ pub struct DelayAimdConfig {
 impl Default for DelayAimdConfig {
     fn default() -> Self {
         DelayAimdConfig {
-            initial_window: 256 * 1024,
+            initial_window: 64 * 1024,
             min_window_pkts: 2,
             min_queue_delay: 500_000,
             queue_delay_fraction: 0.25,
+            flow_scaling_range: 3_000_000,
             beta: 0.8,
             max_decrease: 0.5,
             increase_pkts: 1.0,
@@ -62,6 +69,8 @@ pub(crate) struct DelayAimd {
     /// The current round: when it began and its least sample.
     round_start: Nanos,
     round_min: Nanos,
+    /// The window when the round began (slow start at most doubles it per round).
+    round_cwnd: f64,
     /// The last decrease for loss (at most one per round trip).
     last_loss_cut: Option<Nanos>,
     stats: CcStats,
@@ -80,15 +89,23 @@ impl DelayAimd {
             min_rtt_at: 0,
             round_start: 0,
             round_min: Nanos::MAX,
+            round_cwnd: cfg.initial_window.max(mtu) as f64,
             last_loss_cut: None,
             stats: CcStats::default(),
         }
     }
 
-    /// The round trip above which the window shrinks.
+    /// The round trip above which the window shrinks: the base, a queue in proportion
+    /// to it, and Swift's flow scaling (α/√cwnd + β, between the least and the largest
+    /// window).
     fn target(&self) -> Nanos {
         let q = (self.min_rtt as f64 * self.cfg.queue_delay_fraction) as Nanos;
-        self.min_rtt + q.max(self.cfg.min_queue_delay)
+        let inv = |pkts: f64| 1.0 / pkts.max(1.0).sqrt();
+        let (lo, hi) = (self.cfg.min_window_pkts as f64, MAX_WINDOW_PKTS as f64);
+        let w = self.cwnd / self.mtu as f64;
+        let scale = ((inv(w) - inv(hi)) / (inv(lo) - inv(hi))).clamp(0.0, 1.0);
+        let fs = (scale * self.cfg.flow_scaling_range as f64) as Nanos;
+        self.min_rtt + q.max(self.cfg.min_queue_delay) + fs
     }
 
     fn clamp(&mut self) {
@@ -118,9 +135,9 @@ impl DelayAimd {
         let standing = self.round_min;
         let target = self.target();
         if standing <= target {
-            if self.slow_start {
-                self.cwnd *= 2.0;
-            } else {
+            // Slow start grew by what was acknowledged during the round (at most a
+            // doubling).
+            if !self.slow_start {
                 self.cwnd += self.cfg.increase_pkts * self.mtu as f64;
             }
         } else {
@@ -133,11 +150,16 @@ impl DelayAimd {
         self.clamp();
         self.round_start = now;
         self.round_min = Nanos::MAX;
+        self.round_cwnd = self.cwnd;
     }
 }
 
 impl CongestionControl for DelayAimd {
-    fn on_ack(&mut self, now: Nanos, _acked: u64, rtt: Option<Nanos>) {
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>) {
+        if self.slow_start {
+            self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
+            self.clamp();
+        }
         let Some(rtt) = rtt else {
             return;
         };
@@ -172,6 +194,7 @@ impl CongestionControl for DelayAimd {
         // The samples of this round predate the cut.
         self.round_start = now;
         self.round_min = Nanos::MAX;
+        self.round_cwnd = self.cwnd;
     }
 
     fn window(&self) -> u64 {
@@ -209,7 +232,8 @@ mod tests {
         let mut now = from;
         for _ in 0..rounds {
             now += rtt.max(MIN_ROUND_NS);
-            c.on_ack(now, MTU, Some(rtt));
+            // The whole window acknowledged in the round.
+            c.on_ack(now, c.window(), Some(rtt));
         }
         now
     }
@@ -221,13 +245,17 @@ mod tests {
         let now = run_rounds(&mut c, 0, 3, 200_000);
         assert!(c.window() >= 4 * w0, "{} vs {w0}", c.window());
         assert!(c.stats().slow_start);
-        // 200 µs base: the target is 200 + max(500, 50) µs.
-        assert_eq!(c.stats().target, 700_000);
+        // 200 µs base: the target is 200 + max(500, 50) µs, plus a little flow scaling
+        // for this window of 128 packets.
+        let target = c.stats().target;
+        assert!((700_000..1_000_000).contains(&target), "{target}");
         let before = c.window();
-        run_rounds(&mut c, now, 1, 1_400_000);
+        // A round whose least sample is 1.4 ms (nothing more acknowledged in it).
+        c.on_ack(now + 1_400_000, 0, Some(1_400_000));
         assert!(!c.stats().slow_start);
-        // Excess (1400 - 700) / 1400 = 0.5, times β 0.8: a 40 % cut.
-        let expect = before as f64 * 0.6;
+        // The relative excess times β 0.8.
+        let cut = 0.8 * (1_400_000 - target) as f64 / 1_400_000.0;
+        let expect = before as f64 * (1.0 - cut);
         assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
         assert_eq!(c.stats().delay_decreases, 1);
     }

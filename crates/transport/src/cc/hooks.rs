@@ -3,9 +3,13 @@
 
 use super::{new_controller, CcAlgorithm, CcStats, Congestion, CongestionControl};
 use super::{Pacer, ResponseRate, RttSampler};
+use crate::config::EngineConfig;
 use crate::qp::{Ctx, Qp};
 use crate::recovery::LossCause;
 use crate::verbs::{Nanos, Psn, QpType};
+
+/// Fewest request packets between ACK requests that [`Qp::cc_ack_every`] asks for.
+const MIN_ACK_EVERY: u64 = 16;
 
 /// One QP's congestion state.
 #[derive(Debug, Default)]
@@ -65,6 +69,25 @@ impl Qp {
         }
         cc.pace_at = None;
         true
+    }
+
+    /// How many request packets may go without asking for an ACK: half the window,
+    /// but not under [`MIN_ACK_EVERY`] (a 64 KiB message then asks once, as without).
+    pub(crate) fn cc_ack_every(&self, cfg: &EngineConfig) -> u32 {
+        match self.cc.ctl.as_ref() {
+            Some(ctl) => {
+                (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
+            }
+            None => u32::MAX,
+        }
+    }
+
+    /// Whether request packet `psn` is the last one the window lets go.
+    pub(crate) fn cc_window_closes_at(&self, cfg: &EngineConfig, psn: Psn) -> bool {
+        self.cc.ctl.as_ref().is_some_and(|ctl| {
+            let after = u64::from(psn.diff(self.req.una).max(0) as u32) + 2;
+            after * self.mtu(cfg) > ctl.window()
+        })
     }
 
     /// A request packet of `bytes` on the wire with PSN `psn` left; `sample`: its

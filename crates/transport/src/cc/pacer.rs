@@ -3,8 +3,11 @@
 use crate::verbs::Nanos;
 
 /// Bytes that may leave back to back after a pause: one GSO send, so pacing does not
-/// cut batches apart.
+/// cut batches apart, but at most [`BURST_NS`] of the pacing rate, so a slow path's
+/// queue is not filled by one send.
 const BURST_BYTES: u64 = 64 * 1024;
+const BURST_NS: u64 = 500_000;
+const MIN_BURST_BYTES: u64 = 8 * 1024;
 
 /// A token bucket of [`BURST_BYTES`] refilled at the pacing rate.
 #[derive(Debug, Default, Clone)]
@@ -22,7 +25,9 @@ impl Pacer {
     /// `bytes` left at `now`, paced at `rate` bytes per second.
     pub fn on_sent(&mut self, now: Nanos, bytes: u64, rate: u64) {
         let rate = rate.max(1);
-        let burst = BURST_BYTES.saturating_mul(1_000_000_000) / rate;
+        let bytes_in_burst_ns = rate.saturating_mul(BURST_NS) / 1_000_000_000;
+        let burst_bytes = bytes_in_burst_ns.clamp(MIN_BURST_BYTES, BURST_BYTES);
+        let burst = burst_bytes.saturating_mul(1_000_000_000) / rate;
         let cost = bytes.saturating_mul(1_000_000_000) / rate;
         self.next_at = self.next_at.max(now.saturating_sub(burst)) + cost;
     }
@@ -115,7 +120,8 @@ mod tests {
             p.on_sent(now, 4096, rate);
             sent += 4096;
         }
-        assert_eq!(sent, 64 * 1024 + 4096);
+        // 500 µs of the rate (62.5 kB), and the packet that crossed it.
+        assert_eq!(sent, 16 * 4096);
         let t = p.wait_until(now).unwrap();
         assert!(t > now && t <= now + 40_000, "{}", t - now);
     }
