@@ -332,4 +332,7 @@ fn print_counters(who: &str, ctx: &Context) {
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     eprintln!("{who}: {}", c.join(" "));
+    for (qpn, cc) in ctx.congestion() {
+        eprintln!("{who}: qp {:#x} congestion: {cc}", qpn.value());
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use softhca_io::{EventFd, RoceSocket};
-use softhca_transport::{Engine, EngineConfig};
+use softhca_transport::{CcAlgorithm, Engine, EngineConfig};
 
 use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
@@ -320,6 +320,11 @@ impl Device {
             max_gso_segments,
             // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
             split_rc_writes: cfg.split_writes && max_gso_segments > 1,
+            cc: if cfg.congestion_control {
+                CcAlgorithm::default()
+            } else {
+                CcAlgorithm::Off
+            },
             ..EngineConfig::default()
         };
         let attr = device_attr(&ecfg, &gids);
@@ -582,6 +587,12 @@ impl Context {
         v.push(("io_gso", u64::from(self.dev.caps.0)));
         v.push(("io_gro", u64::from(self.dev.caps.1)));
         v
+    }
+
+    /// Each RC QP's congestion control figures: round trip, window, rate, congestion
+    /// events (QPs that have sent nothing yet have none).
+    pub fn congestion(&self) -> Vec<(crate::Qpn, softhca_transport::CcStats)> {
+        self.dev.shared.engine.lock().engine.cc_stats()
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).

@@ -43,7 +43,7 @@ mod turnaround;
 
 pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
-pub use softhca_transport::Counters;
+pub use softhca_transport::{CcStats, Counters};
 
 pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
 pub use config::{

@@ -937,6 +937,17 @@ impl Engine {
         !self.ready.is_empty()
     }
 
+    /// Every RC QP's congestion control figures (those whose controller started).
+    pub fn cc_stats(&self) -> Vec<(Qpn, crate::cc::CcStats)> {
+        let mut v: Vec<_> = self
+            .qps
+            .values()
+            .filter_map(|qp| Some((qp.qpn_t(), qp.cc_stats()?)))
+            .collect();
+        v.sort_by_key(|(q, _)| q.value());
+        v
+    }
+
     /// A QP's congestion control figures (None: no such QP, or no controller yet).
     pub fn qp_cc_stats(&self, qpn: Qpn) -> Option<crate::cc::CcStats> {
         self.qps.get(&qpn.value())?.cc_stats()

@@ -635,7 +635,7 @@ impl Qp {
             self.req.retry_left -= 1;
             ctx.counters.completer_retry_err += 1;
         }
-        self.cc_loss(ctx.now, cause);
+        self.cc_loss(ctx, cause);
         let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self

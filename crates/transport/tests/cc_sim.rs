@@ -26,9 +26,16 @@ struct Flow {
     started: bool,
 }
 
+/// The queue of `tc qdisc add dev X root tbf rate R burst 256kb latency 5ms`: 5 ms of
+/// the rate plus the burst.
+fn tbf_queue(rate: u64) -> u64 {
+    rate / 8 * 5 / 1000 + 256 * 1024
+}
+
 /// `n` sender/receiver node pairs (flow i: node i to node n + i), a bottleneck of
-/// `rate` bits/s with a queue of `queue` bytes in front of the data's receivers.
-fn net_with_flows(n: usize, rate: u64, queue: u64, op: WrOpcode) -> (SimNet, Vec<Flow>) {
+/// `rate` bits/s with a tbf's queue in front of the data's receivers.
+fn net_with_flows(n: usize, rate: u64, op: WrOpcode) -> (SimNet, Vec<Flow>) {
+    let queue = tbf_queue(rate);
     let mut net = SimNet::new(7, 2 * n, Mtu::M4096);
     net.faults.delay_ns = 20_000;
     let o = RcOpts {
@@ -166,8 +173,7 @@ fn drop_ratio(net: &SimNet) -> f64 {
 }
 
 fn converges_to_the_link_rate(op: WrOpcode, rate: u64) {
-    // A queue of 256 KiB, as a token bucket's burst.
-    let (mut net, mut flows) = net_with_flows(1, rate, 256 * 1024, op);
+    let (mut net, mut flows) = net_with_flows(1, rate, op);
     flows[0].started = true;
     for _ in 0..10 {
         run_for(&mut net, &mut flows, 10 * MS);
@@ -210,7 +216,7 @@ fn read_converges_to_the_link_rate() {
 
 #[test]
 fn two_flows_share_the_link_fairly() {
-    let (mut net, mut flows) = net_with_flows(2, GBIT, 256 * 1024, WrOpcode::RdmaWrite);
+    let (mut net, mut flows) = net_with_flows(2, GBIT, WrOpcode::RdmaWrite);
     flows.iter_mut().for_each(|f| f.started = true);
     run_for(&mut net, &mut flows, 200 * MS);
     let r = rates_over(&mut net, &mut flows, 500 * MS);
@@ -228,7 +234,7 @@ fn two_flows_share_the_link_fairly() {
 
 #[test]
 fn a_late_starter_converges_to_its_share() {
-    let (mut net, mut flows) = net_with_flows(2, GBIT, 256 * 1024, WrOpcode::RdmaWrite);
+    let (mut net, mut flows) = net_with_flows(2, GBIT, WrOpcode::RdmaWrite);
     flows[0].started = true;
     run_for(&mut net, &mut flows, 300 * MS);
     flows[1].started = true;
@@ -250,7 +256,7 @@ fn a_late_starter_converges_to_its_share() {
 
 #[test]
 fn recovers_after_the_link_rate_changes() {
-    let (mut net, mut flows) = net_with_flows(1, GBIT, 256 * 1024, WrOpcode::RdmaWrite);
+    let (mut net, mut flows) = net_with_flows(1, GBIT, WrOpcode::RdmaWrite);
     flows[0].started = true;
     run_for(&mut net, &mut flows, 200 * MS);
     // The path slows to a quarter: the flow follows it down without a loss storm...

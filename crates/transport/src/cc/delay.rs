@@ -35,9 +35,9 @@ pub struct DelayAimdConfig {
 impl Default for DelayAimdConfig {
     fn default() -> Self {
         DelayAimdConfig {
-            initial_window: 64 * 1024,
+            initial_window: 16 * 1024,
             min_window_pkts: 2,
-            min_queue_delay: 500_000,
+            min_queue_delay: 2_000_000,
             queue_delay_fraction: 0.25,
             flow_scaling_range: 3_000_000,
             beta: 0.8,
@@ -245,16 +245,16 @@ mod tests {
         let now = run_rounds(&mut c, 0, 3, 200_000);
         assert!(c.window() >= 4 * w0, "{} vs {w0}", c.window());
         assert!(c.stats().slow_start);
-        // 200 µs base: the target is 200 + max(500, 50) µs, plus a little flow scaling
-        // for this window of 128 packets.
+        // 200 µs base: the target is 200 + max(2000, 50) µs, plus flow scaling for
+        // this window of 32 packets.
         let target = c.stats().target;
-        assert!((700_000..1_000_000).contains(&target), "{target}");
+        assert!((2_200_000..3_200_000).contains(&target), "{target}");
         let before = c.window();
-        // A round whose least sample is 1.4 ms (nothing more acknowledged in it).
-        c.on_ack(now + 1_400_000, 0, Some(1_400_000));
+        // A round whose least sample is 5.6 ms (nothing more acknowledged in it).
+        c.on_ack(now + 5_600_000, 0, Some(5_600_000));
         assert!(!c.stats().slow_start);
         // The relative excess times β 0.8.
-        let cut = 0.8 * (1_400_000 - target) as f64 / 1_400_000.0;
+        let cut = 0.8 * (5_600_000 - target) as f64 / 5_600_000.0;
         let expect = before as f64 * (1.0 - cut);
         assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
         assert_eq!(c.stats().delay_decreases, 1);

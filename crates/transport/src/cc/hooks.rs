@@ -56,6 +56,7 @@ impl Qp {
             if !cc.window_blocked {
                 cc.window_blocked = true;
                 cc.window_limited += 1;
+                ctx.counters.cc_window_limited += 1;
             }
             return false;
         }
@@ -63,6 +64,7 @@ impl Qp {
         if let (Some(t), Some(_)) = (cc.pacer.wait_until(ctx.now), ctl.pacing_rate()) {
             if cc.pace_at.is_none() {
                 cc.pacing_waits += 1;
+                ctx.counters.cc_pacing_wait += 1;
             }
             cc.pace_at = Some(t);
             return false;
@@ -105,7 +107,7 @@ impl Qp {
     }
 
     /// The oldest unacknowledged PSN moved from `before` to `req.una`.
-    pub(crate) fn cc_progress(&mut self, ctx: &Ctx<'_>, before: Psn) {
+    pub(crate) fn cc_progress(&mut self, ctx: &mut Ctx<'_>, before: Psn) {
         let mtu = self.mtu(ctx.cfg);
         let una = self.req.una;
         let Some(ctl) = self.cc.ctl.as_mut() else {
@@ -113,11 +115,13 @@ impl Qp {
         };
         let rtt = self.cc.rtt.on_acked(una, ctx.now);
         let acked = u64::from(una.diff(before).max(0) as u32) * mtu;
+        let was = ctl.stats();
         ctl.on_ack(ctx.now, acked, rtt);
+        count_cuts(ctx, &was, &ctl.stats());
     }
 
     /// A retransmission for `cause` started.
-    pub(crate) fn cc_loss(&mut self, now: Nanos, cause: LossCause) {
+    pub(crate) fn cc_loss(&mut self, ctx: &mut Ctx<'_>, cause: LossCause) {
         self.cc.rtt.clear();
         let what = match cause {
             LossCause::NakSeq | LossCause::Gap | LossCause::ReadHole => Congestion::Loss,
@@ -126,7 +130,9 @@ impl Qp {
             LossCause::Quiet => return,
         };
         if let Some(ctl) = self.cc.ctl.as_mut() {
-            ctl.on_congestion(now, what);
+            let was = ctl.stats();
+            ctl.on_congestion(ctx.now, what);
+            count_cuts(ctx, &was, &ctl.stats());
         }
     }
 
@@ -156,9 +162,11 @@ impl Qp {
     }
 
     /// The requester asked again for a READ: its responses were lost.
-    pub(crate) fn cc_read_repeated(&mut self, ctx: &Ctx<'_>) {
+    pub(crate) fn cc_read_repeated(&mut self, ctx: &mut Ctx<'_>) {
         if self.cc_on(ctx) {
+            let was = self.cc.resp.cuts;
             self.cc.resp.on_repeat(ctx.now);
+            ctx.counters.cc_response_rate_cut += self.cc.resp.cuts - was;
         }
     }
 
@@ -192,4 +200,12 @@ impl Qp {
             ..ctl.stats()
         })
     }
+}
+
+/// The device counters of what a controller just did.
+fn count_cuts(ctx: &mut Ctx<'_>, was: &CcStats, now: &CcStats) {
+    let c = &mut *ctx.counters;
+    c.cc_delay_decrease += now.delay_decreases.saturating_sub(was.delay_decreases);
+    c.cc_loss_decrease += now.loss_decreases.saturating_sub(was.loss_decreases);
+    c.cc_timeout += now.timeouts.saturating_sub(was.timeouts);
 }

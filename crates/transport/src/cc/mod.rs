@@ -129,6 +129,37 @@ pub struct CcStats {
     pub response_cuts: u64,
 }
 
+impl std::fmt::Display for CcStats {
+    /// One line: `srtt 812us min_rtt 73us target 1.07ms window 162 KiB rate 2.08 Gb/s
+    /// cuts delay 104 loss 1 timeout 0 waits window 445 pacing 0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} waits window {} pacing {}",
+            self.srtt / 1000,
+            self.min_rtt / 1000,
+            self.target / 1000,
+            self.window / 1024,
+            self.rate as f64 * 8.0 / 1e9,
+            if self.slow_start { " (slow start)" } else { "" },
+            self.delay_decreases,
+            self.loss_decreases,
+            self.timeouts,
+            self.window_limited,
+            self.pacing_waits,
+        )?;
+        if self.response_cuts > 0 {
+            write!(
+                f,
+                " read responses {:.3} Gb/s cuts {}",
+                self.response_rate as f64 * 8.0 / 1e9,
+                self.response_cuts
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// A new controller for a QP whose packets carry `mtu` bytes.
 pub(crate) fn new_controller(alg: CcAlgorithm, mtu: u64) -> Option<Box<dyn CongestionControl>> {
     match alg {
