@@ -164,7 +164,11 @@ fn client(
         };
         let mode = if *lat { "lat" } else { "bw" };
         let mut progress = ProgressLine::new(format!("{} {mode}", op.name()), a.json)
-            .with_interval(a.interval.filter(|s| *s > 0.0).map(std::time::Duration::from_secs_f64));
+            .with_interval(
+                a.interval
+                    .filter(|s| *s > 0.0)
+                    .map(std::time::Duration::from_secs_f64),
+            );
         let r = softhca_perf::run_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, &mut progress)?;
         if a.json {
             let mut j = r.to_json();
