@@ -111,6 +111,21 @@ impl ShapedLink {
         Ok(())
     }
 
+    /// Adds `addr` (on the link's /24) to end `end`'s device: a second softhca device
+    /// in one namespace needs an address of its own (each binds UDP 4791 on its own).
+    pub fn add_addr(&self, end: End, addr: Ipv4Addr) -> Result<(), TestbedError> {
+        let a = format!("{addr}/24");
+        ip(&[
+            "-n",
+            &self.netns(end),
+            "addr",
+            "add",
+            &a,
+            "dev",
+            &self.dev(end),
+        ])
+    }
+
     /// The shape.
     pub fn shape(&self) -> Shape {
         self.shape
