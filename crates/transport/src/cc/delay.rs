@@ -51,6 +51,8 @@ impl Default for DelayAimdConfig {
 /// Rounds shorter than this are merged (one decision per round trip, and a loopback's
 /// round trip of a few microseconds would otherwise decide on single samples).
 const MIN_ROUND_NS: Nanos = 100_000;
+/// The round trip per which additive increase adds `increase_pkts`.
+const AI_RTT_UNIT: Nanos = 1_000_000;
 /// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
 const MAX_WINDOW_PKTS: u64 = 1024;
 
@@ -136,9 +138,13 @@ impl DelayAimd {
         let target = self.target();
         if standing <= target {
             // Slow start grew by what was acknowledged during the round (at most a
-            // doubling).
+            // doubling). Additive increase grows with the smoothed round trip (one
+            // packet per millisecond of it; flows sharing a queue share that), so a
+            // long path regains its window in about the time a short one does: TCP's
+            // one packet per round trip took seconds at 10 ms.
             if !self.slow_start {
-                self.cwnd += self.cfg.increase_pkts * self.mtu as f64;
+                let rtt_ms = (self.srtt as f64 / AI_RTT_UNIT as f64).max(1.0);
+                self.cwnd += self.cfg.increase_pkts * rtt_ms * self.mtu as f64;
             }
         } else {
             self.slow_start = false;
