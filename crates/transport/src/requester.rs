@@ -572,10 +572,8 @@ impl Qp {
                 }
             }
         }
-        let psn = plan.hdr.bth.psn;
-        // A round-trip sample: a first transmission that asks for an ACK (Karn).
-        let sample = ty == QpType::Rc && plan.hdr.bth.ack_req && !psn.is_before(self.req.max_sent);
-        self.cc_request_sent(ctx.now, psn, plan.wire_len() as u64, sample);
+        let ack_req = ty == QpType::Rc && plan.hdr.bth.ack_req;
+        self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }

@@ -73,6 +73,8 @@ pub(crate) struct DelayAimd {
     round_min: Nanos,
     /// The window when the round began (slow start at most doubles it per round).
     round_cwnd: f64,
+    /// Slow start after a timeout ends here.
+    ssthresh: f64,
     /// The last decrease for loss (at most one per round trip).
     last_loss_cut: Option<Nanos>,
     stats: CcStats,
@@ -92,6 +94,7 @@ impl DelayAimd {
             round_start: 0,
             round_min: Nanos::MAX,
             round_cwnd: cfg.initial_window.max(mtu) as f64,
+            ssthresh: f64::INFINITY,
             last_loss_cut: None,
             stats: CcStats::default(),
         }
@@ -165,6 +168,9 @@ impl CongestionControl for DelayAimd {
         if self.slow_start {
             self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
             self.clamp();
+            if self.cwnd >= self.ssthresh {
+                self.slow_start = false;
+            }
         }
         let Some(rtt) = rtt else {
             return;
@@ -190,8 +196,11 @@ impl CongestionControl for DelayAimd {
             }
             Congestion::Timeout => {
                 // Nothing came back for a whole timeout: start low again (Swift sets
-                // the least window on a retransmit timeout).
+                // the least window on a retransmit timeout), and slow start back to
+                // half the window (TCP's ssthresh, RFC 5681).
+                self.ssthresh = self.cwnd / 2.0;
                 self.cwnd = 0.0;
+                self.slow_start = true;
                 self.stats.timeouts += 1;
             }
         }

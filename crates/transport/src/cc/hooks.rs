@@ -23,6 +23,8 @@ pub(crate) struct QpCc {
     pace_at: Option<Nanos>,
     /// The requester waits for the window.
     window_blocked: bool,
+    /// The last request PSN sent asking for an ACK.
+    last_ack_req: Option<Psn>,
     window_limited: u64,
     pacing_waits: u64,
     /// The responder's READ response rate.
@@ -32,8 +34,17 @@ pub(crate) struct QpCc {
 }
 
 impl Qp {
+    /// Whether this QP's sends are congestion controlled: RC, and a peer on another
+    /// host. To a peer on this host (a loopback address, or this QP's own address)
+    /// there is no link to congest, only socket buffers, which the device budget
+    /// bounds; its round trip is the two processes' scheduling, and taking that for
+    /// queueing halved 64 KiB WRITE bandwidth on loopback.
     fn cc_on(&self, ctx: &Ctx<'_>) -> bool {
-        self.init.qp_type == QpType::Rc && ctx.cfg.cc != CcAlgorithm::Off
+        let dst = self.path.dst.ip();
+        self.init.qp_type == QpType::Rc
+            && ctx.cfg.cc != CcAlgorithm::Off
+            && !dst.is_loopback()
+            && dst != self.path.src
     }
 
     /// Whether the request packet `psn`, which takes the PSNs up to `last`, may leave
@@ -52,7 +63,11 @@ impl Qp {
         };
         let ahead = psn.diff(self.req.una);
         let span = u64::from(last.diff(self.req.una).max(0) as u32) + 1;
-        if ahead > 0 && span * mtu > ctl.window() {
+        // A window that shrank under packets already sent may leave none of them
+        // asking for an ACK: then one more packet goes (asking for one, as the window
+        // is closed), or nothing would come back before the retransmit timeout.
+        let ack_coming = cc.last_ack_req.is_some_and(|p| !p.is_before(self.req.una));
+        if ahead > 0 && span * mtu > ctl.window() && ack_coming {
             if !cc.window_blocked {
                 cc.window_blocked = true;
                 cc.window_limited += 1;
@@ -92,12 +107,17 @@ impl Qp {
         })
     }
 
-    /// A request packet of `bytes` on the wire with PSN `psn` left; `sample`: its
-    /// first transmission, asking for an ACK (a round-trip sample).
-    pub(crate) fn cc_request_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, sample: bool) {
+    /// A request packet of `bytes` on the wire with PSN `psn` left, `ack_req`: asking
+    /// for an ACK (before `req.max_sent` moves past it).
+    pub(crate) fn cc_request_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, ack_req: bool) {
         let Some(ctl) = self.cc.ctl.as_ref() else {
             return;
         };
+        if ack_req {
+            self.cc.last_ack_req = Some(psn);
+        }
+        // A round-trip sample: a first transmission that asks for an ACK (Karn).
+        let sample = ack_req && !psn.is_before(self.req.max_sent);
         if sample {
             self.cc.rtt.on_sent(psn, now);
         }
