@@ -62,7 +62,11 @@ impl Qp {
             return true;
         };
         let ahead = psn.diff(self.req.una);
-        let span = u64::from(last.diff(self.req.una).max(0) as u32) + 1;
+        // READ responses placed ahead of a hole have arrived: they are not in flight
+        // (what SACK tells TCP; here the requester saw them itself). Without this, one
+        // lost response held the whole window until its READ was asked again.
+        let arrived = self.req.read_early.len() as u64;
+        let span = (u64::from(last.diff(self.req.una).max(0) as u32) + 1).saturating_sub(arrived);
         // A window that shrank under packets already sent may leave none of them
         // asking for an ACK: then one more packet goes (asking for one, as the window
         // is closed), or nothing would come back before the retransmit timeout.

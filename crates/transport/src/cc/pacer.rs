@@ -40,9 +40,9 @@ const MIN_RATE: f64 = 125_000.0;
 
 /// A responder's rate for READ responses. Nothing acknowledges them (a requester only
 /// asks again for what it missed), so the only signal is a repeated READ request: the
-/// rate starts unpaced, falls to 0.7× of what was sent at each one (once per interval)
-/// and grows by 1/32 per interval without one, an AIMD on rate as a loss-based TCP
-/// is on its window.
+/// rate starts unpaced, falls to 0.7× of what was sent at each burst of them (once per
+/// interval) and grows by 1/32 per interval without one, an AIMD on rate as a
+/// loss-based TCP is on its window.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ResponseRate {
     /// Bytes per second; None: not paced (no loss seen).
@@ -52,6 +52,7 @@ pub(crate) struct ResponseRate {
     interval_start: Nanos,
     interval_bytes: u64,
     last_cut: Option<Nanos>,
+    last_repeat: Option<Nanos>,
     /// Decreases made.
     pub cuts: u64,
     pub pacer: Pacer,
@@ -85,11 +86,19 @@ impl ResponseRate {
         }
     }
 
-    /// The requester asked again for a READ at `now`: its responses were lost.
+    /// The requester asked again for a READ at `now`: its responses were lost. One
+    /// repeat alone is taken for a lossy link (1 % random loss repeats a 64 KiB READ
+    /// every few milliseconds); a second within an interval of it, for a queue that
+    /// overflowed (a tail drop loses a run of packets, of several READs).
     pub fn on_repeat(&mut self, now: Nanos) {
-        if self
-            .last_cut
-            .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS)
+        let burst = self
+            .last_repeat
+            .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS);
+        self.last_repeat = Some(now);
+        if !burst
+            || self
+                .last_cut
+                .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS)
         {
             return;
         }
@@ -133,6 +142,8 @@ mod tests {
             r.on_sent(i * 100_000, 12_500); // 125 MB/s
         }
         assert_eq!(r.rate(), None);
+        r.on_repeat(1_900_000);
+        assert_eq!(r.rate(), None, "one repeat alone");
         r.on_repeat(2_000_000);
         let cut = r.rate().unwrap();
         assert!((80_000_000..95_000_000).contains(&cut), "{cut}");
