@@ -19,29 +19,43 @@
 //!
 //! - The target is scaled to the path, not to a fabric's hop count: the least round
 //!   trip seen (the base) plus a queueing allowance of a quarter of the base, at least
-//!   [`DelayAimdConfig::min_queue_delay`]. A software host's scheduler adds hundreds
-//!   of microseconds of noise that a datacenter NIC's timestamps do not have; a long
-//!   path (5 ms) needs a queue in proportion to keep its bottleneck busy (UET NSCC's
-//!   target is likewise a configured queueing delay above the base).
+//!   [`DelayAimdConfig::min_queue_delay`] (2 ms: a software host's scheduling noise, which
+//!   a datacenter NIC's timestamps do not have), plus Swift's flow scaling (a larger
+//!   target for a smaller window, so flows sharing a queue converge to equal shares).
 //! - The delay signal is the least sample of a round trip, not each sample: a
 //!   descheduled receiver or a coalesced ACK inflates single samples, the standing
 //!   queue inflates all of them (Copa's "standing RTT").
-//! - Slow start (doubling per round) until the first delay excess or loss: the target
-//!   window on a 5 ms path is 100 times that of a veth, and additive increase alone
-//!   would take seconds to get there.
+//! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
+//!   the first delay excess or loss: the target window on a 5 ms path is 100 times that
+//!   of a veth. Additive increase is one packet per millisecond of smoothed round trip,
+//!   so a long path regains its window about as fast as a short one.
+//! - A loss cuts the window (by half, once per round trip) only when the round trip is
+//!   over the target: a full queue that drops has one; a lossy link (1 % random loss)
+//!   does not, and halving there left a third of the throughput (TCP Veno's rule).
 //! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
-//!   ([`Pacer`]), with a burst of one GSO send, so a window opening at once does not
-//!   become one line-rate burst into a shallow token bucket (SRD and Falcon pace every
-//!   connection in hardware for the same reason).
+//!   ([`Pacer`]), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
+//!   opening at once does not become one line-rate burst into a shallow token bucket
+//!   (SRD and Falcon pace every connection in hardware for the same reason).
+//! - A peer on this host (loopback, or the QP's own address) is not controlled: there
+//!   is no link, only socket buffers (bounded by the device budget), and its round trip
+//!   is process scheduling.
 //!
 //! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
 //! its responses, so a requester's window bounds the READ data coming back too. A
 //! responder has no ACK for its READ responses: [`ResponseRate`] paces them at a rate
-//! that grows while no READ is asked again and falls when one is (a requester's
-//! retransmission is the only loss signal it gets from any peer).
+//! that grows while no READ is asked again and falls on a burst of repeated READs (a
+//! requester's retransmission is the only loss signal it gets from any peer, kernel rxe
+//! included). Responses placed ahead of a hole leave the requester's window (the SACK
+//! that READ responses give for free).
 //!
 //! UC and UD have no ACKs and so no signal: they send at the rate the application
 //! posts, as rxe does (an application needing a limit paces its posts).
+//!
+//! Known limits: a base taken while another flow's queue stands makes a flow's target
+//! higher (Vegas' and LEDBAT's latecomer bias; flow scaling bounds it); on a 10 ms path
+//! one loss costs go-back-N a window of 1.5 MB, so such paths reach 0.7-0.9 of a
+//! 1 Gb/s token bucket where TCP with SACK reaches 0.97; delay-based flows give way to
+//! buffer-filling TCP only as far as the target allows.
 //!
 //! Other algorithms (a BBR-like model, DCQCN once ECN marks exist) implement
 //! [`CongestionControl`] and are chosen by [`CcAlgorithm`].
