@@ -3,7 +3,7 @@
 use super::{CcStats, Congestion, CongestionControl};
 use crate::verbs::Nanos;
 
-/// Tuning of [`DelayAimd`].
+/// Tuning of `DelayAimd`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DelayAimdConfig {
     /// Window a QP starts with, bytes: one 64 KiB message (TCP starts at 10 packets; a

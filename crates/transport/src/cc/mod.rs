@@ -8,11 +8,11 @@
 //! echoes no timestamp. So the sender alone decides, from what it sees itself:
 //!
 //! - **delay**: the round trip from its own send time of an ACK-requesting packet to
-//!   the ACK (or READ response) that covers its PSN ([`RttSampler`]; Karn: nothing
+//!   the ACK (or READ response) that covers its PSN (`RttSampler`; Karn: nothing
 //!   retransmitted is sampled);
 //! - **loss**: a PSN sequence NAK, a gap in READ responses, a retransmit timeout.
 //!
-//! The algorithm ([`DelayAimd`]) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
+//! The algorithm (`DelayAimd`) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
 //! control of Google's Falcon): additive increase while the delay is under a target,
 //! a multiplicative decrease proportional to the excess above it at most once per round
 //! trip, and a fixed decrease on loss. What differs, and why:
@@ -33,7 +33,7 @@
 //!   over the target: a full queue that drops has one; a lossy link (1 % random loss)
 //!   does not, and halving there left a third of the throughput (TCP Veno's rule).
 //! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
-//!   ([`Pacer`]), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
+//!   (`Pacer`), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
 //!   opening at once does not become one line-rate burst into a shallow token bucket
 //!   (SRD and Falcon pace every connection in hardware for the same reason).
 //! - A peer on this host (loopback, or the QP's own address) is not controlled: there
@@ -42,7 +42,7 @@
 //!
 //! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
 //! its responses, so a requester's window bounds the READ data coming back too. A
-//! responder has no ACK for its READ responses: [`ResponseRate`] paces them at a rate
+//! responder has no ACK for its READ responses: `ResponseRate` paces them at a rate
 //! that grows while no READ is asked again and falls on a burst of repeated READs (a
 //! requester's retransmission is the only loss signal it gets from any peer, kernel rxe
 //! included). Responses placed ahead of a hole leave the requester's window (the SACK
@@ -58,7 +58,7 @@
 //! buffer-filling TCP only as far as the target allows.
 //!
 //! Other algorithms (a BBR-like model, DCQCN once ECN marks exist) implement
-//! [`CongestionControl`] and are chosen by [`CcAlgorithm`].
+//! `CongestionControl` and are chosen by [`CcAlgorithm`].
 
 mod delay;
 mod hooks;
