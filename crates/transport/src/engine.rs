@@ -111,11 +111,7 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
     qp.complete_sends(ctx);
     report_inflight(qp, ctx);
     let ooo = qp.resp.ooo_bytes;
-    ctx.budget.ooo_bytes = ctx
-        .budget
-        .ooo_bytes
-        .saturating_sub(qp.reported_ooo)
-        .saturating_add(ooo);
+    ctx.budget.ooo_bytes = reshare(ctx.budget.ooo_bytes, qp.reported_ooo, ooo);
     qp.reported_ooo = ooo;
     if !qp.in_ready {
         ctx.budget.hit = false;
@@ -150,12 +146,18 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
 /// Bring the device budget up to date with `qp`'s request PSNs in flight.
 fn report_inflight(qp: &mut Qp, ctx: &mut Ctx<'_>) {
     let cur = qp.inflight_psns();
-    ctx.budget.inflight = ctx
-        .budget
-        .inflight
-        .saturating_sub(qp.reported_inflight)
-        .saturating_add(cur);
+    let total = reshare(
+        ctx.budget.inflight as usize,
+        qp.reported_inflight as usize,
+        cur as usize,
+    );
+    ctx.budget.inflight = u32::try_from(total).unwrap_or(u32::MAX);
     qp.reported_inflight = cur;
+}
+
+/// A device-wide sum with one QP's share replaced (`old` by `new`).
+fn reshare(total: usize, old: usize, new: usize) -> usize {
+    total.saturating_sub(old).saturating_add(new)
 }
 
 fn same_ip(a: IpAddr, b: IpAddr) -> bool {
