@@ -241,6 +241,11 @@ pub struct PerfArgs {
     /// Print one JSON object per result instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Client: also print the bandwidth of every interval of this many seconds to stderr
+    /// (`interval <start> <end> <Gb/s>`, seconds from the start of the measured part),
+    /// as `iperf3 -i` does.
+    #[arg(long, value_name = "SECONDS")]
+    pub interval: Option<f64>,
     /// Server: keep serving clients after the first test.
     #[arg(long)]
     pub forever: bool,

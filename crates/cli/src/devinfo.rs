@@ -92,6 +92,10 @@ fn print(out: &mut impl Write, ctx: &Context, verbose: bool) -> Result<(), CliEr
         for (name, v) in ctx.counters() {
             writeln!(out, "\t\t{:<32}{v}", format!("{name}:"))?;
         }
+        writeln!(out, "\tcongestion control per QP:")?;
+        for (qpn, cc) in ctx.congestion() {
+            writeln!(out, "\t\tqp {:#08x}:\t{cc}", qpn.value())?;
+        }
     }
     Ok(())
 }

@@ -166,7 +166,12 @@ fn client(
             None => Control::connect(host, port)?.0,
         };
         let mode = if *lat { "lat" } else { "bw" };
-        let mut progress = ProgressLine::new(format!("{} {mode}", op.name()), a.json);
+        let mut progress = ProgressLine::new(format!("{} {mode}", op.name()), a.json)
+            .with_interval(
+                a.interval
+                    .filter(|s| *s > 0.0)
+                    .map(std::time::Duration::from_secs_f64),
+            );
         let r = softhca_perf::run_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, &mut progress)?;
         if a.json {
             let mut j = r.to_json();
@@ -378,4 +383,7 @@ fn print_counters(who: &str, ctx: &Context) {
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     eprintln!("{who}: {}", c.join(" "));
+    for (qpn, cc) in ctx.congestion() {
+        eprintln!("{who}: qp {:#x} congestion: {cc}", qpn.value());
+    }
 }

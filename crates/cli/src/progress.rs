@@ -10,6 +10,9 @@ pub struct ProgressLine {
     next: Instant,
     drawn: bool,
     label: String,
+    /// Interval reports: their length, when the current one began and the messages
+    /// done then.
+    interval: Option<(Duration, Instant, u64)>,
 }
 
 /// Runs shorter than this never show a progress line.
@@ -26,7 +29,31 @@ impl ProgressLine {
             next: now + QUIET_FOR,
             drawn: false,
             label,
+            interval: None,
         }
+    }
+
+    /// Also prints one line per `every` (see `PerfArgs::interval`).
+    pub fn with_interval(mut self, every: Option<Duration>) -> ProgressLine {
+        self.interval = every.map(|d| (d, self.start, 0));
+        self
+    }
+
+    /// Prints the interval that ended, if one did.
+    fn report_interval(&mut self, now: Instant, done: u64, bytes_per_msg: u64) {
+        let Some((every, from, done_then)) = self.interval else {
+            return;
+        };
+        let secs = now.duration_since(from).as_secs_f64();
+        if secs < every.as_secs_f64() {
+            return;
+        }
+        let gbps = (done - done_then) as f64 * bytes_per_msg as f64 * 8.0 / secs / 1e9;
+        let t0 = from.duration_since(self.start).as_secs_f64();
+        let t1 = now.duration_since(self.start).as_secs_f64();
+        self.erase();
+        eprintln!("interval {t0:.3} {t1:.3} {gbps:.4}");
+        self.interval = Some((every, now, done));
     }
 
     /// Updates the line with messages done so far (`total` 0 = unknown / duration mode).
@@ -68,9 +95,13 @@ impl softhca_perf::Progress for ProgressLine {
     fn begin(&mut self, now: Instant) {
         self.start = now;
         self.next = now + QUIET_FOR;
+        if let Some((every, _, _)) = self.interval {
+            self.interval = Some((every, now, 0));
+        }
     }
 
     fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
+        self.report_interval(now, done, bytes_per_msg);
         self.draw(now, done, total, bytes_per_msg);
     }
 

@@ -243,20 +243,41 @@ impl Poller {
 
     /// Waits until a watched fd is ready or `timeout` passes (`None`: forever;
     /// `Some(ZERO)`: just poll). Returns the number of events now in `events`; 0 on
-    /// timeout or when interrupted by a signal. Sub-millisecond timeouts are rounded up
-    /// to 1 ms, never down to a busy 0.
+    /// timeout or when interrupted by a signal. The timeout is kept to the microsecond
+    /// (`epoll_pwait2`, Linux 5.11): a sender paced at 1 Gb/s waits about 0.5 ms between
+    /// GSO sends, and `epoll_wait`'s milliseconds would halve its rate. Older kernels
+    /// round it up to 1 ms, never down to a busy 0.
     pub fn wait(&self, events: &mut Events, timeout: Option<Duration>) -> io::Result<usize> {
-        let ms: libc::c_int = match timeout {
-            None => -1,
-            Some(d) => {
-                let ms = d.as_micros().div_ceil(1000);
-                ms.min(libc::c_int::MAX as u128) as libc::c_int
-            }
-        };
         events.len = 0;
         let cap = events.buf.len().min(libc::c_int::MAX as usize) as libc::c_int;
-        // SAFETY: `events.buf` has room for `cap` events.
-        let rc = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.buf.as_mut_ptr(), cap, ms) };
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: `events.buf` has room for `cap` events; `tsp` is null or points at `ts`,
+        // alive for the call; a null signal mask leaves the mask alone.
+        let mut rc = unsafe {
+            libc::epoll_pwait2(
+                self.fd.as_raw_fd(),
+                events.buf.as_mut_ptr(),
+                cap,
+                tsp,
+                std::ptr::null(),
+            )
+        };
+        if rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            let ms: libc::c_int = match timeout {
+                None => -1,
+                Some(d) => {
+                    d.as_micros().div_ceil(1000).min(libc::c_int::MAX as u128) as libc::c_int
+                }
+            };
+            // SAFETY: as above.
+            rc = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.buf.as_mut_ptr(), cap, ms) };
+        }
         if rc < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {

@@ -129,6 +129,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_WRITE_SPLIT",
         "send a multi-packet RC RDMA WRITE as one WRITE Only per packet",
     ),
+    ("SOFTHCA_CC", "`0` turns congestion control of RC QPs off"),
     (
         "SOFTHCA_TX_DROP",
         "fault injection: drop each outgoing packet with this probability",
@@ -217,6 +218,10 @@ pub struct Config {
     /// First/Middle/Last as rxe does. The transport's `EngineConfig::split_rc_writes`
     /// says what the peer sees differently.
     pub split_writes: bool,
+    /// Congestion control of RC QPs: a delay-driven window and pacing, decided by the
+    /// sender alone (`softhca_transport::cc`); `false` sends as fast as the window
+    /// of 1024 PSNs allows, as rxe does.
+    pub congestion_control: bool,
     /// Send transmits built wholly in the transmit buffer (small messages, an answer and
     /// its ACK, ACKs, READ requests and responses) through a UDP socket connected to
     /// their peer, one per peer, which spares the kernel a route
@@ -252,6 +257,7 @@ impl Default for Config {
             name: "softhca0".to_string(),
             tx_drop_ppm: 0,
             split_writes: true,
+            congestion_control: true,
             connected_senders: true,
             gso: true,
             gro: true,
@@ -358,6 +364,9 @@ impl Config {
                     ))
                 })?;
             cfg.tx_drop_ppm = (p * 1e6).round() as u32;
+        }
+        if let Some(v) = env("SOFTHCA_CC") {
+            cfg.congestion_control = zero_or_one("SOFTHCA_CC", &v)?;
         }
         if let Some(v) = env("SOFTHCA_WRITE_SPLIT") {
             cfg.split_writes = zero_or_one("SOFTHCA_WRITE_SPLIT", &v)?;

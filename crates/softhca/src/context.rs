@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::placement::Placement;
 use softhca_io::{EventFd, RoceSocket};
-use softhca_transport::{Engine, EngineConfig};
+use softhca_transport::{CcAlgorithm, Engine, EngineConfig};
 
 use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
@@ -333,6 +333,11 @@ impl Device {
             max_gso_segments,
             // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
             split_rc_writes: cfg.split_writes && max_gso_segments > 1,
+            cc: if cfg.congestion_control {
+                CcAlgorithm::default()
+            } else {
+                CcAlgorithm::Off
+            },
             ..EngineConfig::default()
         };
         let attr = device_attr(&ecfg, &gids);
@@ -617,6 +622,12 @@ impl Context {
     /// (`SOFTHCA_RUN_DIR`).
     pub fn published_at(&self) -> Option<&std::path::Path> {
         self.dev.publisher.as_ref().map(|p| p.path())
+    }
+
+    /// Each RC QP's congestion control figures: round trip, window, rate, congestion
+    /// events (QPs that have sent nothing yet have none).
+    pub fn congestion(&self) -> Vec<(crate::Qpn, softhca_transport::CcStats)> {
+        self.dev.shared.engine.lock().engine.cc_stats()
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).

@@ -27,6 +27,7 @@
 
 pub mod capture;
 mod forward;
+pub mod shaped;
 mod tap;
 
 use std::ffi::OsStr;
@@ -41,6 +42,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use forward::{corrupt_frame, DirectionStats};
+pub use shaped::{QdiscStats, Shape, ShapedLink};
 
 /// Why the link could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -358,6 +360,32 @@ impl Link {
             .arg(self.netns(end))
             .arg(program.as_ref());
         c
+    }
+}
+
+/// Two namespaces joined by some link: where to run a program and each end's address.
+pub trait Ends {
+    /// `program` to run in the namespace of `end`.
+    fn command_in(&self, end: End, program: &OsStr) -> Command;
+    /// The address of `end`.
+    fn addr_of(&self, end: End) -> IpAddr;
+}
+
+impl Ends for Link {
+    fn command_in(&self, end: End, program: &OsStr) -> Command {
+        self.command(end, program)
+    }
+    fn addr_of(&self, end: End) -> IpAddr {
+        self.addr(end)
+    }
+}
+
+impl Ends for ShapedLink {
+    fn command_in(&self, end: End, program: &OsStr) -> Command {
+        self.command(end, program)
+    }
+    fn addr_of(&self, end: End) -> IpAddr {
+        self.addr(end)
     }
 }
 

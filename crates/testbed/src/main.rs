@@ -5,6 +5,8 @@
 //! between them until interrupted (SIGINT/SIGTERM), then removes them; `softhca-impair
 //! down` stops a running `up` of the same name and removes leftovers.
 
+mod table;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -26,6 +28,9 @@ enum Cmd {
     Up(UpArgs),
     /// Stop a running `up` of this name and delete its namespaces.
     Down(NameArg),
+    /// The shaped-link table: softhca SEND/WRITE/READ and TCP (iperf3) over tbf at
+    /// 1 Gb/s, 100 Mb/s and 1 Gb/s + 5 ms, with shaper drops, then fairness rows.
+    Shaped(table::TableArgs),
 }
 
 #[derive(Debug, Args)]
@@ -176,6 +181,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Cmd::Up(a) => up(a),
         Cmd::Down(a) => down(a),
+        Cmd::Shaped(a) => table::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

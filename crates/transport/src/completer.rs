@@ -56,6 +56,7 @@ impl Qp {
             self.req.rto_backoff = 0;
             self.req.quiet_resends = 0;
             self.req.recovery.on_progress(self.req.una);
+            self.cc_progress(ctx, una_before);
             self.req.rto =
                 if self.req.max_sent.is_after(self.req.una) && self.req.rnr_wait.is_none() {
                     self.rto_deadline(ctx.now)
@@ -514,6 +515,7 @@ impl Qp {
     /// The QP's timer fired.
     pub fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
         let now = ctx.now;
+        self.cc_on_timer(now);
         self.on_gap_timer(ctx);
         self.on_read_gap_timer(ctx);
         if self.quiet_deadline().is_some_and(|t| t <= now) {
@@ -547,7 +549,7 @@ impl Qp {
         }
     }
 
-    /// The deadline this QP wants (retransmit or RNR).
+    /// The deadline this QP wants (retransmit, RNR, reorder, pacing).
     pub fn deadline(&self) -> Option<Nanos> {
         let req = match self.req.rnr_wait {
             Some((t, _)) => Some(t),
@@ -558,6 +560,7 @@ impl Qp {
             self.resp.gap_nak_at,
             self.req.read_gap_at,
             self.quiet_deadline(),
+            self.cc_deadline(),
         ]
         .into_iter()
         .flatten()

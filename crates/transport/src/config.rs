@@ -1,5 +1,6 @@
 //! The engine's configuration: device limits and the choices that shape its packets.
 
+use crate::cc::CcAlgorithm;
 use crate::verbs::{Gid, Mtu};
 
 /// Engine configuration.
@@ -40,6 +41,8 @@ pub struct EngineConfig {
     /// The first QPN handed out; `None`: a random point of the QPN space drawn from
     /// `seed`, so that a restarted device does not reuse QPNs a peer still remembers.
     pub first_qpn: Option<u32>,
+    /// Congestion control of RC QPs (see `cc`).
+    pub cc: CcAlgorithm,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +59,7 @@ impl Default for EngineConfig {
             max_gso_segments: 64,
             split_rc_writes: true,
             first_qpn: None,
+            cc: CcAlgorithm::default(),
         }
     }
 }

@@ -291,6 +291,10 @@ impl Engine {
             .qps
             .remove(&qpn.value())
             .ok_or(TransportError::NotFound)?;
+        if let Some(cc) = qp.cc_stats() {
+            // Its last figures, for a run whose QPs are gone when counters are read.
+            tracing::debug!("qp {:#x} congestion: {cc}", qp.qpn);
+        }
         self.budget.inflight = self.budget.inflight.saturating_sub(qp.reported_inflight);
         self.budget.ooo_bytes = self.budget.ooo_bytes.saturating_sub(qp.reported_ooo);
         if let Some(s) = qp.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {

@@ -88,4 +88,16 @@ counters! {
     drop_bad_opcode,
     /// Dropped: a READ/atomic beyond max_dest_rd_atomic responses still queued (flood).
     drop_rd_atomic_overflow,
+    /// Congestion control: windows cut for a round trip over the delay target.
+    cc_delay_decrease,
+    /// Congestion control: windows cut for a loss (sequence NAK, response gap).
+    cc_loss_decrease,
+    /// Congestion control: windows reset by a retransmit timeout.
+    cc_timeout,
+    /// Congestion control: times a requester waited for its window.
+    cc_window_limited,
+    /// Congestion control: times a requester waited for its pacer.
+    cc_pacing_wait,
+    /// Congestion control: READ response rate cuts (a READ asked again).
+    cc_response_rate_cut,
 }

@@ -109,20 +109,24 @@ pub(crate) struct Parts<'a> {
 /// something to send.
 pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, timers: &mut Timers) {
     qp.complete_sends(ctx);
-    let cur = qp.inflight_psns();
-    ctx.budget.inflight = ctx
-        .budget
-        .inflight
-        .saturating_sub(qp.reported_inflight)
-        .saturating_add(cur);
-    qp.reported_inflight = cur;
+    report_inflight(qp, ctx);
     let ooo = qp.resp.ooo_bytes;
-    ctx.budget.ooo_bytes = ctx
-        .budget
-        .ooo_bytes
-        .saturating_sub(qp.reported_ooo)
-        .saturating_add(ooo);
+    ctx.budget.ooo_bytes = reshare(ctx.budget.ooo_bytes, qp.reported_ooo, ooo);
     qp.reported_ooo = ooo;
+    if !qp.in_ready {
+        ctx.budget.hit = false;
+        if qp.has_output(ctx) {
+            // Planning may have started a WQE: its PSNs count before any other QP's
+            // next look at the budget.
+            report_inflight(qp, ctx);
+            qp.in_ready = true;
+            ready.push_back(qp.qpn);
+        } else if ctx.budget.hit && !qp.budget_blocked {
+            qp.budget_blocked = true;
+            ctx.budget.blocked.push_back(qp.qpn);
+        }
+    }
+    // After planning: a pacer's wait it found is a deadline too.
     let want = qp.deadline();
     qp.timer = want;
     if let Some(t) = want {
@@ -132,21 +136,28 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
             timers.push(t, qp.qpn, qp.timer_gen);
         }
     }
-    if !qp.in_ready {
-        ctx.budget.hit = false;
-        if qp.has_output(ctx) {
-            qp.in_ready = true;
-            ready.push_back(qp.qpn);
-        } else if ctx.budget.hit && !qp.budget_blocked {
-            qp.budget_blocked = true;
-            ctx.budget.blocked.push_back(qp.qpn);
-        }
-    }
     // Planning may have found a local error on the next WQE (bad lkey, UD too long):
     // complete it now rather than at the next event.
     if qp.req.sq.front().is_some_and(|w| w.status.is_some()) {
         qp.complete_sends(ctx);
     }
+}
+
+/// Bring the device budget up to date with `qp`'s request PSNs in flight.
+fn report_inflight(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+    let cur = qp.inflight_psns();
+    let total = reshare(
+        ctx.budget.inflight as usize,
+        qp.reported_inflight as usize,
+        cur as usize,
+    );
+    ctx.budget.inflight = u32::try_from(total).unwrap_or(u32::MAX);
+    qp.reported_inflight = cur;
+}
+
+/// A device-wide sum with one QP's share replaced (`old` by `new`).
+fn reshare(total: usize, old: usize, new: usize) -> usize {
+    total.saturating_sub(old).saturating_add(new)
 }
 
 fn same_ip(a: IpAddr, b: IpAddr) -> bool {
@@ -953,6 +964,22 @@ impl Engine {
             .collect();
         v.sort_by_key(|q| q.qpn);
         v
+    }
+
+    /// Every RC QP's congestion control figures (those whose controller started).
+    pub fn cc_stats(&self) -> Vec<(Qpn, crate::cc::CcStats)> {
+        let mut v: Vec<_> = self
+            .qps
+            .values()
+            .filter_map(|qp| Some((qp.qpn_t(), qp.cc_stats()?)))
+            .collect();
+        v.sort_by_key(|(q, _)| q.value());
+        v
+    }
+
+    /// A QP's congestion control figures (None: no such QP, or no controller yet).
+    pub fn qp_cc_stats(&self, qpn: Qpn) -> Option<crate::cc::CcStats> {
+        self.qps.get(&qpn.value())?.cc_stats()
     }
 
     /// Outstanding PSN span of a QP's requester (diagnostics and tests).

@@ -36,6 +36,7 @@
 )]
 
 pub mod bringup;
+pub mod cc;
 mod completer;
 mod config;
 mod control;
@@ -52,6 +53,7 @@ mod responder;
 mod timers;
 pub mod verbs;
 
+pub use cc::{CcAlgorithm, CcStats, DelayAimdConfig};
 pub use config::EngineConfig;
 pub use counters::Counters;
 pub use datagram::{DatagramInfo, TailCrc, Transmit, TxPiece};

@@ -174,6 +174,9 @@ impl Qp {
                 msn,
                 ..
             } => {
+                if !self.cc_allows_response(ctx) {
+                    return None;
+                }
                 let n = remaining.min(mtu);
                 let last = n == remaining;
                 let op = Opcode::read_response(Position::from_ends(first, last));
@@ -222,7 +225,13 @@ impl Qp {
             self.complete_sends(ctx);
             return self.plan_request(ctx);
         }
-        if !w.started {
+        // Congestion control first: a WQE that starts takes its PSNs from the device
+        // budget at once, so one the window holds back must not start yet.
+        let (psn, takes_to) = self.next_request_psns(ctx.cfg, idx)?;
+        if !self.cc_allows_request(ctx, psn, takes_to) {
+            return None;
+        }
+        if !self.req.sq.get(idx)?.started {
             self.start_wqe(ctx, idx)?;
         }
         let ty = self.init.qp_type;
@@ -261,8 +270,13 @@ impl Qp {
         if ty == QpType::Rc {
             // Coalesced ACKs: ask on the last packet of a message, and periodically in
             // long ones, and when the window is about to close.
+            // With congestion control: also on the last packet the window lets go, and
+            // twice per window, so that a small window is acknowledged before it
+            // closes, and the window gets round-trip samples.
+            let every = self.cc_ack_every(ctx.cfg).min(ACK_EVERY);
             hdr.bth.ack_req = last
-                || self.req.pkts_since_ack_req + 1 >= ACK_EVERY
+                || self.req.pkts_since_ack_req + 1 >= every
+                || self.cc_window_closes_at(ctx.cfg, psn)
                 || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
@@ -273,6 +287,25 @@ impl Qp {
             dst,
             sport,
         })
+    }
+
+    /// The PSN of WQE `idx`'s next request packet (for one not started: the PSN it
+    /// would get), and the last PSN that packet takes (a READ request: its last
+    /// response's).
+    fn next_request_psns(&self, cfg: &EngineConfig, idx: usize) -> Option<(Psn, Psn)> {
+        let w = self.req.sq.get(idx)?;
+        let mtu = self.mtu(cfg);
+        let psn = if w.started {
+            w.first_psn.add((self.req.send_off / mtu) as u32)
+        } else {
+            self.req.next_psn
+        };
+        let takes_to = match w.wr.opcode {
+            WrOpcode::RdmaRead if w.started => w.last_psn(),
+            WrOpcode::RdmaRead => psn.add(w.psns_at(mtu) - 1),
+            _ => psn,
+        };
+        Some((psn, takes_to))
     }
 
     /// Give WQE `idx` its PSNs, if the window, the device budget, the READ/atomic limit
@@ -389,6 +422,9 @@ impl Qp {
                     }
                 }
                 self.advance_response(n as u64);
+                if plan.hdr.bth.opcode.is_read_response() {
+                    self.cc_response_sent(ctx, plan.wire_len() as u64);
+                }
             }
             TxSource::Requester => {
                 self.copy_request(ctx, payload)?;
@@ -536,6 +572,8 @@ impl Qp {
                 }
             }
         }
+        let ack_req = ty == QpType::Rc && plan.hdr.bth.ack_req;
+        self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }
@@ -595,6 +633,7 @@ impl Qp {
             self.req.retry_left -= 1;
             ctx.counters.completer_retry_err += 1;
         }
+        self.cc_loss(ctx, cause);
         let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self

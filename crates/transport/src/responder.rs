@@ -376,6 +376,7 @@ impl Qp {
             return;
         };
         let Some((first, last)) = range else { return };
+        self.cc_read_repeated(ctx);
         let len = u64::from(reth.dma_len);
         if self
             .check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)

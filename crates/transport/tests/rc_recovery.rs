@@ -339,7 +339,10 @@ fn duplicate_atomic_replayed_not_reexecuted() {
 /// window on each reordering).
 #[test]
 fn reordering_is_absorbed_without_go_back_n() {
-    let mut net = SimNet::new(21, 2, Mtu::M1024);
+    // Unpaced, as the seed's reorderings were chosen: paced, a READ request reordered
+    // behind the next one is 256 PSNs "ahead" (its responses' PSNs), past
+    // OOO_NAK_AFTER, and draws one harmless NAK.
+    let mut net = SimNet::with_config(21, 2, Mtu::M1024, |c| c.cc = CcAlgorithm::Off);
     // A 10 Gb/s link: a 20 us late packet lands about 24 packets behind its place.
     net.link_ps_per_byte = 800;
     net.faults = Faults {
@@ -479,9 +482,10 @@ fn lost_tail_of_read_requests_is_recovered() {
 }
 
 /// 16 READs of 16 KiB (16 response packets each at MTU 1024) in flight at 10 Gb/s, so
-/// that responses of later READs arrive while a hole waits.
+/// that responses of later READs arrive while a hole waits. All 16 go out at once: no
+/// congestion window (they are the subject, not the pace).
 fn sixteen_reads(seed: u64, o: &RcOpts) -> (SimNet, Mr, Mr) {
-    let mut net = SimNet::new(seed, 2, Mtu::M1024);
+    let mut net = SimNet::with_config(seed, 2, Mtu::M1024, |c| c.cc = CcAlgorithm::Off);
     net.link_ps_per_byte = 800;
     let (a, _b) = pair(&mut net, QpType::Rc, o);
     let (la, rb) = post_reads(&mut net, a, 16, 16_384);

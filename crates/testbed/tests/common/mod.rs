@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-use softhca_testbed::{check_available, End, Link, LinkConfig};
+use softhca_testbed::{check_available, End, Ends, Link, LinkConfig};
 
 /// A link, or `None` (after printing why) when this host cannot build one.
 pub fn link(cfg: LinkConfig) -> Option<Link> {
@@ -94,8 +94,8 @@ pub fn softhca_bin() -> &'static Path {
 
 /// `ip netns exec <end> softhca ARGS`, with configuration from the environment cleared so
 /// the device picks the link's address by itself.
-pub fn softhca(link: &Link, end: End, args: &[&str]) -> Command {
-    let mut c = link.command(end, softhca_bin());
+pub fn softhca(link: &impl Ends, end: End, args: &[&str]) -> Command {
+    let mut c = link.command_in(end, softhca_bin().as_os_str());
     c.args(args)
         .env_remove("SOFTHCA_ADDR")
         .env_remove("SOFTHCA_NETDEV")
@@ -129,7 +129,7 @@ pub struct PerfRun {
 /// `softhca perf OP --verify` moving `total` bytes in `size`-byte messages from end A
 /// (client) to a server in end B; panics (test failure) on a non-zero exit of either side,
 /// a hang (more than `limit`), or a result that is not verified.
-pub fn perf(link: &Link, op: &str, total: u64, size: u64, limit: Duration) -> PerfRun {
+pub fn perf(link: &impl Ends, op: &str, total: u64, size: u64, limit: Duration) -> PerfRun {
     let iters = (total / size).max(1).to_string();
     let size_s = size.to_string();
     let port = "18515";
@@ -142,7 +142,7 @@ pub fn perf(link: &Link, op: &str, total: u64, size: u64, limit: Duration) -> Pe
     .stderr(Stdio::piped())
     .spawn()
     .expect("start server");
-    let server_addr = link.addr(End::B).to_string();
+    let server_addr = link.addr_of(End::B).to_string();
     let start = Instant::now();
     let mut out = None;
     while start.elapsed() < Duration::from_secs(10) {

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap as HashMap;
 use softhca_wire::{Aeth, Headers};
 
+use crate::cc::QpCc;
 use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::path::Path;
@@ -298,6 +299,8 @@ pub(crate) struct Qp {
     /// the engine's next deadline is a real one rather than a superseded one.
     pub armed: Option<Nanos>,
     pub timer_gen: u64,
+    /// Congestion control: window, pacing, round-trip samples.
+    pub cc: QpCc,
 }
 
 impl Qp {
@@ -323,6 +326,7 @@ impl Qp {
             timer: None,
             armed: None,
             timer_gen: 0,
+            cc: QpCc::default(),
         }
     }
 
@@ -416,6 +420,7 @@ impl Qp {
         self.rq.clear();
         self.req = Requester::default();
         self.resp = Responder::default();
+        self.cc = QpCc::default();
         self.state = QpState::Reset;
         self.timer = None;
     }

@@ -97,6 +97,61 @@ impl Ord for InFlight {
     }
 }
 
+/// A bottleneck link with a finite drop-tail queue in front of some nodes (a token
+/// bucket's queue, a slow hop): packets to them are serialised at its rate, one after the
+/// other, and dropped when its queue is full.
+#[derive(Debug, Clone, Default)]
+pub struct Bottleneck {
+    /// Serialisation time per byte in picoseconds (8000: 1 Gb/s).
+    pub ps_per_byte: u64,
+    /// Bytes the queue holds (packets waiting and the one being sent).
+    pub queue_bytes: u64,
+    /// The nodes behind the bottleneck: packets to them go through it.
+    pub to: Vec<usize>,
+    /// When the link is free again.
+    pub free_at: u64,
+    /// Packets dropped because the queue was full.
+    pub drops: u64,
+    /// Packets that went through.
+    pub passed: u64,
+    /// Bytes that went through, by sending node.
+    pub bytes_from: Vec<u64>,
+}
+
+impl Bottleneck {
+    /// A bottleneck of `bits_per_s` with a queue of `queue_bytes` in front of `to`.
+    pub fn new(bits_per_s: u64, queue_bytes: u64, to: Vec<usize>) -> Bottleneck {
+        Bottleneck {
+            ps_per_byte: 8_000_000_000_000 / bits_per_s,
+            queue_bytes,
+            to,
+            ..Bottleneck::default()
+        }
+    }
+
+    /// Change the rate (a path that slows down or speeds up).
+    pub fn set_rate(&mut self, bits_per_s: u64) {
+        self.ps_per_byte = 8_000_000_000_000 / bits_per_s;
+    }
+
+    /// The packet of `len` bytes from `from` reaches the bottleneck at `at`: when it leaves
+    /// it, or None when the queue is full.
+    fn pass(&mut self, from: usize, at: u64, len: usize) -> Option<u64> {
+        let backlog = self.free_at.saturating_sub(at) * 1000 / self.ps_per_byte.max(1);
+        if backlog + len as u64 > self.queue_bytes {
+            self.drops += 1;
+            return None;
+        }
+        self.free_at = self.free_at.max(at) + len as u64 * self.ps_per_byte / 1000;
+        self.passed += 1;
+        if self.bytes_from.len() <= from {
+            self.bytes_from.resize(from + 1, 0);
+        }
+        self.bytes_from[from] += len as u64;
+        Some(self.free_at)
+    }
+}
+
 /// Drops a packet (from node, UDP payload) when it returns true.
 pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 
@@ -122,6 +177,8 @@ pub struct SimNet {
     pub link_ps_per_byte: u64,
     /// When each node's link is free again.
     link_free_at: Vec<u64>,
+    /// A bottleneck in front of some nodes.
+    pub bottleneck: Option<Bottleneck>,
 }
 
 pub fn cfg_for(ip: IpAddr, mtu: Mtu) -> EngineConfig {
@@ -174,6 +231,7 @@ impl SimNet {
             filter: None,
             link_ps_per_byte: 0,
             link_free_at: vec![0; n],
+            bottleneck: None,
         }
     }
 
@@ -322,6 +380,13 @@ impl SimNet {
                 *free
             } else {
                 self.now
+            };
+            let depart = match self.bottleneck.as_mut() {
+                Some(b) if b.to.contains(&to) => match b.pass(from, depart, bytes.len()) {
+                    Some(t) => t,
+                    None => continue,
+                },
+                _ => depart,
             };
             let mut at = depart + f.delay_ns;
             if f.reorder > 0.0 && self.rng.gen_bool(f.reorder) {

@@ -1,0 +1,374 @@
+//! `softhca-impair shaped`: the shaped-link table. softhca SEND/WRITE/READ of 64 KiB
+//! and TCP (iperf3) over one link shaped by tbf at 1 Gb/s, at 100 Mb/s and at 1 Gb/s
+//! with 5 ms of delay each way, with the packets the shaper dropped; then fairness on
+//! the 1 Gb/s link: two softhca flows, softhca against TCP, and a flow that starts late.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use softhca_testbed::{End, Shape, ShapedLink};
+
+/// Options of `softhca-impair shaped`.
+#[derive(Debug, Args)]
+pub struct TableArgs {
+    /// Seconds per throughput row.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Seconds of the fairness rows (the late starter runs for part of them).
+    #[arg(long, default_value_t = 10.0)]
+    fair_seconds: f64,
+    /// The `softhca` binary (default: next to this one).
+    #[arg(long)]
+    softhca: Option<PathBuf>,
+}
+
+/// A flow's result: its average, and its intervals (start, end, Gb/s) in seconds since
+/// the run began.
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    gbps: f64,
+    intervals: Vec<(f64, f64, f64)>,
+}
+
+/// A running flow: its server and client processes, and when the client started.
+struct Flow {
+    server: Child,
+    client: Child,
+    tcp: bool,
+    at: f64,
+}
+
+/// What the runs share: the link, the binary, when the run began.
+struct Bench<'a> {
+    link: &'a ShapedLink,
+    softhca: &'a Path,
+    t0: Instant,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl Bench<'_> {
+    fn spawn(&self, end: End, program: &Path, args: &[String]) -> Result<Child, String> {
+        self.link
+            .command(end, program)
+            .args(args)
+            .env("SOFTHCA_LOG", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| err(&program.display().to_string(), e))
+    }
+
+    /// softhca serving `addr` in `end`.
+    fn spawn_at(&self, end: End, addr: std::net::IpAddr, args: &[String]) -> Result<Child, String> {
+        self.link
+            .command(end, self.softhca)
+            .args(args)
+            .env("SOFTHCA_LOG", "off")
+            .env("SOFTHCA_ADDR", addr.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| err("softhca", e))
+    }
+
+    /// softhca `op` from end A to a server in end B on `port` for `secs`; flow `k` > 0
+    /// runs on the extra addresses 10.99.0.(10k+1) and .(10k+2) (see `add_addr`).
+    fn softhca(&self, op: &str, k: u16, secs: f64) -> Result<Flow, String> {
+        let p = (18515 + k).to_string();
+        let (ca, sa) = if k == 0 {
+            (self.link.addr(End::A), self.link.addr(End::B))
+        } else {
+            let base = u8::try_from(10 * k).map_err(|e| err("flow", e))?;
+            (
+                std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 99, 0, base + 1)),
+                std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 99, 0, base + 2)),
+            )
+        };
+        let server = self.spawn_at(End::B, sa, &strings(&["perf", op, "-p", &p]))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let addr = sa.to_string();
+        let d = format!("{secs}");
+        let args = ["perf", op, &addr, "-p", &p, "-D", &d, "--interval", "0.5"];
+        let client = self.spawn_at(End::A, ca, &strings(&args))?;
+        let at = self.t0.elapsed().as_secs_f64();
+        Ok(Flow {
+            server,
+            client,
+            tcp: false,
+            at,
+        })
+    }
+
+    /// TCP (iperf3, the kernel's default congestion control) from A to B.
+    fn tcp(&self, port: u16, secs: f64) -> Result<Flow, String> {
+        let iperf = Path::new("iperf3");
+        let p = port.to_string();
+        let server = self.spawn(End::B, iperf, &strings(&["-s", "-1", "-p", &p]))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let addr = self.link.addr(End::B).to_string();
+        let t = format!("{}", secs.ceil() as u64);
+        let args = ["-c", &addr, "-p", &p, "-t", &t, "-i", "0.5", "--json"];
+        let client = self.spawn(End::A, iperf, &strings(&args))?;
+        let at = self.t0.elapsed().as_secs_f64();
+        Ok(Flow {
+            server,
+            client,
+            tcp: true,
+            at,
+        })
+    }
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+impl Flow {
+    /// Waits for both processes and reads the client's result.
+    fn finish(self) -> Result<Outcome, String> {
+        let out = self
+            .client
+            .wait_with_output()
+            .map_err(|e| err("client", e))?;
+        let srv = self
+            .server
+            .wait_with_output()
+            .map_err(|e| err("server", e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            let s = String::from_utf8_lossy(&srv.stderr);
+            return Err(format!("client failed: {stdout}{stderr}\nserver: {s}"));
+        }
+        let mut o = if self.tcp {
+            parse_iperf(&stdout)?
+        } else {
+            parse_softhca(&stdout, &stderr)?
+        };
+        for i in o.intervals.iter_mut() {
+            i.0 += self.at;
+            i.1 += self.at;
+        }
+        Ok(o)
+    }
+}
+
+/// The bandwidth row of `softhca perf` (` 65536  <iters>  <Gb/s>  <Mpps>`) and its
+/// `interval <start> <end> <Gb/s>` lines.
+fn parse_softhca(stdout: &str, stderr: &str) -> Result<Outcome, String> {
+    let gbps = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("65536 "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no bandwidth in softhca's output: {stdout}"))?;
+    let intervals = stderr
+        .lines()
+        .filter_map(|l| {
+            let v: Vec<f64> = l
+                .strip_prefix("interval ")?
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (v.len() == 3).then(|| (v[0], v[1], v[2]))
+        })
+        .collect();
+    Ok(Outcome { gbps, intervals })
+}
+
+/// iperf3's JSON: the received rate, and the intervals.
+fn parse_iperf(stdout: &str) -> Result<Outcome, String> {
+    let j: serde_json::Value = serde_json::from_str(stdout).map_err(|e| err("iperf3 JSON", e))?;
+    let gbps = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or("iperf3 JSON without end.sum_received")?
+        / 1e9;
+    let intervals = j["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| {
+                    let s = &i["sum"];
+                    Some((
+                        s["start"].as_f64()?,
+                        s["end"].as_f64()?,
+                        s["bits_per_second"].as_f64()? / 1e9,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Outcome { gbps, intervals })
+}
+
+/// A flow's average rate over `[from, to)` (seconds since the run began), from its
+/// intervals.
+fn rate_over(o: &Outcome, from: f64, to: f64) -> f64 {
+    let mut bits = 0.0;
+    for &(a, b, g) in &o.intervals {
+        let overlap = b.min(to) - a.max(from);
+        if overlap > 0.0 {
+            bits += g * overlap;
+        }
+    }
+    bits / (to - from).max(1e-9)
+}
+
+/// The shaper's packets sent and dropped, both ends together.
+fn shaper(link: &ShapedLink) -> (u64, u64) {
+    let s = |e| link.qdisc(e).unwrap_or_default();
+    let (a, b) = (s(End::A), s(End::B));
+    (a.sent + b.sent, a.dropped + b.dropped)
+}
+
+/// The throughput rows of one link.
+fn throughput_rows(b: &Bench<'_>, secs: f64) -> Result<(), String> {
+    let rate = b.link.shape().rate as f64 / 1e9;
+    for test in ["send", "write", "read", "tcp"] {
+        let before = shaper(b.link);
+        let flow = if test == "tcp" {
+            b.tcp(5201, secs)?
+        } else {
+            b.softhca(test, 0, secs)?
+        };
+        let o = flow.finish()?;
+        let after = shaper(b.link);
+        let (sent, dropped) = (after.0 - before.0, after.1 - before.1);
+        let name = if test == "tcp" {
+            "TCP (iperf3)".to_string()
+        } else {
+            format!("softhca {} 64 KiB", test.to_uppercase())
+        };
+        println!(
+            "| {} | {name} | {:.3} | {:.2} | {:.3} % |",
+            b.link.shape().label(),
+            o.gbps,
+            o.gbps / rate,
+            100.0 * dropped as f64 / (sent + dropped).max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// Two flows started `delay` apart, the first for `secs`: each one's share of the link
+/// over the time both ran (from 1 s after the second started), and when the second
+/// first reached 0.4 of the link.
+fn fairness_row(
+    b: &Bench<'_>,
+    label: &str,
+    second_tcp: bool,
+    secs: f64,
+    delay: f64,
+) -> Result<(), String> {
+    let rate = b.link.shape().rate as f64 / 1e9;
+    let before = shaper(b.link);
+    let f1 = b.softhca("write", 0, secs)?;
+    std::thread::sleep(Duration::from_secs_f64(delay));
+    let rest = secs - delay;
+    let f2 = if second_tcp {
+        b.tcp(5201, rest)?
+    } else {
+        b.softhca("write", 1, rest)?
+    };
+    let (o1, o2) = (f1.finish()?, f2.finish()?);
+    let after = shaper(b.link);
+    let start2 = o2.intervals.first().map_or(0.0, |i| i.0);
+    let end = o1
+        .intervals
+        .last()
+        .map_or(0.0, |i| i.1)
+        .min(o2.intervals.last().map_or(0.0, |i| i.1));
+    let (r1, r2) = (
+        rate_over(&o1, start2 + 1.0, end),
+        rate_over(&o2, start2 + 1.0, end),
+    );
+    let jain = (r1 + r2).powi(2) / (2.0 * (r1 * r1 + r2 * r2)).max(1e-12);
+    let reached = o2
+        .intervals
+        .iter()
+        .find(|i| i.2 >= 0.4 * rate)
+        .map_or("never".to_string(), |i| format!("{:.1} s", i.1 - start2));
+    let (sent, dropped) = (after.0 - before.0, after.1 - before.1);
+    println!(
+        "| {} | {label} | {:.3} + {:.3} | {:.2} / {:.2} (Jain {:.3}) | {:.3} % | second flow at 0.4× after {reached} |",
+        b.link.shape().label(),
+        r1,
+        r2,
+        r1 / rate,
+        r2 / rate,
+        jain,
+        100.0 * dropped as f64 / (sent + dropped).max(1) as f64
+    );
+    Ok(())
+}
+
+/// The binary `softhca` next to this one.
+fn default_softhca() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("softhca")))
+        .unwrap_or_else(|| PathBuf::from("softhca"))
+}
+
+/// Runs the whole table.
+pub fn run(a: TableArgs) -> Result<(), String> {
+    let softhca = a.softhca.clone().unwrap_or_else(default_softhca);
+    if Command::new("iperf3").arg("-v").output().is_err() {
+        return Err("iperf3 is missing (apt-get install iperf3)".into());
+    }
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let shapes = [
+        (1_000_000_000, ms(0)),
+        (100_000_000, ms(0)),
+        (1_000_000_000, ms(5)),
+    ];
+    println!("| link (tbf both ends, burst 256 KiB, latency 5 ms) | test | Gb/s | × link | shaper drops |");
+    println!("|---|---|---|---|---|");
+    for (rate, delay) in shapes {
+        let link = ShapedLink::up(Shape { rate, delay }).map_err(|e| err("shaped link", e))?;
+        let b = Bench {
+            link: &link,
+            softhca: &softhca,
+            t0,
+        };
+        throughput_rows(&b, a.seconds)?;
+    }
+    println!();
+    println!(
+        "| link | flows (WRITE 64 KiB) | Gb/s | share of the link | shaper drops | convergence |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let link = ShapedLink::up(Shape {
+        rate: 1_000_000_000,
+        delay: ms(0),
+    })
+    .map_err(|e| err("shaped link", e))?;
+    for (end, last) in [(End::A, 11), (End::B, 12)] {
+        link.add_addr(end, std::net::Ipv4Addr::new(10, 99, 0, last))
+            .map_err(|e| err("second address", e))?;
+    }
+    let b = Bench {
+        link: &link,
+        softhca: &softhca,
+        t0,
+    };
+    let s = a.fair_seconds;
+    fairness_row(&b, "two softhca flows", false, s, 0.0)?;
+    fairness_row(&b, "softhca + TCP", true, s, 0.0)?;
+    fairness_row(
+        &b,
+        "softhca, then a softhca late starter",
+        false,
+        s,
+        s / 3.0,
+    )?;
+    Ok(())
+}

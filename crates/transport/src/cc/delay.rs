@@ -1,0 +1,321 @@
+//! Swift-style delay AIMD (see the module documentation of `cc` for the why).
+
+use super::{CcStats, Congestion, CongestionControl};
+use crate::verbs::Nanos;
+
+/// Tuning of `DelayAimd`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DelayAimdConfig {
+    /// Window a QP starts with, bytes: one 64 KiB message (TCP starts at 10 packets; a
+    /// line-rate start as Swift's fills a shallow queue before the first round trip
+    /// is known, and each round trip sampled then includes that burst).
+    pub initial_window: u64,
+    /// Least window, packets.
+    pub min_window_pkts: u64,
+    /// Least queueing delay allowed above the base round trip, ns: a software host's
+    /// scheduling noise.
+    pub min_queue_delay: Nanos,
+    /// The queueing delay allowed above the base, as a fraction of the base.
+    pub queue_delay_fraction: f64,
+    /// Swift's flow scaling: the most queueing delay added to the target of a flow
+    /// with the least window (none at the largest), so that a small flow grows while a
+    /// large one sharing its bottleneck shrinks, and they converge to fair shares
+    /// faster than AIMD alone makes them.
+    pub flow_scaling_range: Nanos,
+    /// Swift's β: how hard the window falls per unit of relative excess delay.
+    pub beta: f64,
+    /// Swift's max_mdf: the most one decrease takes, and what a loss takes.
+    pub max_decrease: f64,
+    /// Additive increase per round trip, packets.
+    pub increase_pkts: f64,
+    /// How long the least round trip stays the base without being seen again, ns.
+    pub min_rtt_window: Nanos,
+}
+
+impl Default for DelayAimdConfig {
+    fn default() -> Self {
+        DelayAimdConfig {
+            initial_window: 16 * 1024,
+            min_window_pkts: 2,
+            min_queue_delay: 2_000_000,
+            queue_delay_fraction: 0.25,
+            flow_scaling_range: 3_000_000,
+            beta: 0.8,
+            max_decrease: 0.5,
+            increase_pkts: 1.0,
+            min_rtt_window: 10_000_000_000,
+        }
+    }
+}
+
+/// Rounds shorter than this are merged (one decision per round trip, and a loopback's
+/// round trip of a few microseconds would otherwise decide on single samples).
+const MIN_ROUND_NS: Nanos = 100_000;
+/// The round trip per which additive increase adds `increase_pkts`.
+const AI_RTT_UNIT: Nanos = 1_000_000;
+/// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
+const MAX_WINDOW_PKTS: u64 = 1024;
+
+/// Delay AIMD state of one QP.
+#[derive(Debug, Clone)]
+pub(crate) struct DelayAimd {
+    cfg: DelayAimdConfig,
+    mtu: u64,
+    /// Window, bytes (fractional for additive increase).
+    cwnd: f64,
+    slow_start: bool,
+    srtt: Nanos,
+    min_rtt: Nanos,
+    /// When `min_rtt` was last seen (it expires after `min_rtt_window`).
+    min_rtt_at: Nanos,
+    /// The current round: when it began and its least sample.
+    round_start: Nanos,
+    round_min: Nanos,
+    /// The window when the round began (slow start at most doubles it per round).
+    round_cwnd: f64,
+    /// Slow start after a timeout ends here.
+    ssthresh: f64,
+    /// The last decrease for loss (at most one per round trip).
+    last_loss_cut: Option<Nanos>,
+    stats: CcStats,
+}
+
+impl DelayAimd {
+    pub fn new(cfg: DelayAimdConfig, mtu: u64) -> Self {
+        let mtu = mtu.max(256);
+        DelayAimd {
+            cwnd: cfg.initial_window.max(mtu) as f64,
+            cfg,
+            mtu,
+            slow_start: true,
+            srtt: 0,
+            min_rtt: 0,
+            min_rtt_at: 0,
+            round_start: 0,
+            round_min: Nanos::MAX,
+            round_cwnd: cfg.initial_window.max(mtu) as f64,
+            ssthresh: f64::INFINITY,
+            last_loss_cut: None,
+            stats: CcStats::default(),
+        }
+    }
+
+    /// The round trip above which the window shrinks: the base, a queue in proportion
+    /// to it, and Swift's flow scaling (α/√cwnd + β, between the least and the largest
+    /// window).
+    fn target(&self) -> Nanos {
+        let q = (self.min_rtt as f64 * self.cfg.queue_delay_fraction) as Nanos;
+        let inv = |pkts: f64| 1.0 / pkts.max(1.0).sqrt();
+        let (lo, hi) = (self.cfg.min_window_pkts as f64, MAX_WINDOW_PKTS as f64);
+        let w = self.cwnd / self.mtu as f64;
+        let scale = ((inv(w) - inv(hi)) / (inv(lo) - inv(hi))).clamp(0.0, 1.0);
+        let fs = (scale * self.cfg.flow_scaling_range as f64) as Nanos;
+        self.min_rtt + q.max(self.cfg.min_queue_delay) + fs
+    }
+
+    fn clamp(&mut self) {
+        let lo = (self.cfg.min_window_pkts.max(1) * self.mtu) as f64;
+        let hi = (MAX_WINDOW_PKTS * self.mtu) as f64;
+        self.cwnd = self.cwnd.clamp(lo, hi);
+    }
+
+    fn sample(&mut self, now: Nanos, rtt: Nanos) {
+        let rtt = rtt.max(1);
+        self.srtt = crate::timers::rtt_update(self.srtt, rtt);
+        let expired = now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window;
+        if self.min_rtt == 0 || rtt <= self.min_rtt || expired {
+            // An expired base is replaced by this round's least sample at the latest.
+            self.min_rtt = if expired && self.round_min < rtt {
+                self.round_min
+            } else {
+                rtt
+            };
+            self.min_rtt_at = now;
+        }
+        self.round_min = self.round_min.min(rtt);
+    }
+
+    /// Once per round trip: grow or shrink by the round's least sample.
+    fn end_round(&mut self, now: Nanos) {
+        let standing = self.round_min;
+        let target = self.target();
+        if standing <= target {
+            // Slow start grew by what was acknowledged during the round (at most a
+            // doubling). Additive increase grows with the smoothed round trip (one
+            // packet per millisecond of it; flows sharing a queue share that), so a
+            // long path regains its window in about the time a short one does: TCP's
+            // one packet per round trip took seconds at 10 ms.
+            if !self.slow_start {
+                let rtt_ms = (self.srtt as f64 / AI_RTT_UNIT as f64).max(1.0);
+                self.cwnd += self.cfg.increase_pkts * rtt_ms * self.mtu as f64;
+            }
+        } else {
+            self.slow_start = false;
+            let excess = (standing - target) as f64 / standing as f64;
+            let cut = (self.cfg.beta * excess).min(self.cfg.max_decrease);
+            self.cwnd *= 1.0 - cut;
+            self.stats.delay_decreases += 1;
+        }
+        self.clamp();
+        self.round_start = now;
+        self.round_min = Nanos::MAX;
+        self.round_cwnd = self.cwnd;
+    }
+}
+
+impl CongestionControl for DelayAimd {
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>) {
+        if self.slow_start {
+            self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
+            self.clamp();
+            if self.cwnd >= self.ssthresh {
+                self.slow_start = false;
+            }
+        }
+        let Some(rtt) = rtt else {
+            return;
+        };
+        self.sample(now, rtt);
+        if now.saturating_sub(self.round_start) >= self.srtt.max(MIN_ROUND_NS) {
+            self.end_round(now);
+        }
+    }
+
+    fn on_congestion(&mut self, now: Nanos, what: Congestion) {
+        // A loss with the round trip under the target found no queue: not congestion
+        // but a lossy link (a radio hop, a bad cable, the fault tests' 1 %), where
+        // halving at each loss left a third of the throughput. A full queue that drops
+        // has the round trip far over the target (TCP Veno's distinction, by delay).
+        if self.min_rtt > 0 && self.srtt <= self.target() {
+            self.stats.random_losses += 1;
+            return;
+        }
+        self.slow_start = false;
+        match what {
+            Congestion::Loss => {
+                let recent = self
+                    .last_loss_cut
+                    .is_some_and(|t| now.saturating_sub(t) < self.srtt.max(MIN_ROUND_NS));
+                if recent {
+                    return;
+                }
+                self.cwnd *= 1.0 - self.cfg.max_decrease;
+                self.stats.loss_decreases += 1;
+            }
+            Congestion::Timeout => {
+                // Nothing came back for a whole timeout: start low again (Swift sets
+                // the least window on a retransmit timeout), and slow start back to
+                // half the window (TCP's ssthresh, RFC 5681).
+                self.ssthresh = self.cwnd / 2.0;
+                self.cwnd = 0.0;
+                self.slow_start = true;
+                self.stats.timeouts += 1;
+            }
+        }
+        self.last_loss_cut = Some(now);
+        self.clamp();
+        // The samples of this round predate the cut.
+        self.round_start = now;
+        self.round_min = Nanos::MAX;
+        self.round_cwnd = self.cwnd;
+    }
+
+    fn window(&self) -> u64 {
+        self.cwnd as u64
+    }
+
+    fn pacing_rate(&self) -> Option<u64> {
+        if self.srtt == 0 {
+            return None;
+        }
+        let gain = if self.slow_start { 2.0 } else { 1.25 };
+        Some((gain * self.cwnd * 1e9 / self.srtt as f64) as u64)
+    }
+
+    fn stats(&self) -> CcStats {
+        CcStats {
+            window: self.window(),
+            rate: self.pacing_rate().unwrap_or(0),
+            srtt: self.srtt,
+            min_rtt: self.min_rtt,
+            target: if self.min_rtt > 0 { self.target() } else { 0 },
+            slow_start: self.slow_start,
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MTU: u64 = 4096;
+
+    fn run_rounds(c: &mut DelayAimd, from: Nanos, rounds: u64, rtt: Nanos) -> Nanos {
+        let mut now = from;
+        for _ in 0..rounds {
+            now += rtt.max(MIN_ROUND_NS);
+            // The whole window acknowledged in the round.
+            c.on_ack(now, c.window(), Some(rtt));
+        }
+        now
+    }
+
+    #[test]
+    fn slow_start_doubles_until_the_delay_passes_the_target() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        let w0 = c.window();
+        let now = run_rounds(&mut c, 0, 3, 200_000);
+        assert!(c.window() >= 4 * w0, "{} vs {w0}", c.window());
+        assert!(c.stats().slow_start);
+        // 200 µs base: the target is 200 + max(2000, 50) µs, plus flow scaling for
+        // this window of 32 packets.
+        let target = c.stats().target;
+        assert!((2_200_000..3_200_000).contains(&target), "{target}");
+        let before = c.window();
+        // A round whose least sample is 5.6 ms (nothing more acknowledged in it).
+        c.on_ack(now + 5_600_000, 0, Some(5_600_000));
+        assert!(!c.stats().slow_start);
+        // The relative excess times β 0.8.
+        let cut = 0.8 * (5_600_000 - target) as f64 / 5_600_000.0;
+        let expect = before as f64 * (1.0 - cut);
+        assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
+        assert_eq!(c.stats().delay_decreases, 1);
+    }
+
+    #[test]
+    fn loss_cuts_only_with_a_queue_and_once_per_round() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        run_rounds(&mut c, 0, 6, 200_000);
+        // Under the target: a lossy link, not a full queue.
+        let w0 = c.window();
+        c.on_congestion(1_000_000, Congestion::Loss);
+        assert_eq!(c.window(), w0);
+        assert_eq!(c.stats().random_losses, 1);
+        // A standing queue far over the target: losses are congestion.
+        let now = run_rounds(&mut c, 1_000_000, 20, 20_000_000);
+        c.on_congestion(now, Congestion::Loss);
+        assert_eq!(c.stats().loss_decreases, 1);
+        c.on_congestion(now + 100, Congestion::Loss);
+        assert_eq!(
+            c.stats().loss_decreases,
+            1,
+            "a second loss in the same round trip"
+        );
+        c.on_congestion(now + 200, Congestion::Timeout);
+        assert_eq!(c.window(), 2 * MTU);
+        assert_eq!(c.stats().loss_decreases, 1);
+        assert_eq!(c.stats().timeouts, 1);
+    }
+
+    #[test]
+    fn the_window_stays_within_its_bounds_and_paces_by_the_round_trip() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        assert_eq!(c.pacing_rate(), None);
+        run_rounds(&mut c, 0, 40, 100_000);
+        assert_eq!(c.window(), MAX_WINDOW_PKTS * MTU);
+        run_rounds(&mut c, 10_000_000, 100, 50_000_000);
+        assert_eq!(c.window(), 2 * MTU);
+        assert!(c.pacing_rate().is_some_and(|r| r > 0));
+    }
+}

@@ -1,0 +1,235 @@
+//! Where a QP's requester, completer and responder tell congestion control what
+//! happened, and ask it whether the next packet may leave.
+
+use super::{new_controller, CcAlgorithm, CcStats, Congestion, CongestionControl};
+use super::{Pacer, ResponseRate, RttSampler};
+use crate::config::EngineConfig;
+use crate::qp::{Ctx, Qp};
+use crate::recovery::LossCause;
+use crate::verbs::{Nanos, Psn, QpType};
+
+/// Fewest request packets between ACK requests that [`Qp::cc_ack_every`] asks for.
+const MIN_ACK_EVERY: u64 = 16;
+
+/// One QP's congestion state.
+#[derive(Debug, Default)]
+pub(crate) struct QpCc {
+    /// The requester's controller (RC only; made when the first WQE starts, once the
+    /// path MTU is known).
+    ctl: Option<Box<dyn CongestionControl>>,
+    rtt: RttSampler,
+    pacer: Pacer,
+    /// The requester waits for the pacer until then.
+    pace_at: Option<Nanos>,
+    /// The requester waits for the window.
+    window_blocked: bool,
+    /// The last request PSN sent asking for an ACK.
+    last_ack_req: Option<Psn>,
+    window_limited: u64,
+    pacing_waits: u64,
+    /// The responder's READ response rate.
+    resp: ResponseRate,
+    /// The responder waits for its READ response pacer until then.
+    resp_pace_at: Option<Nanos>,
+}
+
+impl Qp {
+    /// Whether this QP's sends are congestion controlled: RC, and a peer on another
+    /// host. To a peer on this host (a loopback address, or this QP's own address)
+    /// there is no link to congest, only socket buffers, which the device budget
+    /// bounds; its round trip is the two processes' scheduling, and taking that for
+    /// queueing halved 64 KiB WRITE bandwidth on loopback.
+    fn cc_on(&self, ctx: &Ctx<'_>) -> bool {
+        let dst = self.path.dst.ip();
+        self.init.qp_type == QpType::Rc
+            && ctx.cfg.cc != CcAlgorithm::Off
+            && !dst.is_loopback()
+            && dst != self.path.src
+    }
+
+    /// Whether the request packet `psn`, which takes the PSNs up to `last`, may leave
+    /// now: within the window (at least one packet always may) and the pacer's time.
+    pub(crate) fn cc_allows_request(&mut self, ctx: &mut Ctx<'_>, psn: Psn, last: Psn) -> bool {
+        if !self.cc_on(ctx) {
+            return true;
+        }
+        let mtu = self.mtu(ctx.cfg);
+        let cc = &mut self.cc;
+        if cc.ctl.is_none() {
+            cc.ctl = new_controller(ctx.cfg.cc, mtu);
+        }
+        let Some(ctl) = cc.ctl.as_ref() else {
+            return true;
+        };
+        let ahead = psn.diff(self.req.una);
+        // READ responses placed ahead of a hole have arrived: they are not in flight
+        // (what SACK tells TCP; here the requester saw them itself). Without this, one
+        // lost response held the whole window until its READ was asked again.
+        let arrived = self.req.read_early.len() as u64;
+        let span = (u64::from(last.diff(self.req.una).max(0) as u32) + 1).saturating_sub(arrived);
+        // A window that shrank under packets already sent may leave none of them
+        // asking for an ACK: then one more packet goes (asking for one, as the window
+        // is closed), or nothing would come back before the retransmit timeout.
+        let ack_coming = cc.last_ack_req.is_some_and(|p| !p.is_before(self.req.una));
+        if ahead > 0 && span * mtu > ctl.window() && ack_coming {
+            if !cc.window_blocked {
+                cc.window_blocked = true;
+                cc.window_limited += 1;
+                ctx.counters.cc_window_limited += 1;
+            }
+            return false;
+        }
+        cc.window_blocked = false;
+        if let (Some(t), Some(_)) = (cc.pacer.wait_until(ctx.now), ctl.pacing_rate()) {
+            if cc.pace_at.is_none() {
+                cc.pacing_waits += 1;
+                ctx.counters.cc_pacing_wait += 1;
+            }
+            cc.pace_at = Some(t);
+            return false;
+        }
+        cc.pace_at = None;
+        true
+    }
+
+    /// How many request packets may go without asking for an ACK: half the window,
+    /// but not under [`MIN_ACK_EVERY`] (a 64 KiB message then asks once, as without).
+    pub(crate) fn cc_ack_every(&self, cfg: &EngineConfig) -> u32 {
+        match self.cc.ctl.as_ref() {
+            Some(ctl) => {
+                (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
+            }
+            None => u32::MAX,
+        }
+    }
+
+    /// Whether request packet `psn` is the last one the window lets go.
+    pub(crate) fn cc_window_closes_at(&self, cfg: &EngineConfig, psn: Psn) -> bool {
+        self.cc.ctl.as_ref().is_some_and(|ctl| {
+            let after = u64::from(psn.diff(self.req.una).max(0) as u32) + 2;
+            after * self.mtu(cfg) > ctl.window()
+        })
+    }
+
+    /// A request packet of `bytes` on the wire with PSN `psn` left, `ack_req`: asking
+    /// for an ACK (before `req.max_sent` moves past it).
+    pub(crate) fn cc_request_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, ack_req: bool) {
+        let Some(ctl) = self.cc.ctl.as_ref() else {
+            return;
+        };
+        if ack_req {
+            self.cc.last_ack_req = Some(psn);
+        }
+        // A round-trip sample: a first transmission that asks for an ACK (Karn).
+        let sample = ack_req && !psn.is_before(self.req.max_sent);
+        if sample {
+            self.cc.rtt.on_sent(psn, now);
+        }
+        if let Some(rate) = ctl.pacing_rate() {
+            self.cc.pacer.on_sent(now, bytes, rate);
+        }
+    }
+
+    /// The oldest unacknowledged PSN moved from `before` to `req.una`.
+    pub(crate) fn cc_progress(&mut self, ctx: &mut Ctx<'_>, before: Psn) {
+        let mtu = self.mtu(ctx.cfg);
+        let una = self.req.una;
+        let Some(ctl) = self.cc.ctl.as_mut() else {
+            return;
+        };
+        let rtt = self.cc.rtt.on_acked(una, ctx.now);
+        let acked = u64::from(una.diff(before).max(0) as u32) * mtu;
+        let was = ctl.stats();
+        ctl.on_ack(ctx.now, acked, rtt);
+        count_cuts(ctx, &was, &ctl.stats());
+    }
+
+    /// A retransmission for `cause` started.
+    pub(crate) fn cc_loss(&mut self, ctx: &mut Ctx<'_>, cause: LossCause) {
+        self.cc.rtt.clear();
+        let what = match cause {
+            LossCause::NakSeq | LossCause::Gap | LossCause::ReadHole => Congestion::Loss,
+            LossCause::Timeout => Congestion::Timeout,
+            // Our own guess after silence, not a signal from the network.
+            LossCause::Quiet => return,
+        };
+        if let Some(ctl) = self.cc.ctl.as_mut() {
+            let was = ctl.stats();
+            ctl.on_congestion(ctx.now, what);
+            count_cuts(ctx, &was, &ctl.stats());
+        }
+    }
+
+    /// Whether the next READ response may leave now.
+    pub(crate) fn cc_allows_response(&mut self, ctx: &Ctx<'_>) -> bool {
+        if !self.cc_on(ctx) {
+            return true;
+        }
+        let cc = &mut self.cc;
+        match cc.resp.rate().and(cc.resp.pacer.wait_until(ctx.now)) {
+            Some(t) => {
+                cc.resp_pace_at = Some(t);
+                false
+            }
+            None => {
+                cc.resp_pace_at = None;
+                true
+            }
+        }
+    }
+
+    /// A READ response packet of `bytes` on the wire left.
+    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64) {
+        if self.cc_on(ctx) {
+            self.cc.resp.on_sent(ctx.now, bytes);
+        }
+    }
+
+    /// The requester asked again for a READ: its responses were lost.
+    pub(crate) fn cc_read_repeated(&mut self, ctx: &mut Ctx<'_>) {
+        if self.cc_on(ctx) {
+            let was = self.cc.resp.cuts;
+            self.cc.resp.on_repeat(ctx.now);
+            ctx.counters.cc_response_rate_cut += self.cc.resp.cuts - was;
+        }
+    }
+
+    /// The earliest time a pacer lets this QP send again, if it waits for one.
+    pub(crate) fn cc_deadline(&self) -> Option<Nanos> {
+        [self.cc.pace_at, self.cc.resp_pace_at]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The timer fired at `now`: pacing waits that are over end (the next plan looks
+    /// again), so that a passed time is never a deadline.
+    pub(crate) fn cc_on_timer(&mut self, now: Nanos) {
+        if self.cc.pace_at.is_some_and(|t| t <= now) {
+            self.cc.pace_at = None;
+        }
+        if self.cc.resp_pace_at.is_some_and(|t| t <= now) {
+            self.cc.resp_pace_at = None;
+        }
+    }
+
+    /// The congestion figures of this QP (None: no controller).
+    pub(crate) fn cc_stats(&self) -> Option<CcStats> {
+        let ctl = self.cc.ctl.as_ref()?;
+        Some(CcStats {
+            window_limited: self.cc.window_limited,
+            pacing_waits: self.cc.pacing_waits,
+            response_rate: self.cc.resp.rate().unwrap_or(0),
+            response_cuts: self.cc.resp.cuts,
+            ..ctl.stats()
+        })
+    }
+}
+
+/// The device counters of what a controller just did.
+fn count_cuts(ctx: &mut Ctx<'_>, was: &CcStats, now: &CcStats) {
+    let c = &mut *ctx.counters;
+    c.cc_delay_decrease += now.delay_decreases.saturating_sub(was.delay_decreases);
+    c.cc_loss_decrease += now.loss_decreases.saturating_sub(was.loss_decreases);
+    c.cc_timeout += now.timeouts.saturating_sub(was.timeouts);
+}

@@ -1,0 +1,187 @@
+//! Congestion control: how much an RC QP may have in flight, and how fast it sends.
+//!
+//! # Design
+//!
+//! softhca runs over ordinary IP networks: a 1 GbE link, a container bridge, a VPN, a
+//! token bucket on a veth. Those drop when full and mark nothing (no ECN-marking qdisc
+//! here), and the peer may be kernel rxe, whose packets must stay bit-exact and which
+//! echoes no timestamp. So the sender alone decides, from what it sees itself:
+//!
+//! - **delay**: the round trip from its own send time of an ACK-requesting packet to
+//!   the ACK (or READ response) that covers its PSN (`RttSampler`; Karn: nothing
+//!   retransmitted is sampled);
+//! - **loss**: a PSN sequence NAK, a gap in READ responses, a retransmit timeout.
+//!
+//! The algorithm (`DelayAimd`) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
+//! control of Google's Falcon): additive increase while the delay is under a target,
+//! a multiplicative decrease proportional to the excess above it at most once per round
+//! trip, and a fixed decrease on loss. What differs, and why:
+//!
+//! - The target is scaled to the path, not to a fabric's hop count: the least round
+//!   trip seen (the base) plus a queueing allowance of a quarter of the base, at least
+//!   [`DelayAimdConfig::min_queue_delay`] (2 ms: a software host's scheduling noise, which
+//!   a datacenter NIC's timestamps do not have), plus Swift's flow scaling (a larger
+//!   target for a smaller window, so flows sharing a queue converge to equal shares).
+//! - The delay signal is the least sample of a round trip, not each sample: a
+//!   descheduled receiver or a coalesced ACK inflates single samples, the standing
+//!   queue inflates all of them (Copa's "standing RTT").
+//! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
+//!   the first delay excess or loss: the target window on a 5 ms path is 100 times that
+//!   of a veth. Additive increase is one packet per millisecond of smoothed round trip,
+//!   so a long path regains its window about as fast as a short one.
+//! - A loss cuts the window (by half, once per round trip) only when the round trip is
+//!   over the target: a full queue that drops has one; a lossy link (1 % random loss)
+//!   does not, and halving there left a third of the throughput (TCP Veno's rule).
+//! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
+//!   (`Pacer`), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
+//!   opening at once does not become one line-rate burst into a shallow token bucket
+//!   (SRD and Falcon pace every connection in hardware for the same reason).
+//! - A peer on this host (loopback, or the QP's own address) is not controlled: there
+//!   is no link, only socket buffers (bounded by the device budget), and its round trip
+//!   is process scheduling.
+//!
+//! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
+//! its responses, so a requester's window bounds the READ data coming back too. A
+//! responder has no ACK for its READ responses: `ResponseRate` paces them at a rate
+//! that grows while no READ is asked again and falls on a burst of repeated READs (a
+//! requester's retransmission is the only loss signal it gets from any peer, kernel rxe
+//! included). Responses placed ahead of a hole leave the requester's window (the SACK
+//! that READ responses give for free).
+//!
+//! UC and UD have no ACKs and so no signal: they send at the rate the application
+//! posts, as rxe does (an application needing a limit paces its posts).
+//!
+//! Known limits: a base taken while another flow's queue stands makes a flow's target
+//! higher (Vegas' and LEDBAT's latecomer bias; flow scaling bounds it); on a 10 ms path
+//! one loss costs go-back-N a window of 1.5 MB, so such paths reach 0.7-0.9 of a
+//! 1 Gb/s token bucket where TCP with SACK reaches 0.97; delay-based flows give way to
+//! buffer-filling TCP only as far as the target allows.
+//!
+//! Other algorithms (a BBR-like model, DCQCN once ECN marks exist) implement
+//! `CongestionControl` and are chosen by [`CcAlgorithm`].
+
+mod delay;
+mod hooks;
+mod pacer;
+mod rtt;
+
+pub(crate) use delay::DelayAimd;
+pub use delay::DelayAimdConfig;
+pub(crate) use hooks::QpCc;
+pub(crate) use pacer::{Pacer, ResponseRate};
+pub(crate) use rtt::RttSampler;
+
+use crate::verbs::Nanos;
+
+/// Which congestion control RC QPs use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CcAlgorithm {
+    /// None: the window is the protocol's (`max 1024 PSNs`) and nothing is paced, as
+    /// rxe and a RoCE NIC without DCQCN do.
+    Off,
+    /// Delay-driven AIMD with pacing ([`DelayAimdConfig`]).
+    DelayAimd(DelayAimdConfig),
+}
+
+impl Default for CcAlgorithm {
+    fn default() -> Self {
+        CcAlgorithm::DelayAimd(DelayAimdConfig::default())
+    }
+}
+
+/// A congestion signal other than delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Congestion {
+    /// A packet was lost (sequence NAK, response gap): the network dropped it.
+    Loss,
+    /// The retransmit timer fired: nothing came back for a whole timeout.
+    Timeout,
+}
+
+/// What a congestion controller decides for one QP's requests.
+pub(crate) trait CongestionControl: std::fmt::Debug + Send {
+    /// An RTT sample (ns) and `acked` bytes newly acknowledged, at `now`.
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>);
+    /// A loss or a timeout at `now`.
+    fn on_congestion(&mut self, now: Nanos, what: Congestion);
+    /// Bytes allowed in flight.
+    fn window(&self) -> u64;
+    /// Bytes per second to pace at; None: not paced (no round trip measured yet).
+    fn pacing_rate(&self) -> Option<u64>;
+    /// The figures `softhca devinfo -v` shows.
+    fn stats(&self) -> CcStats;
+}
+
+/// One QP's congestion state, for counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CcStats {
+    /// The window, bytes.
+    pub window: u64,
+    /// The pacing rate, bytes per second (0: not paced).
+    pub rate: u64,
+    /// Smoothed round trip, ns (0: none yet).
+    pub srtt: Nanos,
+    /// Least round trip seen (the base of the delay target), ns.
+    pub min_rtt: Nanos,
+    /// The delay above which the window shrinks, ns.
+    pub target: Nanos,
+    /// Decreases for delay over the target.
+    pub delay_decreases: u64,
+    /// Decreases for loss.
+    pub loss_decreases: u64,
+    /// Retransmit timeouts seen.
+    pub timeouts: u64,
+    /// Losses and timeouts with the round trip under the target (no queue: a lossy
+    /// link, not congestion), which left the window as it was.
+    pub random_losses: u64,
+    /// Times sending waited for the window.
+    pub window_limited: u64,
+    /// Times sending waited for the pacer.
+    pub pacing_waits: u64,
+    /// Still in slow start.
+    pub slow_start: bool,
+    /// The responder's READ response rate, bytes per second (0: not paced).
+    pub response_rate: u64,
+    /// Decreases of the READ response rate (a READ asked again).
+    pub response_cuts: u64,
+}
+
+impl std::fmt::Display for CcStats {
+    /// One line: `srtt 812us min_rtt 73us target 1.07ms window 162 KiB rate 2.08 Gb/s
+    /// cuts delay 104 loss 1 timeout 0 waits window 445 pacing 0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} (not congestion {}) waits window {} pacing {}",
+            self.srtt / 1000,
+            self.min_rtt / 1000,
+            self.target / 1000,
+            self.window / 1024,
+            self.rate as f64 * 8.0 / 1e9,
+            if self.slow_start { " (slow start)" } else { "" },
+            self.delay_decreases,
+            self.loss_decreases,
+            self.timeouts,
+            self.random_losses,
+            self.window_limited,
+            self.pacing_waits,
+        )?;
+        if self.response_cuts > 0 {
+            write!(
+                f,
+                " read responses {:.3} Gb/s cuts {}",
+                self.response_rate as f64 * 8.0 / 1e9,
+                self.response_cuts
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A new controller for a QP whose packets carry `mtu` bytes.
+pub(crate) fn new_controller(alg: CcAlgorithm, mtu: u64) -> Option<Box<dyn CongestionControl>> {
+    match alg {
+        CcAlgorithm::Off => None,
+        CcAlgorithm::DelayAimd(c) => Some(Box::new(DelayAimd::new(c, mtu))),
+    }
+}

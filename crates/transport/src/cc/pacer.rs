@@ -1,0 +1,156 @@
+//! Pacing: when the next packet of a QP may leave, and the rate of READ responses.
+
+use crate::verbs::Nanos;
+
+/// Bytes that may leave back to back after a pause: one GSO send, so pacing does not
+/// cut batches apart, but at most [`BURST_NS`] of the pacing rate, so a slow path's
+/// queue is not filled by one send.
+const BURST_BYTES: u64 = 64 * 1024;
+const BURST_NS: u64 = 500_000;
+const MIN_BURST_BYTES: u64 = 8 * 1024;
+
+/// A token bucket of [`BURST_BYTES`] refilled at the pacing rate.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Pacer {
+    /// When the bucket is back to zero: a packet may leave while this is not after now.
+    next_at: Nanos,
+}
+
+impl Pacer {
+    /// When the next packet may leave if not now.
+    pub fn wait_until(&self, now: Nanos) -> Option<Nanos> {
+        (self.next_at > now).then_some(self.next_at)
+    }
+
+    /// `bytes` left at `now`, paced at `rate` bytes per second.
+    pub fn on_sent(&mut self, now: Nanos, bytes: u64, rate: u64) {
+        let rate = rate.max(1);
+        let bytes_in_burst_ns = rate.saturating_mul(BURST_NS) / 1_000_000_000;
+        let burst_bytes = bytes_in_burst_ns.clamp(MIN_BURST_BYTES, BURST_BYTES);
+        let burst = burst_bytes.saturating_mul(1_000_000_000) / rate;
+        let cost = bytes.saturating_mul(1_000_000_000) / rate;
+        self.next_at = self.next_at.max(now.saturating_sub(burst)) + cost;
+    }
+}
+
+/// How often [`ResponseRate`] measures its send rate and may grow.
+const INTERVAL_NS: Nanos = 1_000_000;
+/// Least READ response rate, bytes per second (1 Mb/s).
+const MIN_RATE: f64 = 125_000.0;
+
+/// A responder's rate for READ responses. Nothing acknowledges them (a requester only
+/// asks again for what it missed), so the only signal is a repeated READ request: the
+/// rate starts unpaced, falls to 0.7× of what was sent at each burst of them (once per
+/// interval) and grows by 1/32 per interval without one, an AIMD on rate as a
+/// loss-based TCP is on its window.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ResponseRate {
+    /// Bytes per second; None: not paced (no loss seen).
+    rate: Option<f64>,
+    /// Measured send rate, bytes per second.
+    sent_rate: f64,
+    interval_start: Nanos,
+    interval_bytes: u64,
+    last_cut: Option<Nanos>,
+    last_repeat: Option<Nanos>,
+    /// Decreases made.
+    pub cuts: u64,
+    pub pacer: Pacer,
+}
+
+impl ResponseRate {
+    /// The pacing rate, bytes per second.
+    pub fn rate(&self) -> Option<u64> {
+        self.rate.map(|r| r as u64)
+    }
+
+    /// `bytes` of READ response left at `now`.
+    pub fn on_sent(&mut self, now: Nanos, bytes: u64) {
+        let elapsed = now.saturating_sub(self.interval_start);
+        if elapsed >= INTERVAL_NS {
+            let r = self.interval_bytes as f64 * 1e9 / elapsed as f64;
+            self.sent_rate = if self.sent_rate == 0.0 {
+                r
+            } else {
+                0.75 * self.sent_rate + 0.25 * r
+            };
+            if let Some(rate) = self.rate.as_mut() {
+                *rate += (*rate / 32.0).max(MIN_RATE);
+            }
+            self.interval_start = now;
+            self.interval_bytes = 0;
+        }
+        self.interval_bytes += bytes;
+        if let Some(rate) = self.rate {
+            self.pacer.on_sent(now, bytes, rate as u64);
+        }
+    }
+
+    /// The requester asked again for a READ at `now`: its responses were lost. One
+    /// repeat alone is taken for a lossy link (1 % random loss repeats a 64 KiB READ
+    /// every few milliseconds); a second within an interval of it, for a queue that
+    /// overflowed (a tail drop loses a run of packets, of several READs).
+    pub fn on_repeat(&mut self, now: Nanos) {
+        let burst = self
+            .last_repeat
+            .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS);
+        self.last_repeat = Some(now);
+        if !burst
+            || self
+                .last_cut
+                .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS)
+        {
+            return;
+        }
+        let base = match self.rate {
+            Some(r) if self.sent_rate > 0.0 => r.min(self.sent_rate),
+            Some(r) => r,
+            None if self.sent_rate > 0.0 => self.sent_rate,
+            None => return,
+        };
+        self.rate = Some((0.7 * base).max(MIN_RATE));
+        self.last_cut = Some(now);
+        self.cuts += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_lets_one_burst_through_then_paces() {
+        let mut p = Pacer::default();
+        let now = 10_000_000;
+        // 1 Gb/s = 125 MB/s: 64 KiB is 524 µs.
+        let rate = 125_000_000;
+        let mut sent = 0;
+        while p.wait_until(now).is_none() {
+            p.on_sent(now, 4096, rate);
+            sent += 4096;
+        }
+        // 500 µs of the rate (62.5 kB), and the packet that crossed it.
+        assert_eq!(sent, 16 * 4096);
+        let t = p.wait_until(now).unwrap();
+        assert!(t > now && t <= now + 40_000, "{}", t - now);
+    }
+
+    #[test]
+    fn response_rate_falls_on_repeats_and_grows_without() {
+        let mut r = ResponseRate::default();
+        for i in 0..20u64 {
+            r.on_sent(i * 100_000, 12_500); // 125 MB/s
+        }
+        assert_eq!(r.rate(), None);
+        r.on_repeat(1_900_000);
+        assert_eq!(r.rate(), None, "one repeat alone");
+        r.on_repeat(2_000_000);
+        let cut = r.rate().unwrap();
+        assert!((80_000_000..95_000_000).contains(&cut), "{cut}");
+        r.on_repeat(2_500_000);
+        assert_eq!(r.rate(), Some(cut), "once per interval");
+        r.on_sent(3_100_000, 1000);
+        assert!(r.rate().unwrap() > cut);
+        assert_eq!(r.cuts, 1);
+    }
+}

@@ -1,0 +1,63 @@
+//! Round-trip samples from the sender's own clock: the send time of each ACK-requesting
+//! packet, matched by PSN to the ACK or response that covers it (rxe echoes no
+//! timestamp, so nothing else is available with every peer).
+
+use std::collections::VecDeque;
+
+use crate::verbs::{Nanos, Psn};
+
+/// Most send times kept: one per ACK request in flight (a 1024-PSN window asks every
+/// 32 packets, or once per message); older ones are dropped, costing only samples.
+const MAX_SAMPLES: usize = 256;
+
+/// Send times of packets in flight that ask for an ACK, in PSN order.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RttSampler {
+    sent: VecDeque<(Psn, Nanos)>,
+}
+
+impl RttSampler {
+    /// A first transmission of `psn` that asks for an ACK, at `now`.
+    pub fn on_sent(&mut self, psn: Psn, now: Nanos) {
+        if self.sent.len() >= MAX_SAMPLES {
+            self.sent.pop_front();
+        }
+        self.sent.push_back((psn, now));
+    }
+
+    /// Everything before `una` is acknowledged at `now`: the round trip of the newest
+    /// packet that covers (the fresher sample; older ones waited behind it).
+    pub fn on_acked(&mut self, una: Psn, now: Nanos) -> Option<Nanos> {
+        let mut rtt = None;
+        while let Some(&(psn, at)) = self.sent.front() {
+            if !psn.is_before(una) {
+                break;
+            }
+            self.sent.pop_front();
+            rtt = Some(now.saturating_sub(at));
+        }
+        rtt
+    }
+
+    /// A retransmission started: an ACK may now answer either copy (Karn's rule).
+    pub fn clear(&mut self) {
+        self.sent.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_acks_by_psn_across_the_wrap() {
+        let mut s = RttSampler::default();
+        s.on_sent(Psn::new(0xff_fffe), 100);
+        s.on_sent(Psn::new(2), 300);
+        s.on_sent(Psn::new(10), 400);
+        assert_eq!(s.on_acked(Psn::new(0xff_fffe), 500), None);
+        assert_eq!(s.on_acked(Psn::new(3), 1000), Some(700));
+        s.clear();
+        assert_eq!(s.on_acked(Psn::new(11), 2000), None);
+    }
+}
