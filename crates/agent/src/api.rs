@@ -124,6 +124,8 @@ async fn metrics(State(dirs): Shared) -> Response {
 async fn topology() -> Result<Json<crate::topology::Topology>, ApiError> {
     tokio::task::spawn_blocking(node_topology)
         .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
         .map(Json)
         .map_err(|e| ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,10 +1,10 @@
 //! The node as `/sys` describes it: CPUs, NUMA nodes with their distances, and network
 //! interfaces with the NUMA node and CPUs of the PCI device behind them.
 //!
-//! [`node_topology`] is the one function the API calls, so a fuller description (a
-//! distance matrix over NICs, GPUs and NVMe devices) can take its place unchanged.
+//! The reading is softhca-topo's (the same as `softhca topo`); this adds what an operator
+//! asks of an interface besides its place (state, MTU, addresses).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -52,6 +52,9 @@ pub struct Topology {
     pub numa_nodes: Vec<NumaNode>,
     /// Network interfaces, by name.
     pub interfaces: Vec<Interface>,
+    /// What `softhca topo --json --all` prints: the endpoints (interfaces, GPUs, NVMe)
+    /// and the `nvidia-smi topo -m` classes between each pair.
+    pub matrix: serde_json::Value,
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
@@ -61,84 +64,49 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
 }
 
 /// The node's topology, read from `/sys` (no root needed).
-pub fn node_topology() -> Topology {
-    topology_under(Path::new("/sys"))
+pub fn node_topology() -> Result<Topology, String> {
+    topology_under(Path::new("/"))
 }
 
-fn topology_under(sys: &Path) -> Topology {
+fn topology_under(root: &Path) -> Result<Topology, String> {
+    let topo = softhca_topo::Topology::read(root).map_err(|e| e.to_string())?;
     let addrs = softhca::interface_addrs().unwrap_or_default();
-    let mut names: Vec<String> = std::fs::read_dir(sys.join("class/net"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    let interfaces = names
-        .into_iter()
-        .map(|name| {
-            let dir = sys.join("class/net").join(&name);
-            let pci = pci_function(&dir);
-            let from_pci = |f: &str| pci.as_ref().and_then(|p| read(p.join(f)));
-            Interface {
-                operstate: read(dir.join("operstate")).unwrap_or_default(),
-                mtu: read(dir.join("mtu")).and_then(|m| m.parse().ok()),
-                addresses: addrs
-                    .iter()
-                    .filter(|a| a.name == name)
-                    .map(|a| a.ip)
-                    .collect(),
-                virtual_: !dir.join("device").exists(),
-                numa_node: from_pci("numa_node").and_then(|n| n.parse().ok()),
-                local_cpulist: from_pci("local_cpulist"),
-                pci: pci.and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned())),
-                name,
-            }
+    let net = root.join("sys/class/net");
+    let interfaces = topo
+        .endpoints
+        .iter()
+        .filter(|e| e.kind == softhca_topo::Kind::Net)
+        .map(|e| Interface {
+            name: e.name.clone(),
+            operstate: read(net.join(&e.name).join("operstate")).unwrap_or_default(),
+            mtu: read(net.join(&e.name).join("mtu")).and_then(|m| m.parse().ok()),
+            addresses: addrs
+                .iter()
+                .filter(|a| a.name == e.name)
+                .map(|a| a.ip)
+                .collect(),
+            virtual_: e.is_virtual,
+            pci: e.pci.clone(),
+            numa_node: e.numa.filter(|_| e.pci.is_some()).map(|n| n as u32),
+            local_cpulist: e.pci.as_ref().map(|_| e.cpus.to_string()),
         })
         .collect();
-    Topology {
+    let matrix = serde_json::to_value(topo.report(true)).map_err(|e| e.to_string())?;
+    Ok(Topology {
         hostname: read("/proc/sys/kernel/hostname").unwrap_or_default(),
-        cpus_online: read(sys.join("devices/system/cpu/online")).unwrap_or_default(),
-        numa_nodes: numa_nodes(sys),
-        interfaces,
-    }
-}
-
-/// The first ancestor of the interface's device that has a `numa_node` (a virtio
-/// device's parent is the PCI function).
-fn pci_function(netdir: &Path) -> Option<PathBuf> {
-    let mut dev = std::fs::canonicalize(netdir.join("device")).ok()?;
-    for _ in 0..4 {
-        if dev.join("numa_node").exists() {
-            return Some(dev);
-        }
-        dev = dev.parent()?.to_path_buf();
-    }
-    None
-}
-
-fn numa_nodes(sys: &Path) -> Vec<NumaNode> {
-    let base = sys.join("devices/system/node");
-    let mut nodes: Vec<NumaNode> = std::fs::read_dir(&base)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let node = name.strip_prefix("node")?.parse().ok()?;
-            Some(NumaNode {
-                node,
-                cpulist: read(e.path().join("cpulist")).unwrap_or_default(),
-                distances: read(e.path().join("distance"))
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .filter_map(|d| d.parse().ok())
-                    .collect(),
+        cpus_online: topo.cpus.to_string(),
+        numa_nodes: topo
+            .nodes
+            .iter()
+            .map(|n| NumaNode {
+                node: n.id as u32,
+                cpulist: n.cpus.to_string(),
+                distances: n.distances.clone(),
             })
-        })
-        .collect();
-    nodes.sort_by_key(|n| n.node);
-    nodes
+            .collect(),
+        interfaces,
+        matrix,
+    })
 }
 
 #[cfg(test)]
@@ -147,7 +115,7 @@ mod tests {
 
     #[test]
     fn this_node() {
-        let t = node_topology();
+        let t = node_topology().expect("topology");
         assert!(!t.cpus_online.is_empty());
         let lo = t.interfaces.iter().find(|i| i.name == "lo").expect("lo");
         assert!(lo.virtual_ && lo.pci.is_none() && lo.numa_node.is_none());

@@ -227,6 +227,8 @@ fn devinfo(addr: &str) -> (String, String, u64, Vec<String>) {
         .lines()
         .skip_while(|l| l.trim() != "counters:")
         .skip(1)
+        // The counters are the section's indented lines; the next section is not.
+        .take_while(|l| l.starts_with("\t\t"))
         .map(|l| l.split(':').next().unwrap().trim().to_string())
         .collect();
     (field("node_guid:"), gid0, mtu, names)
