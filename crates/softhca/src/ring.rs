@@ -260,6 +260,11 @@ impl CqRing {
         q.push_back(c);
     }
 
+    /// Drops the completions of QP `qpn` that the application has not polled.
+    pub(crate) fn purge_qp(&self, qpn: u32) {
+        self.q.lock().retain(|c| c.qp_num != qpn);
+    }
+
     /// After a run of pushes, with the ring lock released: fire the channel if armed,
     /// wake [`Cq::wait`]ers.
     pub(crate) fn notify(&self, run: PushRun) {
