@@ -21,12 +21,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Veth`] is the plain alternative: a veth pair between two namespaces (or both ends in
+//! one), for tests that need real interfaces rather than faults.
+//!
 //! Everything here needs root and iproute2's `ip`; [`check_available`] says whether this
 //! host can run it, so tests can skip with a clear message elsewhere.
 #![warn(missing_docs)]
 
 mod forward;
 mod tap;
+mod veth;
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr};
@@ -40,6 +44,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use forward::{corrupt_frame, DirectionStats};
+pub use veth::{Veth, VethLayout};
 
 /// Why the link could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -334,12 +339,15 @@ impl Link {
 
     /// `ip netns exec <ns of end> <program>`: add arguments and run it.
     pub fn command(&self, end: End, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec"])
-            .arg(self.netns(end))
-            .arg(program.as_ref());
-        c
+        netns_command(&self.netns(end), program.as_ref())
     }
+}
+
+/// `ip netns exec <ns> <program>`.
+pub(crate) fn netns_command(ns: &str, program: &OsStr) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
 }
 
 /// The namespace name of `end` of a link named `name`.
