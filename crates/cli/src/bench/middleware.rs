@@ -42,7 +42,7 @@ enum Stack {
 }
 
 /// What carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum Via {
     Softhca,
@@ -249,14 +249,23 @@ impl Mw {
         let started = Instant::now();
         let progress = ProgressLine::start(steps);
         let mut k = 0;
+        let mut iters = std::collections::HashMap::new();
         for &i in &ucx {
             for run in 0..runs {
                 for via in order(run) {
                     let m = rows[i].metric;
                     progress.set(k, &format!("{} over {}", m.label(), via.name()), started);
                     k += 1;
-                    match self.ucx(m, via) {
-                        Ok((v, cmd)) => rows[i].samples(via).push(v, cmd),
+                    let n = iters
+                        .entry((i, via))
+                        .or_insert_with(|| first_iters(m, self.duration));
+                    match self.ucx(m, via, *n) {
+                        Ok((v, cmd, secs)) => {
+                            rows[i].samples(via).push(v, cmd);
+                            // The next run of this figure aims at `duration` seconds.
+                            let scale = (self.duration / secs.max(1e-3)).clamp(0.1, 10.0);
+                            *n = ((*n as f64 * scale) as u64).max(100);
+                        }
                         Err(e) => failures.push(format!("{} over {}: {e}", m.label(), via.name())),
                     }
                 }
@@ -287,19 +296,15 @@ impl Mw {
     }
 
     /// One `ucx_perftest` pair; the figure and the client's command line.
-    fn ucx(&self, m: Metric, via: Via) -> Result<(f64, String), CliError> {
+    /// One `ucx_perftest` pair of `iters` iterations; the figure, the client's command
+    /// line and the seconds the iterations took by the client's figures.
+    fn ucx(&self, m: Metric, via: Via, iters: u64) -> Result<(f64, String, f64), CliError> {
         let port = free_tcp_port()?;
         let server = Proc::spawn(
             "ucx_perftest server",
             self.ucx_cmd(via, self.server_ip, &["-p".into(), port.to_string()]),
         )?;
         wait_listening(port, READY_TIMEOUT)?;
-        // Iterations for about `duration` seconds at loopback speeds (~2 GB/s, ~20 us).
-        let per_sec = match (m.lat, m.size) {
-            (true, _) => 20_000.0,
-            (false, s) => 2e9 / s as f64,
-        };
-        let iters = ((per_sec * self.duration) as u64).max(100);
         let args: Vec<String> = [
             "127.0.0.1",
             "-p",
@@ -320,9 +325,11 @@ impl Mw {
         let client = Proc::spawn("ucx_perftest client", cmd)?;
         let cf = client.finish(self.deadline())?;
         server.finish(Instant::now() + SLACK)?;
-        let v = ucx_final(&cf, m.lat)
+        let (v, per_iter_us) = ucx_final(&cf, m.lat)
             .ok_or_else(|| CliError::peer("ucx_perftest printed no Final line".into()))?;
-        Ok((v, line))
+        // A latency iteration is a round trip; the reported latency is half of it.
+        let trips = if m.lat { 2.0 } else { 1.0 };
+        Ok((v, line, iters as f64 * per_iter_us * trips / 1e6))
     }
 
     fn ucx_cmd(&self, via: Via, ip: IpAddr, args: &[String]) -> Command {
@@ -461,6 +468,17 @@ impl Samples {
     }
 }
 
+/// Iterations of a figure's first run: about `duration` seconds at a slow machine's
+/// speed (300 MB/s, 100 us round trips); later runs scale to the time it took.
+fn first_iters(m: Metric, duration: f64) -> u64 {
+    let per_sec = if m.lat {
+        10_000.0
+    } else {
+        300e6 / m.size as f64
+    };
+    ((per_sec * duration) as u64).max(100)
+}
+
 /// softhca first in even runs, TCP first in odd ones.
 fn order(run: usize) -> [Via; 2] {
     if run.is_multiple_of(2) {
@@ -472,14 +490,16 @@ fn order(run: usize) -> [Via; 2] {
 
 /// The figure of a `ucx_perftest` client's "Final:" line (iterations, latency 50th
 /// percentile, average, overall; bandwidth average, overall MB/s; message rates):
-/// the 50th percentile latency or the overall bandwidth.
-fn ucx_final(f: &Finished, lat: bool) -> Option<f64> {
+/// the 50th percentile latency or the overall bandwidth, and the overall microseconds
+/// per iteration.
+fn ucx_final(f: &Finished, lat: bool) -> Option<(f64, f64)> {
     let line = f
         .out
         .iter()
         .find(|l| l.trim_start().starts_with("Final:"))?;
     let cols: Vec<&str> = line.split_whitespace().collect();
-    cols.get(if lat { 2 } else { 6 })?.parse().ok()
+    let num = |i: usize| cols.get(i)?.parse::<f64>().ok();
+    Some((num(if lat { 2 } else { 6 })?, num(4)?))
 }
 
 /// Builds the MPI ping-pong, or says in a note why the MPI rows are left out.
@@ -637,8 +657,8 @@ mod tests {
             err: Vec::new(),
             cpu: 0.0,
         };
-        assert_eq!(ucx_final(&f, true), Some(0.070));
-        assert_eq!(ucx_final(&f, false), Some(105.38));
+        assert_eq!(ucx_final(&f, true), Some((0.070, 593.119)));
+        assert_eq!(ucx_final(&f, false), Some((105.38, 593.119)));
     }
 
     #[test]
