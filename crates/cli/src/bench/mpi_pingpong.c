@@ -1,32 +1,41 @@
 /* The MPI ping-pong of `softhca bench --middleware` (built with mpicc at run time).
  *
  * mpi_pingpong SECONDS SIZE...: for each size, rank 0 sends SIZE bytes to rank 1, which
- * sends them back. Twenty round trips warm up (and set the connection up) and time the
- * pair; then about SECONDS worth of round trips are timed. Rank 0 prints one line per
- * size: "pingpong <bytes> <round trips> <half round trip us> <MB/s>", MB/s being the
- * bytes of one direction per half round trip (10^6 bytes per second). */
+ * sends them back. Twenty round trips warm up (and set the connection up); then round
+ * trips are timed for SECONDS (rank 0 marks the last one with tag 1, so a loaded machine
+ * cannot stretch the run). Rank 0 prints one line per size: "pingpong <bytes> <round
+ * trips> <half round trip us> <MB/s>", MB/s being the bytes of one direction per half
+ * round trip (10^6 bytes per second). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static double round_trips(char *buf, long len, long n, int rank)
+/* Round trips until rank 0 has spent `secs` (at least `min` of them); returns how many,
+ * and their time on rank 0 in `*took`. */
+static long round_trips(char *buf, long len, double secs, long min, int rank, double *took)
 {
-    int peer = 1 - rank;
+    int peer = 1 - rank, last = 0;
+    long n = 0;
     double t0;
+    MPI_Status st;
 
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = MPI_Wtime();
-    for (long i = 0; i < n; i++) {
+    while (!last) {
         if (rank == 0) {
-            MPI_Send(buf, (int)len, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
+            last = n + 1 >= min && MPI_Wtime() - t0 >= secs;
+            MPI_Send(buf, (int)len, MPI_BYTE, peer, last, MPI_COMM_WORLD);
             MPI_Recv(buf, (int)len, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         } else {
-            MPI_Recv(buf, (int)len, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(buf, (int)len, MPI_BYTE, peer, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+            last = st.MPI_TAG == 1;
             MPI_Send(buf, (int)len, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
         }
+        n++;
     }
-    return MPI_Wtime() - t0;
+    *took = MPI_Wtime() - t0;
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -46,16 +55,13 @@ int main(int argc, char **argv)
     for (int a = 2; a < argc; a++) {
         long len = atol(argv[a]);
         char *buf = malloc(len > 0 ? len : 1);
-        long n;
         if (buf == NULL) {
             MPI_Abort(MPI_COMM_WORLD, 3);
         }
         memset(buf, rank, len);
-        double warm = round_trips(buf, len, 20, rank);
-        n = (long)(secs / (warm / 20));
-        n = n < 20 ? 20 : n > 2000000 ? 2000000 : n;
-        MPI_Bcast(&n, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-        double t = round_trips(buf, len, n, rank);
+        double t;
+        round_trips(buf, len, 0, 20, rank, &t);
+        long n = round_trips(buf, len, secs, 20, rank, &t);
         if (rank == 0) {
             double half_us = t / (2.0 * n) * 1e6;
             printf("pingpong %ld %ld %.3f %.2f\n", len, n, half_us, len / half_us);
