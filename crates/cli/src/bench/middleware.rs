@@ -98,7 +98,7 @@ impl Metric {
             (Stack::Ucx, false) => format!("UCX tag_bw {size} (MB/s)"),
             (Stack::Ucx, true) => format!("UCX tag_lat {size} (us, p50)"),
             (Stack::Mpi, false) => format!("MPI ping-pong {size} (MB/s)"),
-            (Stack::Mpi, true) => format!("MPI ping-pong {size} (us, half RTT)"),
+            (Stack::Mpi, true) => format!("MPI ping-pong {size} (us, p50)"),
         }
     }
 
@@ -410,8 +410,9 @@ impl Mw {
             .iter()
             .filter_map(|l| {
                 let c: Vec<&str> = l.split_whitespace().collect();
-                (c.first() == Some(&"pingpong") && c.len() == 5).then_some(())?;
-                Some((c[1].parse().ok()?, c[3].parse().ok()?, c[4].parse().ok()?))
+                (c.first() == Some(&"pingpong") && c.len() == 6).then_some(())?;
+                // Bytes, the median half round trip, MB/s (over the mean).
+                Some((c[1].parse().ok()?, c[4].parse().ok()?, c[5].parse().ok()?))
             })
             .collect();
         if figs.is_empty() {
@@ -445,8 +446,9 @@ impl Mw {
             "TCP: UCX_TLS=tcp UCX_NET_DEVICES=lo; Open MPI --mca pml ob1 --mca btl tcp,self \
              --mca btl_tcp_if_include lo"
                 .into(),
-            "UCX latency: ucx_perftest's 50th percentile of the half round trip; MPI: the \
-             mean half round trip of a timed loop (mpi_pingpong.c), MB/s one direction"
+            "latency: the 50th percentile of the half round trip (ucx_perftest's; \
+             mpi_pingpong.c's over its timed loop); MPI MB/s: one direction per mean half \
+             round trip"
                 .into(),
         ]
     }
