@@ -35,6 +35,37 @@ pub enum Command {
     /// Stream synthetic camera frames to a host receiver on loopback: RC SEND, UC WRITE
     /// with immediate, or GigE Vision GVSP over UDP (`--compare`: all three).
     Stream(StreamArgs),
+    /// The devices of running processes: QPs (state, peer, PSNs, outstanding work) and
+    /// counters, like `rdma res show qp` and `rdma statistic`.
+    Stat(StatArgs),
+    /// Serve this node's devices, QPs, counters and topology over HTTP: a JSON REST API
+    /// under /v1, Prometheus /metrics and /openapi.yaml.
+    Agent(AgentArgs),
+}
+
+/// `softhca stat`.
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Only this process's devices.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Print the snapshots as JSON (an array).
+    #[arg(long)]
+    pub json: bool,
+    /// Read devices published in DIR (default: SOFTHCA_RUN_DIR, else the usual places).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Vec<std::path::PathBuf>,
+}
+
+/// `softhca agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Address to listen on (port 0: any free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:9479")]
+    pub listen: std::net::SocketAddr,
+    /// Read devices published in DIR (default: SOFTHCA_RUN_DIR, else the usual places).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Vec<std::path::PathBuf>,
 }
 
 /// `softhca bench`.
@@ -159,7 +190,8 @@ pub struct PerfArgs {
     /// TCP port of the connection exchange.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
-    /// Run server and client in this process (two devices on two loopback addresses).
+    /// Run both ends from this command: a server child process and the client, on two
+    /// free loopback addresses.
     #[arg(long)]
     pub loopback: bool,
     /// Latency test (ping-pong) instead of bandwidth.

@@ -7,22 +7,13 @@ use softhca::{Context, Gid, Mtu};
 use crate::args::DevinfoArgs;
 use crate::error::CliError;
 
-/// A GUID as ibv_devinfo prints it: four groups of four hex digits.
 fn guid(v: u64) -> String {
-    let b = v.to_be_bytes();
-    format!(
-        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
-        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
-    )
+    softhca::guid_text(v)
 }
 
 /// A GID in the colon form `ibv_devinfo -v` uses, then the IP address it stands for.
 fn gid_text(g: &Gid) -> String {
-    let words: Vec<String> =
-        g.0.chunks(2)
-            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-            .collect();
-    format!("{}, RoCE v2, {}", words.join(":"), g.to_ip())
+    format!("{}, RoCE v2, {}", softhca::gid_words(g), g.to_ip())
 }
 
 fn mtu(m: Mtu) -> String {

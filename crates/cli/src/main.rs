@@ -5,10 +5,12 @@ mod args;
 mod bench;
 mod devinfo;
 mod error;
+mod local;
 mod perf;
 mod progress;
 mod report;
 mod size;
+mod stat;
 mod stream;
 
 use std::process::ExitCode;
@@ -99,5 +101,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(a) => bench::run(&a),
         Command::BenchPeer(a) => bench::peer::run(&a),
         Command::Stream(a) => stream::run(&a),
+        Command::Stat(a) => stat::run(&a),
+        Command::Agent(a) => stat::agent(&a),
     }
 }

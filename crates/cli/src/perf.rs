@@ -1,14 +1,16 @@
 //! `softhca perf`: perftest-style bandwidth and latency tests over RC queue pairs.
 //!
 //! Both ends run the same code whether they are two processes (server
-//! `softhca perf write`, client `softhca perf write <server>`) or one (`--loopback`:
-//! two devices on two free loopback addresses, the server on a thread). The tests
+//! `softhca perf write`, client `softhca perf write <server>`) or one command
+//! (`--loopback`: the server is started as a child process on a second free loopback
+//! address). The tests
 //! themselves are `softhca_perf`'s; this module turns arguments into its parameters and
 //! prints what it returns.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use softhca::{Config, Context, Mtu};
 use softhca_perf::exchange::{Control, TestParams};
@@ -16,6 +18,7 @@ use softhca_perf::{Op, TestOptions};
 
 use crate::args::{PerfArgs, PerfOp};
 use crate::error::CliError;
+use crate::local::{free_device_ips, free_tcp_port, Pipe, Proc};
 use crate::progress::ProgressLine;
 use crate::report::{print_summary, print_table};
 
@@ -256,38 +259,81 @@ fn serve(
     }
 }
 
-/// `--loopback`: server on a thread, client here, two devices in one process.
+/// `--loopback`: the server in a child process (`softhca perf <op>` on its own device),
+/// the client here. Two processes, as a user runs them, so the figures are the
+/// two-process figures: two devices in one process share its threads' CPU time and
+/// scheduling, which put 8 B latencies an order of magnitude above them.
 fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     let base = Config::from_env().map_err(CliError::verbs("configuration"))?;
-    let (server_ctx, client_ctx) = softhca_perf::open_loopback_pair(&base)?;
-    let server_ip = server_ctx
-        .gids()
-        .first()
-        .map(|g| g.to_ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let listener = TcpListener::bind(addr).map_err(CliError::listen(addr))?;
-    let port = listener
-        .local_addr()
-        .map_err(CliError::listen(addr))?
-        .port();
-    let op = a.op;
-    let server_view = server_ctx.clone();
-    let server = std::thread::Builder::new()
-        .name("perf-server".into())
-        .spawn(move || serve(&server_ctx, &listener, op, op != PerfOp::All, true, false))
-        .map_err(|e| CliError::Usage(format!("cannot start the server thread: {e}")))?;
-    let result = client(a, &client_ctx, "127.0.0.1", port, server_ip, None);
+    let port = free_tcp_port()?;
+    // SOFTHCA_ADDR=a,b chooses the pair (tests and captures filter on it).
+    let (ctx, (server_ip, server)) = match base.addrs[..] {
+        [s, c, ..] => (open_on(&base, c)?, (s, start_server(a.op, s, port)?)),
+        _ => {
+            // Claim the client's address by opening its device, then try free addresses
+            // for the server until one is not taken meanwhile by a concurrent run.
+            let ctx = free_device_ips()
+                .find_map(|ip| open_on(&base, ip).ok())
+                .ok_or_else(|| CliError::Usage("no free loopback address for a device".into()))?;
+            let mine = ctx.gids().first().map(|g| g.to_ip());
+            let mut last = None;
+            let started = free_device_ips()
+                .filter(|&ip| Some(ip) != mine)
+                .take(SERVER_ATTEMPTS)
+                .find_map(|ip| match start_server(a.op, ip, port) {
+                    Ok(s) => Some((ip, s)),
+                    Err(e) => {
+                        last = Some(e);
+                        None
+                    }
+                });
+            let started = started.ok_or_else(|| {
+                last.unwrap_or_else(|| CliError::Usage("no free loopback address".into()))
+            })?;
+            (ctx, started)
+        }
+    };
+    let result = client(a, &ctx, "127.0.0.1", port, server_ip, None);
     // For profiling the datapath: both devices' counters (also after a failure: they
     // say why it failed).
-    print_counters("client", &client_ctx);
-    print_counters("server", &server_view);
-    result?;
-    match server.join() {
-        Ok(r) => r,
-        Err(_) => Err(CliError::Usage("the server thread failed".into())),
+    print_counters("client", &ctx);
+    let served = server.finish(Instant::now() + SERVER_EXIT);
+    if let Ok(f) = &served {
+        for l in f.err.iter().filter(|l| l.starts_with("server:")) {
+            eprintln!("{l}");
+        }
     }
+    result?;
+    served.map(|_| ())
 }
+
+/// A device of `base`'s configuration on `ip` alone.
+fn open_on(base: &Config, ip: IpAddr) -> Result<Arc<Context>, CliError> {
+    let cfg = Config {
+        addrs: vec![ip],
+        ..base.clone()
+    };
+    Context::open(&cfg).map_err(CliError::verbs("cannot open device"))
+}
+
+/// `softhca perf <op>` serving on `ip` and TCP `port`, once it says it is waiting.
+fn start_server(op: PerfOp, ip: IpAddr, port: u16) -> Result<Proc, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Usage(format!("cannot find the softhca binary: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["perf", op.name(), "-p", &port.to_string()])
+        .env("SOFTHCA_ADDR", ip.to_string());
+    let mut server = Proc::spawn("softhca perf server", cmd)?;
+    server.wait_line(Pipe::Err, "waiting for a client", SERVER_READY)?;
+    Ok(server)
+}
+
+/// Free addresses tried for the server before giving up.
+const SERVER_ATTEMPTS: usize = 8;
+
+/// How long a `--loopback` server may take to start, and to exit after the last test.
+const SERVER_READY: Duration = Duration::from_secs(10);
+const SERVER_EXIT: Duration = Duration::from_secs(10);
 
 /// What the kernel gave this device's sockets, and why not when it did not: a refused
 /// offload falls back to one datagram per packet, and the user should know.

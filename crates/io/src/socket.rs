@@ -126,6 +126,12 @@ pub struct BindOptions {
     /// Send and receive buffer bytes (clamped to 64 KiB..1 GiB): forced when privileged
     /// (`SO_*BUFFORCE`), else as much as `net.core.*mem_max` allows.
     pub sockbuf: usize,
+    /// Send and receive only through this interface (its index; 0: any), as rxe sends
+    /// only through its netdev (`rxe_find_route4` routes with `flowi4_oif` = the
+    /// netdev) and takes only what arrives on it: `SO_BINDTODEVICE`, or, where the
+    /// kernel refuses that without `CAP_NET_RAW` (before Linux 5.7), `IP_UNICAST_IF` /
+    /// `IPV6_UNICAST_IF` for the sending side.
+    pub bind_ifindex: u32,
 }
 
 impl BindOptions {
@@ -135,6 +141,7 @@ impl BindOptions {
         allow_gro: true,
         recv_tos: false,
         sockbuf: SOCKET_BUFFER,
+        bind_ifindex: 0,
     };
 }
 
@@ -165,6 +172,42 @@ pub struct RoceSocket {
     peer: Option<SocketAddr>,
     /// Datagrams (messages: a GSO send is one) the kernel accepted from [`Self::send`].
     messages: AtomicU64,
+    /// [`BindOptions::bind_ifindex`].
+    bound_ifindex: u32,
+}
+
+/// Ties `socket` to interface `ifindex` (see [`BindOptions::bind_ifindex`]).
+fn bind_to_interface(socket: &Socket, addr: SocketAddr, ifindex: u32) -> Result<(), IoError> {
+    let mut name = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: `name` has the IF_NAMESIZE bytes if_indextoname may write.
+    let p = unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr() as *mut libc::c_char) };
+    if p.is_null() {
+        return Err(IoError::Os {
+            what: "if_indextoname",
+            source: io::Error::last_os_error(),
+        });
+    }
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    match socket.bind_device(Some(&name[..len])) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            tracing::debug!("SO_BINDTODEVICE refused ({e}); sending through IP_UNICAST_IF");
+            let fd = socket.as_raw_fd();
+            if addr.is_ipv4() {
+                // IP_UNICAST_IF takes the index in network byte order (ip(7)).
+                let index = (ifindex as libc::c_int).to_be();
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_UNICAST_IF, index)
+                    .map_err(os("IP_UNICAST_IF"))
+            } else {
+                setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_IF, ifindex as _)
+                    .map_err(os("IPV6_UNICAST_IF"))
+            }
+        }
+        Err(source) => Err(IoError::Os {
+            what: "SO_BINDTODEVICE",
+            source,
+        }),
+    }
 }
 
 fn setsockopt_int(
@@ -230,6 +273,9 @@ impl RoceSocket {
             .map_err(os("SO_REUSEADDR"))?;
         if addr.is_ipv6() {
             socket.set_only_v6(true).map_err(os("IPV6_V6ONLY"))?;
+        }
+        if options.bind_ifindex != 0 {
+            bind_to_interface(&socket, addr, options.bind_ifindex)?;
         }
         socket
             .bind(&addr.into())
@@ -302,7 +348,13 @@ impl RoceSocket {
             gso_fallbacks: AtomicU64::new(0),
             peer: None,
             messages: AtomicU64::new(0),
+            bound_ifindex: options.bind_ifindex,
         })
+    }
+
+    /// The interface this socket is bound to ([`BindOptions::bind_ifindex`]; 0: none).
+    pub fn bound_ifindex(&self) -> u32 {
+        self.bound_ifindex
     }
 
     /// A send-only socket on `local_ip` (a free port) connected to `peer`, set up like

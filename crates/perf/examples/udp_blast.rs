@@ -25,6 +25,15 @@ fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(64),
+        // BLAST_WINDOW=0 sends unpaced; otherwise bytes ahead of the receiver's credits.
+        window: match std::env::var("BLAST_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(0) => None,
+            Some(w) => Some(w),
+            None => Some(softhca_perf::blast::DEFAULT_WINDOW),
+        },
     };
     let (sent, got) = match blast_loopback(&cfg) {
         Ok(r) => r,
@@ -35,11 +44,12 @@ fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
     };
     let secs = got.elapsed.as_secs_f64().max(1e-9);
     println!(
-        "{name:<10} tx caps {:?} rx gro {}: sent {:.1} Gb/s, received {:.1} Gb/s ({:.0} kdatagrams/s, {:.1} datagrams per recv call)",
+        "{name:<10} tx caps {:?} rx gro {}: sent {:.1} Gb/s, received {:.1} Gb/s, {} credit stalls ({:.0} kdatagrams/s, {:.1} datagrams per recv call)",
         sent.capabilities,
         got.capabilities.gro,
         sent.bytes as f64 * 8.0 / sent.elapsed.as_secs_f64().max(1e-9) / 1e9,
         got.gbps(),
+        sent.credit_stalls,
         got.datagrams as f64 / secs / 1e3,
         got.datagrams as f64 / got.calls.max(1) as f64,
     );

@@ -22,6 +22,20 @@ const MAX_GSO_PAYLOAD: usize = 65_507;
 /// Transmits handed to one [`RoceSocket::send`] call.
 const SEND_BATCH: usize = 8;
 
+/// Bytes a sender keeps unconfirmed by the receiver's credits by default: a quarter of
+/// softhca's default socket buffer, so the receiver's queue never overflows.
+pub const DEFAULT_WINDOW: usize = 4 << 20;
+
+/// The receiver confirms what it got each time this many more bytes have arrived.
+const CREDIT_EVERY: u64 = 256 << 10;
+
+/// A credit datagram: this tag, then the receiver's byte count (u64, little endian).
+const CREDIT_TAG: [u8; 8] = *b"SHCAcred";
+
+/// A sender waiting this long for a credit takes the unconfirmed bytes as lost (a dropped
+/// datagram never reaches the receiver's count) and goes on.
+const CREDIT_STALL: Duration = Duration::from_millis(20);
+
 /// What a [`blast_send`] run sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SendReport {
@@ -33,6 +47,8 @@ pub struct SendReport {
     pub elapsed: Duration,
     /// Offloads the socket used (GSO may have been switched off during the run).
     pub capabilities: Capabilities,
+    /// Times the sender gave up waiting for a credit (bytes lost on the way).
+    pub credit_stalls: u64,
 }
 
 /// What a [`blast_recv`] run received.
@@ -74,6 +90,104 @@ pub struct RecvStop<'a> {
     pub busy: bool,
     /// Datagram buffers per `recvmmsg` call.
     pub batch: usize,
+    /// Send credits (the byte count so far) back to the sender, for a windowed sender.
+    pub credit: bool,
+}
+
+/// The sender's side of the credit loop: what the receiver confirmed, and the bytes
+/// written off as lost so that a dropped datagram cannot stall the run.
+struct Credits {
+    window: u64,
+    confirmed: u64,
+    lost: u64,
+    last: Instant,
+    stalls: u64,
+    batch: RecvBatch,
+    poller: Poller,
+    events: Events,
+}
+
+impl Credits {
+    fn new(socket: &RoceSocket, window: usize) -> io::Result<Self> {
+        let poller = Poller::new().map_err(io::Error::other)?;
+        poller
+            .add(socket.as_raw_fd(), 0)
+            .map_err(io::Error::other)?;
+        Ok(Credits {
+            window: window as u64,
+            confirmed: 0,
+            lost: 0,
+            last: Instant::now(),
+            stalls: 0,
+            batch: RecvBatch::new(8, 64),
+            poller,
+            events: Events::with_capacity(2),
+        })
+    }
+
+    /// Waits until `next` more bytes fit in the window after `sent`.
+    fn wait_for_room(&mut self, socket: &RoceSocket, sent: u64, next: u64) -> io::Result<()> {
+        while sent + next > self.confirmed + self.window {
+            if self.take(socket)? {
+                continue;
+            }
+            if self.last.elapsed() >= CREDIT_STALL {
+                self.stalls += 1;
+                self.lost += sent - self.confirmed;
+                self.confirmed = sent;
+                self.last = Instant::now();
+                continue;
+            }
+            self.poller
+                .wait(&mut self.events, Some(Duration::from_millis(1)))?;
+        }
+        Ok(())
+    }
+
+    /// Reads the credits that arrived; true if one moved the window.
+    fn take(&mut self, socket: &RoceSocket) -> io::Result<bool> {
+        let mut moved = false;
+        loop {
+            match socket.recv(&mut self.batch) {
+                Ok(_) => {
+                    for (m, b) in self.batch.iter() {
+                        let Some(count) = credit_count(&b[..m.len]) else {
+                            continue;
+                        };
+                        if count + self.lost > self.confirmed {
+                            self.confirmed = count + self.lost;
+                            self.last = Instant::now();
+                            moved = true;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(moved),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn credit_count(d: &[u8]) -> Option<u64> {
+    let (tag, count) = d.split_first_chunk::<8>()?;
+    (*tag == CREDIT_TAG).then_some(())?;
+    Some(u64::from_le_bytes(*count.first_chunk::<8>()?))
+}
+
+fn send_credit(socket: &RoceSocket, to: SocketAddr, count: u64) {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&CREDIT_TAG);
+    d[8..].copy_from_slice(&count.to_le_bytes());
+    let t = Transmit {
+        dst: to,
+        src_ip: None,
+        contents: &d,
+        pieces: &[],
+        segment_size: None,
+    };
+    // A lost credit is made up for by the next one (the count is cumulative).
+    let _ = socket.send(&[t]);
 }
 
 /// Sends `segment_size`-byte datagrams to `dst` as fast as the socket takes them, for
@@ -81,12 +195,18 @@ pub struct RecvStop<'a> {
 /// without GSO the socket sends them as separate datagrams. A full socket buffer is waited
 /// out by yielding, so the sender never blocks for long.
 ///
+/// With a `window`, at most that many bytes are sent beyond what the receiver's credits
+/// confirm (a [`blast_recv`] with `credit` on): a sender on a fast CPU otherwise overruns
+/// the receiving socket, whose drops waste the receiver's time, so the figure is a rate
+/// the pair sustains rather than one a third of whose bytes never arrive.
+///
 /// Errors: the first send error other than `WouldBlock` (with the bytes sent so far lost).
 pub fn blast_send(
     socket: &RoceSocket,
     dst: SocketAddr,
     segment_size: usize,
     duration: Duration,
+    window: Option<usize>,
 ) -> io::Result<SendReport> {
     let seg = segment_size.clamp(1, MAX_GSO_PAYLOAD);
     let per_msg = socket.segments_per_gso_send(seg).max(1);
@@ -99,11 +219,15 @@ pub fn blast_send(
         segment_size: Some(seg),
     };
     let batch = [t; SEND_BATCH];
+    let mut credits = window.map(|w| Credits::new(socket, w)).transpose()?;
     let start = Instant::now();
     let end = start + duration;
     let mut bytes = 0u64;
     let mut datagrams = 0u64;
     while Instant::now() < end {
+        if let Some(c) = credits.as_mut() {
+            c.wait_for_room(socket, bytes, (SEND_BATCH * payload.len()) as u64)?;
+        }
         match socket.send(&batch) {
             Ok(n) => {
                 bytes += (n * payload.len()) as u64;
@@ -118,6 +242,7 @@ pub fn blast_send(
         datagrams,
         elapsed: start.elapsed(),
         capabilities: socket.capabilities(),
+        credit_stalls: credits.map_or(0, |c| c.stalls),
     })
 }
 
@@ -130,6 +255,7 @@ pub fn blast_recv(socket: &RoceSocket, stop: RecvStop<'_>) -> Result<RecvReport,
     let (mut bytes, mut datagrams, mut calls) = (0u64, 0u64, 0u64);
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
+    let mut credited = 0u64;
     loop {
         if stop.flag.is_some_and(|f| f.load(Ordering::Relaxed)) {
             break;
@@ -143,9 +269,15 @@ pub fn blast_recv(socket: &RoceSocket, stop: RecvStop<'_>) -> Result<RecvReport,
                 calls += 1;
                 last = Instant::now();
                 first.get_or_insert(last);
+                let mut from = None;
                 for (m, b) in batch.iter() {
                     datagrams += segments(&m, b).count() as u64;
                     bytes += m.len as u64;
+                    from = Some(m.src);
+                }
+                if let Some(to) = from.filter(|_| stop.credit && bytes - credited >= CREDIT_EVERY) {
+                    send_credit(socket, to, bytes);
+                    credited = bytes;
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -194,6 +326,8 @@ pub struct LoopbackBlast {
     pub busy: bool,
     /// Receive batch size.
     pub rx_batch: usize,
+    /// Credit window of the sender (see [`blast_send`]); `None` sends unpaced.
+    pub window: Option<usize>,
 }
 
 /// Sender and receiver in two threads of this process, on 127.0.0.2 → 127.0.0.1
@@ -216,13 +350,14 @@ pub fn blast_loopback(cfg: &LoopbackBlast) -> Result<(SendReport, RecvReport), I
                     flag: Some(&stop),
                     busy: cfg.busy,
                     batch: cfg.rx_batch,
+                    credit: cfg.window.is_some(),
                 },
             )
         });
         if cfg.pin {
             let _ = pin_current_thread(0);
         }
-        let sent = blast_send(&tx, dst, cfg.segment_size, cfg.duration);
+        let sent = blast_send(&tx, dst, cfg.segment_size, cfg.duration, cfg.window);
         // Let the receiver drain what is still queued.
         std::thread::sleep(Duration::from_millis(50));
         stop.store(true, Ordering::Relaxed);

@@ -1,11 +1,11 @@
 //! The client side of a test: its parameters, the run, and the devices of a one-process
 //! run.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use softhca::{Config, Context, Mtu};
+use softhca::{Context, Mtu};
 
 use crate::exchange::{Control, Ctl, TestParams};
 use crate::setup::{pick_gid, stride, Side};
@@ -185,47 +185,4 @@ pub fn run_test(
         lat,
         verified: p.verify.then_some(true),
     })
-}
-
-/// Opens two devices on a free pair of loopback addresses (127.0.0.1 and .2 unless
-/// another process holds them, then the next free ones), or on the first two addresses
-/// of `base.addrs` when it lists two. Returns (server, client).
-pub fn open_loopback_pair(base: &Config) -> Result<(Arc<Context>, Arc<Context>), PerfError> {
-    let open = |ip: IpAddr| -> Result<Option<Arc<Context>>, PerfError> {
-        let cfg = Config {
-            addrs: vec![ip],
-            ..base.clone()
-        };
-        match Context::open(&cfg) {
-            Ok(c) => Ok(Some(c)),
-            Err(e) if e.errno() == libc::EADDRINUSE => Ok(None),
-            Err(e) => Err(PerfError::Verbs {
-                what: format!("cannot open a device on {ip}").into(),
-                source: e,
-            }),
-        }
-    };
-    // SOFTHCA_ADDR=a,b chooses the pair (tests and captures filter on it).
-    if let [a, b, ..] = base.addrs[..] {
-        let server = open(a)?
-            .ok_or_else(|| PerfError::Usage(format!("{a} is already in use by another device")))?;
-        let client = open(b)?
-            .ok_or_else(|| PerfError::Usage(format!("{b} is already in use by another device")))?;
-        return Ok((server, client));
-    }
-    let mut octet: u8 = 1;
-    let mut first: Option<Arc<Context>> = None;
-    while octet < 255 {
-        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet));
-        octet += 1;
-        if let Some(c) = open(ip)? {
-            match first.take() {
-                None => first = Some(c),
-                Some(f) => return Ok((f, c)),
-            }
-        }
-    }
-    Err(PerfError::Usage(
-        "no two free loopback addresses for --loopback (UDP port in use on 127.0.0.1-254)".into(),
-    ))
 }

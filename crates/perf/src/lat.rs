@@ -264,25 +264,7 @@ pub fn client(
                 }
                 samples.push(t0.elapsed().as_nanos() as u64);
                 if p.verify {
-                    if op == Op::Read {
-                        side.mr
-                            .read(side.off(0, 0) as usize, &mut scratch)
-                            .map_err(PerfError::verbs("reading"))?;
-                        let src = i % side.nslots;
-                        pattern::check(&scratch, 0, src)
-                            .map_err(|m| PerfError::Verify(pattern::describe(0, i, m)))?;
-                    } else {
-                        let mut v = [0u8; 8];
-                        side.mr
-                            .read(side.off(0, 0) as usize, &mut v)
-                            .map_err(PerfError::verbs("reading"))?;
-                        let got = u64::from_ne_bytes(v);
-                        if got != i {
-                            return Err(PerfError::Verify(format!(
-                                "atomic {i}: fetched {got}, expected {i}"
-                            )));
-                        }
-                    }
+                    check_fetched(side, op, i, &mut scratch)?;
                 }
             }
         }
@@ -307,6 +289,28 @@ pub fn client(
         seconds,
         samples,
     })
+}
+
+/// Under --verify, what READ `i` or fetch-and-add `i` brought into the local buffer.
+fn check_fetched(side: &Side, op: Op, i: u64, scratch: &mut [u8]) -> Result<(), PerfError> {
+    if op == Op::Read {
+        side.mr
+            .read(side.off(0, 0) as usize, scratch)
+            .map_err(PerfError::verbs("reading"))?;
+        return pattern::check(scratch, 0, i % side.nslots)
+            .map_err(|m| PerfError::Verify(pattern::describe(0, i, m)));
+    }
+    let mut v = [0u8; 8];
+    side.mr
+        .read(side.off(0, 0) as usize, &mut v)
+        .map_err(PerfError::verbs("reading"))?;
+    let got = u64::from_ne_bytes(v);
+    if got != i {
+        return Err(PerfError::Verify(format!(
+            "atomic {i}: fetched {got}, expected {i}"
+        )));
+    }
+    Ok(())
 }
 
 /// The server side: echoes SEND / WRITE messages until the client's end message; READ

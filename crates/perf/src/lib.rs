@@ -8,8 +8,8 @@
 //! * [`pattern`]: the data pattern `--verify` checks.
 //! * [`blast`]: raw UDP throughput with GSO and GRO, the ceiling for any UDP transport.
 //!
-//! Both ends run the same code whether they are two processes or one (two devices on
-//! loopback addresses, [`open_loopback_pair`]).
+//! Both ends run the same code, in two processes (`softhca perf --loopback` starts the
+//! server as a child) or two threads.
 
 #![cfg(target_os = "linux")]
 #![warn(missing_docs)]
@@ -28,7 +28,7 @@ pub mod setup;
 
 use std::time::Duration;
 
-pub use client::{open_loopback_pair, params, run_bw, run_lat, run_test, TestOptions};
+pub use client::{params, run_bw, run_lat, run_test, TestOptions};
 pub use error::{io_msg, PerfError};
 pub use exchange::{Control, TestParams, DEFAULT_PORT};
 pub use progress::Progress;

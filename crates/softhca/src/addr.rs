@@ -15,7 +15,7 @@ use crate::Mtu;
 
 /// One address of a local interface, from `getifaddrs(3)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct IfAddr {
+pub struct IfAddr {
     /// Interface name (`eth0`).
     pub name: String,
     /// The address.
@@ -27,7 +27,7 @@ pub(crate) struct IfAddr {
 }
 
 /// Every IPv4/IPv6 address of every interface.
-pub(crate) fn interface_addrs() -> Result<Vec<IfAddr>, Error> {
+pub fn interface_addrs() -> Result<Vec<IfAddr>, Error> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -118,6 +118,25 @@ fn bind(ip: IpAddr, cfg: &Config) -> Result<RoceSocket, IoError> {
     RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), cfg.into())
 }
 
+/// A socket of a device given an interface: like rxe on its netdev, it sends only
+/// through that interface whatever the routing table prefers (a management network's
+/// default route), and takes only what arrives on it.
+fn bind_on(ip: IpAddr, cfg: &Config, ifindex: u32) -> Result<RoceSocket, IoError> {
+    let options = softhca_io::BindOptions {
+        bind_ifindex: ifindex,
+        ..cfg.into()
+    };
+    RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), options)
+}
+
+/// The index of interface `name` (`if_nametoindex(3)`).
+fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: passes a NUL-terminated string that outlives the call.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
 /// Binds the sockets `cfg` asks for, interface addresses first (so GID 0 names a
 /// routable address), then the loopback one.
 pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
@@ -144,8 +163,16 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
                 "interface {dev} does not exist or has no IP address (SOFTHCA_NETDEV)"
             )));
         }
+        let index = ifindex(dev).ok_or_else(|| {
+            Error::Config(format!("interface {dev} does not exist (SOFTHCA_NETDEV)"))
+        })?;
         for a in mine.into_iter().filter(|a| !is_link_local_v6(&a.ip)) {
-            let socket = bind(a.ip, cfg)?;
+            // Loopback traffic never leaves the host: no interface to keep it on.
+            let socket = if a.loopback {
+                bind(a.ip, cfg)?
+            } else {
+                bind_on(a.ip, cfg, index)?
+            };
             out.push(Served {
                 socket,
                 ip: a.ip,

@@ -195,3 +195,21 @@ pub struct DeviceInfo {
     /// Active MTU.
     pub active_mtu: Mtu,
 }
+
+/// A GUID as `ibv_devinfo` prints it: four groups of four hex digits.
+pub fn guid_text(v: u64) -> String {
+    let b = v.to_be_bytes();
+    format!(
+        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
+    )
+}
+
+/// A GID in the colon form `ibv_devinfo -v` prints (`0000:…:ffff:7f00:0002`).
+pub fn gid_words(g: &crate::Gid) -> String {
+    let words: Vec<String> =
+        g.0.chunks(2)
+            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+            .collect();
+    words.join(":")
+}

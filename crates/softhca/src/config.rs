@@ -80,7 +80,10 @@ impl PollMode {
 /// README's configuration table is checked against (`tests/env_vars.rs`).
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("SOFTHCA_ADDR", "comma-separated addresses to serve"),
-    ("SOFTHCA_NETDEV", "serve this interface's addresses"),
+    (
+        "SOFTHCA_NETDEV",
+        "serve this interface's addresses and send and receive only through it",
+    ),
     ("SOFTHCA_PORT", "UDP port"),
     (
         "SOFTHCA_MTU",
@@ -120,6 +123,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "SOFTHCA_RDMACM_DEBUG",
         "the drop-in librdmacm prints why a call failed",
+    ),
+    (
+        "SOFTHCA_RUN_DIR",
+        "where devices publish their state for `softhca stat` and `softhca agent` (`off`: nowhere)",
     ),
 ];
 
@@ -198,6 +205,8 @@ pub struct Config {
     pub sockbuf: usize,
     /// Reporting switches ([`Diagnostics`]).
     pub diagnostics: Diagnostics,
+    /// Where the device publishes its state for other processes (`SOFTHCA_RUN_DIR`).
+    pub publish: crate::publish::Publish,
 }
 
 /// The RoCEv2 UDP destination port (IBTA Annex A17.2.3).
@@ -221,6 +230,7 @@ impl Default for Config {
             gro: true,
             sockbuf: DEFAULT_SOCKBUF,
             diagnostics: Diagnostics::default(),
+            publish: crate::publish::Publish::default(),
         }
     }
 }
@@ -257,6 +267,7 @@ impl From<&Config> for softhca_io::BindOptions {
             allow_gro: cfg.gro,
             recv_tos: false,
             sockbuf: cfg.sockbuf,
+            bind_ifindex: 0,
         }
     }
 }
@@ -339,6 +350,9 @@ impl Config {
         // A value that is not a byte count keeps the default, as it always has.
         if let Some(n) = env("SOFTHCA_SOCKBUF").and_then(|v| v.parse::<usize>().ok()) {
             cfg.sockbuf = n;
+        }
+        if let Some(v) = env("SOFTHCA_RUN_DIR") {
+            cfg.publish = crate::publish::Publish::parse(&v);
         }
         cfg.diagnostics = Diagnostics::from_env();
         Ok(cfg)

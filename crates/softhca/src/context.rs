@@ -20,7 +20,9 @@ use crate::datapath::{DatapathShared, DatapathThread, Stepper};
 use crate::error::Error;
 use crate::event::{AsyncEvent, AsyncQueue};
 use crate::pd::Pd;
+use crate::publish::Publisher;
 use crate::ring::{CqRing, LockedEngine};
+use crate::snapshot::{describe, publish, take_snapshot, DeviceSnapshot, Snapshot};
 use crate::stats::Stats;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
@@ -53,6 +55,7 @@ fn flush_at_exit(shared: &Arc<DatapathShared>) {
 }
 
 extern "C" fn flush_all_at_exit() {
+    crate::publish::remove_at_exit();
     let Ok(v) = OPEN_DEVICES.try_lock() else {
         return;
     };
@@ -108,6 +111,10 @@ pub(crate) struct Device {
     udp_port: u16,
     caps: (bool, bool),
     attr: DeviceAttr,
+    /// What [`Context::snapshot`] says of the device itself.
+    desc: DeviceSnapshot,
+    /// The socket other processes read this device's state from (see `publish`).
+    publisher: Option<Publisher>,
 }
 
 /// An open device (`ibv_context`). Every [`Context::open`] of a device this process
@@ -246,7 +253,9 @@ impl Context {
     ///   host fails with "address … is not assigned to any interface on this host", one
     ///   already served by another process with "address … is already in use".
     /// * else `cfg.netdev` (`SOFTHCA_NETDEV`): that interface's addresses (IPv6
-    ///   link-local excepted).
+    ///   link-local excepted), and the sockets are tied to the interface
+    ///   (`SO_BINDTODEVICE`), as rxe sends through its netdev whatever the routing
+    ///   table prefers: a data network stays apart from a management one.
     /// * else automatically: every up, non-loopback interface address that no other
     ///   process serves on `cfg.udp_port` yet (another softhca process or rxe got it
     ///   first: skipped), then the first free loopback address among 127.0.0.1 …
@@ -378,7 +387,10 @@ impl Device {
             })?;
         tracing::info!(name = %cfg.name, addrs = ?served_addrs.iter().map(|s| s.ip).collect::<Vec<_>>(),
             ?mtu, port = cfg.udp_port, gso = caps.0, gro = caps.1, "softhca device open");
+        let (desc, publisher) = publish(cfg, &shared, describe(cfg, &attr, &gids, mtu, caps));
         Ok(Arc::new(Device {
+            desc,
+            publisher,
             shared,
             thread: Mutex::new(Some(thread)),
             name: cfg.name.clone(),
@@ -573,16 +585,20 @@ impl Context {
     /// Transport counters (rxe names), resource gauges (`gauge_*`, see
     /// `Engine::resource_gauges`), then the datapath's I/O counters.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let mut v: Vec<(&'static str, u64)> = {
-            let core = self.dev.shared.engine.lock();
-            let mut v: Vec<_> = core.engine.counters().iter().collect();
-            v.extend(core.engine.resource_gauges());
-            v
-        };
-        v.extend(self.dev.shared.stats.iter());
-        v.push(("io_gso", u64::from(self.dev.caps.0)));
-        v.push(("io_gro", u64::from(self.dev.caps.1)));
-        v
+        let core = self.dev.shared.engine.lock();
+        counters_of(&core, &self.dev.shared, self.dev.caps)
+    }
+
+    /// What another process reads of this device ([`crate::read_snapshot`]): the
+    /// device, its QPs and its counters, with this process's pid.
+    pub fn snapshot(&self) -> Snapshot {
+        take_snapshot(&self.dev.shared, &self.dev.desc, self.dev.caps)
+    }
+
+    /// The path of the socket this device publishes its state on, if it does
+    /// (`SOFTHCA_RUN_DIR`).
+    pub fn published_at(&self) -> Option<&std::path::Path> {
+        self.dev.publisher.as_ref().map(|p| p.path())
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).
@@ -670,8 +686,24 @@ impl Context {
     }
 }
 
+/// [`Context::counters`] from the locked engine.
+pub(crate) fn counters_of(
+    core: &LockedEngine,
+    shared: &DatapathShared,
+    caps: (bool, bool),
+) -> Vec<(&'static str, u64)> {
+    let mut v: Vec<_> = core.engine.counters().iter().collect();
+    v.extend(core.engine.resource_gauges());
+    v.extend(shared.stats.iter());
+    v.push(("io_gso", u64::from(caps.0)));
+    v.push(("io_gro", u64::from(caps.1)));
+    v
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
+        // No reader sees a device half closed.
+        drop(self.publisher.take());
         self.shared.flush_held();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.doorbell.notify();

@@ -35,8 +35,10 @@ mod error;
 mod event;
 mod mr;
 mod pd;
+mod publish;
 mod qp;
 mod ring;
+mod snapshot;
 mod stats;
 mod sys;
 mod turnaround;
@@ -45,7 +47,10 @@ pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
 pub use softhca_transport::Counters;
 
-pub use attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
+pub use addr::{interface_addrs, IfAddr};
+pub use attr::{
+    gid_words, guid_text, AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState,
+};
 pub use config::{
     Config, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS, ROCE_UDP_PORT,
 };
@@ -55,6 +60,8 @@ pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
+pub use publish::{read_all, read_snapshot, Publish};
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
+pub use snapshot::{DeviceSnapshot, GidSnapshot, QpSnapshot, Snapshot};
 pub use softhca_io::IoError;
 pub use softhca_transport::TransportError;

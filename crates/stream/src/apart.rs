@@ -215,51 +215,7 @@ fn receive_from(
         loss: hello.loss,
         ..cfg.clone()
     };
-    let slots = cfg.ring_slots.clamp(2, 64);
-    let mut device = None;
-    let mut rx = match cfg.mode {
-        Mode::RcSend | Mode::UcWrite => {
-            let mut r = RdmaReceiver::new(&ctx, cfg.mode, cfg.spec, slots, cfg.overflow)?;
-            let mtu =
-                Mtu::from_bytes(hello.mtu.min(ctx.active_mtu().bytes())).unwrap_or(Mtu::M1024);
-            let remote = RemoteQp {
-                qpn: hello.qpn,
-                psn: CAMERA_PSN,
-                gid: Gid(hello.gid),
-            };
-            r.connect(HOST_PSN, &remote, mtu, 0)?;
-            line.send(&HostAccept {
-                qpn: r.qpn(),
-                gid: ctx.gids()[0].0,
-                mtu: mtu.bytes(),
-                ring: r.ring(),
-                gvsp_dest: None,
-            })?;
-            device = Some(ctx);
-            Rx::Rdma(r)
-        }
-        Mode::Gvsp => {
-            let r = GvspReceiver::new(ip, cfg.spec, cfg.gvsp_packet_size, slots, cfg.overflow)?;
-            line.send(&HostAccept {
-                qpn: 0,
-                gid: [0; 16],
-                mtu: 0,
-                ring: RingInfo::default(),
-                gvsp_dest: Some(r.local_addr()?),
-            })?;
-            Rx::Gvsp(r)
-        }
-    };
-    match line.recv::<CamMsg>()? {
-        CamMsg::Ready { gvsp_ctl } => {
-            if let (Rx::Gvsp(r), Some(a)) = (&mut rx, gvsp_ctl) {
-                r.set_camera_control(a);
-            }
-        }
-        CamMsg::Done { .. } => {
-            return Err(StreamError::Invalid("camera ended before starting".into()));
-        }
-    }
+    let (mut rx, device) = host_setup(&cfg, ctx, ip, line, &hello)?;
     let dp0 = named_threads_cpu_s(HOST_DP_THREAD);
     let sh = Shared::new();
     let start = Instant::now();
@@ -313,6 +269,64 @@ fn receive_from(
     Ok(rep)
 }
 
+/// The host's end of the mode `hello` asks for: the receiver, the accept message with
+/// what the camera needs to reach it, and the camera's go-ahead. Returns the receiver
+/// and, for the RDMA modes, the device (kept for its datapath thread's CPU time).
+fn host_setup(
+    cfg: &StreamConfig,
+    ctx: Arc<Context>,
+    ip: IpAddr,
+    line: &mut Line,
+    hello: &CameraHello,
+) -> Result<(Rx, Option<Arc<Context>>), StreamError> {
+    let slots = cfg.ring_slots.clamp(2, 64);
+    let mut device = None;
+    let mut rx = match cfg.mode {
+        Mode::RcSend | Mode::UcWrite => {
+            let mut r = RdmaReceiver::new(&ctx, cfg.mode, cfg.spec, slots, cfg.overflow)?;
+            let mtu =
+                Mtu::from_bytes(hello.mtu.min(ctx.active_mtu().bytes())).unwrap_or(Mtu::M1024);
+            let remote = RemoteQp {
+                qpn: hello.qpn,
+                psn: CAMERA_PSN,
+                gid: Gid(hello.gid),
+            };
+            r.connect(HOST_PSN, &remote, mtu, 0)?;
+            line.send(&HostAccept {
+                qpn: r.qpn(),
+                gid: ctx.gids()[0].0,
+                mtu: mtu.bytes(),
+                ring: r.ring(),
+                gvsp_dest: None,
+            })?;
+            device = Some(ctx);
+            Rx::Rdma(r)
+        }
+        Mode::Gvsp => {
+            let r = GvspReceiver::new(ip, cfg.spec, cfg.gvsp_packet_size, slots, cfg.overflow)?;
+            line.send(&HostAccept {
+                qpn: 0,
+                gid: [0; 16],
+                mtu: 0,
+                ring: RingInfo::default(),
+                gvsp_dest: Some(r.local_addr()?),
+            })?;
+            Rx::Gvsp(r)
+        }
+    };
+    match line.recv::<CamMsg>()? {
+        CamMsg::Ready { gvsp_ctl } => {
+            if let (Rx::Gvsp(r), Some(a)) = (&mut rx, gvsp_ctl) {
+                r.set_camera_control(a);
+            }
+        }
+        CamMsg::Done { .. } => {
+            return Err(StreamError::Invalid("camera ended before starting".into()));
+        }
+    }
+    Ok((rx, device))
+}
+
 /// What the camera process saw.
 #[derive(Debug, Clone)]
 pub struct CameraReport {
@@ -360,49 +374,7 @@ pub fn run_camera(
         Some(ip) => ip,
         None => route_source(to)?,
     };
-    let mut device = None;
-    let mut cam = match cfg.mode {
-        Mode::RcSend | Mode::UcWrite => {
-            let ctx = match (bind, ip) {
-                (None, IpAddr::V4(v4)) if v4.is_loopback() => {
-                    open_free_loopback(v4, rc_drop_ppm(cfg))?
-                }
-                _ => open_device(ip, "cam", rc_drop_ppm(cfg))?,
-            };
-            let mut c = RdmaCamera::new(&ctx, cfg.mode, cfg.spec, 4)?;
-            c.set_loss(cfg.loss, cfg.seed);
-            line.send(&CameraHello::new(
-                cfg,
-                c.qpn(),
-                ctx.gids()[0].0,
-                ctx.active_mtu().bytes(),
-            ))?;
-            let acc = accept(&mut line)?;
-            let mtu = Mtu::from_bytes(acc.mtu).unwrap_or(Mtu::M1024);
-            let remote = RemoteQp {
-                qpn: acc.qpn,
-                psn: HOST_PSN,
-                gid: Gid(acc.gid),
-            };
-            c.connect(CAMERA_PSN, &remote, mtu, 0, acc.ring)?;
-            line.send(&CamMsg::Ready { gvsp_ctl: None })?;
-            device = Some(ctx);
-            Cam::Rdma(c)
-        }
-        Mode::Gvsp => {
-            line.send(&CameraHello::new(cfg, 0, [0; 16], 0))?;
-            let acc = accept(&mut line)?;
-            let dest = acc
-                .gvsp_dest
-                .ok_or_else(|| StreamError::Invalid("receiver sent no GVSP address".into()))?;
-            let mut c = GvspCamera::new(ip, dest, cfg.spec, cfg.gvsp_packet_size, 16)?;
-            c.set_loss(cfg.loss, cfg.seed);
-            line.send(&CamMsg::Ready {
-                gvsp_ctl: Some(c.control_addr()?),
-            })?;
-            Cam::Gvsp(c)
-        }
-    };
+    let (mut cam, device) = camera_setup(cfg, bind, ip, &mut line)?;
     let sh = Shared::new();
     let start = Instant::now();
     let slots = cfg.ring_slots.clamp(2, 64);
@@ -453,6 +425,61 @@ pub fn run_camera(
         packets_dropped,
         receiver: counters,
     })
+}
+
+/// The camera's end of `cfg.mode`: its device (on loopback the next free address when
+/// the receiver's device holds `ip`) or GVSP socket, the hello, the receiver's accept,
+/// and the go-ahead.
+fn camera_setup(
+    cfg: &StreamConfig,
+    bind: Option<IpAddr>,
+    ip: IpAddr,
+    line: &mut Line,
+) -> Result<(Cam, Option<Arc<Context>>), StreamError> {
+    let mut device = None;
+    let cam = match cfg.mode {
+        Mode::RcSend | Mode::UcWrite => {
+            let ctx = match (bind, ip) {
+                (None, IpAddr::V4(v4)) if v4.is_loopback() => {
+                    open_free_loopback(v4, rc_drop_ppm(cfg))?
+                }
+                _ => open_device(ip, "cam", rc_drop_ppm(cfg))?,
+            };
+            let mut c = RdmaCamera::new(&ctx, cfg.mode, cfg.spec, 4)?;
+            c.set_loss(cfg.loss, cfg.seed);
+            line.send(&CameraHello::new(
+                cfg,
+                c.qpn(),
+                ctx.gids()[0].0,
+                ctx.active_mtu().bytes(),
+            ))?;
+            let acc = accept(line)?;
+            let mtu = Mtu::from_bytes(acc.mtu).unwrap_or(Mtu::M1024);
+            let remote = RemoteQp {
+                qpn: acc.qpn,
+                psn: HOST_PSN,
+                gid: Gid(acc.gid),
+            };
+            c.connect(CAMERA_PSN, &remote, mtu, 0, acc.ring)?;
+            line.send(&CamMsg::Ready { gvsp_ctl: None })?;
+            device = Some(ctx);
+            Cam::Rdma(c)
+        }
+        Mode::Gvsp => {
+            line.send(&CameraHello::new(cfg, 0, [0; 16], 0))?;
+            let acc = accept(line)?;
+            let dest = acc
+                .gvsp_dest
+                .ok_or_else(|| StreamError::Invalid("receiver sent no GVSP address".into()))?;
+            let mut c = GvspCamera::new(ip, dest, cfg.spec, cfg.gvsp_packet_size, 16)?;
+            c.set_loss(cfg.loss, cfg.seed);
+            line.send(&CamMsg::Ready {
+                gvsp_ctl: Some(c.control_addr()?),
+            })?;
+            Cam::Gvsp(c)
+        }
+    };
+    Ok((cam, device))
 }
 
 fn accept(line: &mut Line) -> Result<HostAccept, StreamError> {

@@ -202,6 +202,24 @@ pub fn ip(args: &[&str]) -> Result<(), TestbedError> {
     }
 }
 
+/// Runs `f` on a new thread that entered network namespace `ns` (`ip netns` name):
+/// `setns` changes only the calling thread, and the sockets and threads `f` creates stay
+/// in that namespace. The thread panics if the namespace cannot be entered.
+pub fn spawn_in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path)
+            .unwrap_or_else(|e| panic!("open network namespace {path}: {e}"));
+        // SAFETY: a valid namespace fd; setns affects only this thread.
+        let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
 fn unique_name() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

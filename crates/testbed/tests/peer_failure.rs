@@ -13,7 +13,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -322,19 +321,11 @@ fn killed_peer_fails_outstanding_wrs_within_the_retry_budget_then_reconnects() {
 
 // ---------------------------------------------------------------- partitions
 
-/// Runs `f` on a thread that entered network namespace `ns` (setns only changes the
-/// calling thread; sockets and threads it creates stay in that namespace).
+/// Runs `f` on a thread that entered network namespace `ns`, and waits for it.
 fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: a valid namespace fd; setns affects only this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
+    softhca_testbed::spawn_in_netns(ns, f)
+        .join()
+        .expect("netns thread")
 }
 
 /// Streams 64 KiB WRITEs from `a` to `b` for `run`, with a partition of `cut` starting

@@ -928,6 +928,33 @@ impl Engine {
         !self.ready.is_empty()
     }
 
+    /// Every QP as `rdma res show qp` lists a kernel device's (plus its queues), in QPN
+    /// order: for diagnostics from outside the process, so a copy, never a reference.
+    pub fn qp_resources(&self) -> Vec<QpResource> {
+        let mut v: Vec<QpResource> = self
+            .qps
+            .values()
+            .map(|qp| QpResource {
+                qpn: qp.qpn,
+                qp_type: qp.init.qp_type,
+                state: qp.state,
+                pd: qp.init.pd.0,
+                dest_qpn: qp.attr.dest_qp_num,
+                dest: (!qp.path.dst.ip().is_unspecified()).then_some(qp.path.dst),
+                path_mtu: qp.attr.path_mtu,
+                sq_psn: qp.req.next_psn.value(),
+                una_psn: qp.req.una.value(),
+                rq_psn: qp.resp.epsn.value(),
+                send_queued: qp.req.sq.len() as u32,
+                recv_posted: qp.rq.len() as u32,
+                inflight_psns: qp.req.max_sent.diff(qp.req.una).max(0) as u32,
+                rd_atomic_inflight: qp.req.rd_atomic_inflight,
+            })
+            .collect();
+        v.sort_by_key(|q| q.qpn);
+        v
+    }
+
     /// Outstanding PSN span of a QP's requester (diagnostics and tests).
     pub fn inflight_psns(&self, qpn: Qpn) -> Option<u32> {
         let qp = self.qps.get(&qpn.value())?;

@@ -706,3 +706,37 @@ mod tests {
         assert_eq!(a.sq_psn, 1);
     }
 }
+
+/// One QP as seen from outside: what `rdma res show qp` prints for a kernel device
+/// (state, peer, PSNs) and the work it holds ([`crate::Engine::qp_resources`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpResource {
+    /// The QP number.
+    pub qpn: u32,
+    /// Its transport.
+    pub qp_type: QpType,
+    /// Its state.
+    pub state: QpState,
+    /// Its protection domain.
+    pub pd: u32,
+    /// The connected peer's QP (RC/UC; 0 before RTR and for UD).
+    pub dest_qpn: u32,
+    /// The connected peer's address and UDP port (RC/UC once RTR).
+    pub dest: Option<std::net::SocketAddr>,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// PSN the next request message starts at (`rdma res`'s `sq-psn`).
+    pub sq_psn: u32,
+    /// Oldest request PSN not yet acknowledged.
+    pub una_psn: u32,
+    /// PSN the responder expects next (`rq-psn`).
+    pub rq_psn: u32,
+    /// Send work requests queued and not yet completed.
+    pub send_queued: u32,
+    /// Receive work requests posted and not yet consumed (own queue; SRQs apart).
+    pub recv_posted: u32,
+    /// Request PSNs sent and not yet acknowledged.
+    pub inflight_psns: u32,
+    /// READ and atomic requests started and not completed.
+    pub rd_atomic_inflight: u32,
+}

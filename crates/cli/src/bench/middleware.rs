@@ -16,12 +16,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::child::{Finished, Proc};
-use super::{
-    free_device_pair, free_tcp_port, wait_listening, write_file, ProgressLine, READY_TIMEOUT, SLACK,
-};
+use super::{wait_listening, write_file, ProgressLine, READY_TIMEOUT, SLACK};
 use crate::args::BenchArgs;
 use crate::error::CliError;
+use crate::local::{free_device_pair, free_tcp_port, Finished, Proc};
 
 /// The MPI program, built with mpicc into a temporary directory at run time.
 const MPI_PINGPONG_C: &str = include_str!("mpi_pingpong.c");

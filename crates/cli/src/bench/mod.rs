@@ -8,14 +8,13 @@
 //! measured the same way for softhca and for the baselines (whole process, set-up
 //! included).
 
-mod child;
 mod middleware;
 mod output;
 pub mod peer;
 mod qp_memory;
 
 use std::io::{IsTerminal, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::BenchArgs;
 use crate::error::CliError;
-use child::{last_json, Finished, Pipe, Proc};
+use crate::local::{free_device_pair, free_tcp_port, last_json, Finished, Pipe, Proc};
 use output::Row;
 
 /// Seconds per measurement by default: 33 points (35 with the drop-in perftest rows) ×
@@ -547,33 +546,6 @@ fn write_file(p: &Path, bytes: &[u8]) -> Result<(), CliError> {
     })
 }
 
-/// Two loopback addresses whose RoCE UDP port is free, for the server's and the client's
-/// devices (starting at 127.0.0.160 to stay clear of the usual .1/.2).
-fn free_device_pair() -> Result<(IpAddr, IpAddr), CliError> {
-    let mut found = Vec::new();
-    for octet in 160..=254u8 {
-        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet));
-        if UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok() {
-            found.push(ip);
-            if found.len() == 2 {
-                return Ok((found[0], found[1]));
-            }
-        }
-    }
-    Err(CliError::Usage(
-        "no two free loopback addresses (UDP port 4791 in use on 127.0.0.160-254)".into(),
-    ))
-}
-
-/// A TCP port nobody listens on right now (the kernel's choice for port 0).
-fn free_tcp_port() -> Result<u16, CliError> {
-    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let l = TcpListener::bind(addr).map_err(CliError::listen(addr))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(CliError::listen(addr))
-}
-
 /// What every measurement needs.
 struct Runner<'a> {
     exe: &'a Path,
@@ -1011,7 +983,7 @@ mod tests {
 
     #[test]
     fn a_listening_port_is_seen() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         wait_listening(port, Duration::from_secs(5)).unwrap();
         drop(l);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
-use softhca_perf::blast::{blast_recv, blast_send, RecvStop};
+use softhca_perf::blast::{blast_recv, blast_send, RecvStop, DEFAULT_WINDOW};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -563,6 +563,7 @@ fn udp_blast_server(bind: SocketAddr, duration: Duration) -> Result<serde_json::
             flag: None,
             busy: false,
             batch: 64,
+            credit: true,
         },
     )
     .map_err(io_err)?;
@@ -581,12 +582,14 @@ fn udp_blast_client(
     duration: Duration,
 ) -> Result<serde_json::Value, CliError> {
     let s = RoceSocket::bind_with(SocketAddr::new(to.ip(), 0), offloads()).map_err(io_err)?;
-    let r = blast_send(&s, to, size, duration).map_err(net("udp blast receiver"))?;
+    let r = blast_send(&s, to, size, duration, Some(DEFAULT_WINDOW))
+        .map_err(net("udp blast receiver"))?;
     Ok(json!({
         "bytes": r.bytes,
         "datagrams": r.datagrams,
         "seconds": r.elapsed.as_secs_f64(),
         "gso": r.capabilities.gso,
         "gso_fallbacks": s.gso_fallbacks(),
+        "credit_stalls": r.credit_stalls,
     }))
 }

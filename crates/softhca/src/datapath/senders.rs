@@ -75,16 +75,20 @@ pub(crate) struct Senders {
     gso: bool,
     /// Buffer bytes of each socket (`Config::sockbuf`).
     sockbuf: usize,
+    /// The interface the device's sockets are bound to (0: none): connected sockets
+    /// leave through it too.
+    bind_ifindex: u32,
     slots: Vec<Slot>,
     by_peer: HashMap<(IpAddr, SocketAddr), usize>,
 }
 
 impl Senders {
-    pub(crate) fn new(enabled: bool, gso: bool, sockbuf: usize) -> Senders {
+    pub(crate) fn new(enabled: bool, gso: bool, sockbuf: usize, bind_ifindex: u32) -> Senders {
         Senders {
             enabled,
             gso,
             sockbuf,
+            bind_ifindex,
             slots: Vec::new(),
             by_peer: HashMap::default(),
         }
@@ -178,6 +182,7 @@ impl Senders {
                 allow_gro: false,
                 recv_tos: false,
                 sockbuf: self.sockbuf,
+                bind_ifindex: self.bind_ifindex,
             };
             self.slots[slot] = match ConnectedSender::open(src, dst, options) {
                 Ok(sender) => {

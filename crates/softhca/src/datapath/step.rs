@@ -97,7 +97,8 @@ impl Stepper {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
         let gso = sockets.iter().all(|s| s.capabilities().gso);
-        let senders = Senders::new(connected && impair.is_none(), gso, sockbuf);
+        let bound = sockets.first().map_or(0, RoceSocket::bound_ifindex);
+        let senders = Senders::new(connected && impair.is_none(), gso, sockbuf, bound);
         let readiness = if sockets.len() > 1 {
             let poll_in = |s: &RoceSocket| libc::pollfd {
                 fd: s.as_raw_fd(),

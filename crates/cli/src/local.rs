@@ -1,7 +1,10 @@
-//! Child processes of `softhca bench`: spawn, wait for readiness, collect output, and reap
-//! with `wait4(2)` to learn the CPU time each one used.
+//! The two ends of a local measurement (`softhca bench`, `softhca perf --loopback`) as
+//! separate processes on loopback: free addresses and ports for them, and child processes
+//! to spawn, wait for readiness, collect output from, and reap with `wait4(2)` to learn
+//! the CPU time each one used.
 
 use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -214,4 +217,34 @@ pub fn last_json(f: &Finished, name: &str) -> Result<serde_json::Value, CliError
         .filter(|l| l.trim_start().starts_with('{'))
         .find_map(|l| serde_json::from_str(l).ok())
         .ok_or_else(|| CliError::peer(format!("{name} printed no result")))
+}
+
+/// Loopback addresses whose RoCE UDP port is free at the moment of asking, for the
+/// devices of the two ends (from 127.0.0.160 on, clear of the usual .1/.2). Another
+/// process may take one before it is used: whoever opens a device on it must be ready to
+/// move on to the next.
+pub fn free_device_ips() -> impl Iterator<Item = IpAddr> {
+    (160..=254u8)
+        .map(|octet| IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)))
+        .filter(|&ip| UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok())
+}
+
+/// Two of [`free_device_ips`].
+pub fn free_device_pair() -> Result<(IpAddr, IpAddr), CliError> {
+    let mut ips = free_device_ips();
+    match (ips.next(), ips.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(CliError::Usage(
+            "no two free loopback addresses (UDP port 4791 in use on 127.0.0.160-254)".into(),
+        )),
+    }
+}
+
+/// A TCP port nobody listens on right now (the kernel's choice for port 0).
+pub fn free_tcp_port() -> Result<u16, CliError> {
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let l = TcpListener::bind(addr).map_err(CliError::listen(addr))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(CliError::listen(addr))
 }
