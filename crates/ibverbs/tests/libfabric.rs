@@ -4,9 +4,9 @@
 //!   provider opens the device more than once per process, on two loopback addresses.
 //! - The verbs provider's connected endpoints (`FI_EP_MSG`, over rdma_cm) and `ofi_rxm`'s
 //!   reliable datagrams on top (`FI_EP_RDM`), which it offers only for a device that
-//!   serves the address of a non-loopback interface: devices bound to the two ends of a
-//!   veth pair (`SOFTHCA_NETDEV`), between two network namespaces (two hosts) and with both
-//!   ends in one namespace (two processes on one host). These need root for the
+//!   serves the address of a non-loopback interface: devices on the two ends of a veth
+//!   pair, between two network namespaces (two hosts) and with both ends in one namespace
+//!   (two processes on one host). These need root for the
 //!   namespaces and say SKIP otherwise.
 
 mod common;
@@ -91,10 +91,17 @@ fn veth(name: &str, layout: VethLayout) -> Option<Veth> {
 
 /// `bin` in the namespace of `end`, on our libibverbs and librdmacm, its device on the
 /// end's interface (as a RoCE NIC on it would be), with its counters printed at exit.
+/// With both ends in one namespace the device serves the end's address without being
+/// tied to the interface (`SOFTHCA_NETDEV` would send through the veth, and the kernel
+/// drops what arrives there from an address of its own).
 fn fi_cmd(v: &Veth, end: End, bin: &str) -> Command {
     let mut c = v.command(end, bin);
+    if v.netns(End::A) == v.netns(End::B) {
+        c.env("SOFTHCA_ADDR", v.addr(end).to_string());
+    } else {
+        c.env("SOFTHCA_NETDEV", v.ifname(end));
+    }
     c.env("LD_LIBRARY_PATH", common::lib_dir_with_rdmacm())
-        .env("SOFTHCA_NETDEV", v.ifname(end))
         .env("SOFTHCA_STATS", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
