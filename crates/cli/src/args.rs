@@ -104,6 +104,15 @@ pub struct BenchArgs {
     /// Write bandwidth against message size as an SVG plot to FILE.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
+    /// Instead of the softhca suite: UCX (ucx_perftest) and Open MPI over softhca against
+    /// UCX's tcp transport and Open MPI's tcp BTL on the same loopback, side by side
+    /// (needs ucx-utils, openmpi-bin, libopenmpi-dev, the drop-in libibverbs and UCX's
+    /// device node; the MPI rows are left out without MPI).
+    #[arg(long, conflicts_with = "plot")]
+    pub middleware: bool,
+    /// With --middleware: runs of each figure per transport, alternating.
+    #[arg(long, default_value_t = 3, requires = "middleware")]
+    pub runs: usize,
 }
 
 /// The baseline a `bench-peer` process measures.

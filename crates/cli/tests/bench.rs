@@ -110,3 +110,58 @@ fn bench_rejects_bad_duration_in_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("softhca: invalid duration"), "{err}");
 }
+
+/// `softhca bench --middleware --quick`: every UCX figure (and the MPI ones with Open
+/// MPI installed) measured over softhca and over TCP, with positive values. Skipped
+/// without the drop-in library next to softhca, ucx_perftest or UCX's device node.
+#[test]
+fn quick_middleware_bench_measures_both_transports() {
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_softhca"));
+    let have = |p: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|v| std::env::split_paths(&v).any(|d| d.join(p).is_file()))
+    };
+    let dropin = exe.with_file_name("libibverbs.so.1");
+    let node = std::path::Path::new("/dev/infiniband/uverbs-softhca0");
+    if !dropin.exists() || !have("ucx_perftest") || !node.exists() {
+        eprintln!(
+            "SKIP: needs {} (cargo build --release -p softhca-ibverbs), ucx_perftest \
+             (ucx-utils) and {} (see the README)",
+            dropin.display(),
+            node.display()
+        );
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("softhca-mw-{}.json", std::process::id()));
+    let out = Command::new(exe)
+        .args(["bench", "--middleware", "--quick", "--json"])
+        .arg(&json)
+        .env_remove("SOFTHCA_ADDR")
+        .output()
+        .expect("run softhca bench --middleware");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let rows = doc["rows"].as_array().unwrap();
+    let want = if have("mpirun") && have("mpicc") {
+        6
+    } else {
+        3
+    };
+    assert_eq!(rows.len(), want, "{stdout}");
+    for r in rows {
+        for via in ["softhca", "tcp"] {
+            let v = r[via]["values"].as_array().unwrap();
+            assert_eq!(v.len(), 1, "{r}");
+            assert!(v[0].as_f64().unwrap() > 0.0, "{r}");
+        }
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(stdout.contains("softhca/TCP") && stdout.contains("UCX tag_bw 64K"));
+}

@@ -22,13 +22,20 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard_neg("rdma_getaddrinfo", || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
-            return Err(Error::Invalid(
-                "no node and no service, or NULL result pointer",
-            ));
-        }
         // SAFETY: the caller's hints, if any.
         let h = unsafe { hints.as_ref() };
+        if res.is_null() || (node.is_null() && service.is_null() && h.is_none()) {
+            return Err(Error::Invalid(
+                "no node, no service and no hints, or NULL result pointer",
+            ));
+        }
+        if node.is_null() && service.is_null() {
+            if let Some(h) = h {
+                // SAFETY: `res` is non-null, checked above.
+                unsafe { *res = from_hints(h) };
+                return Ok(0);
+            }
+        }
         let flags = h.map_or(0, |h| h.ai_flags);
         // SAFETY: all-zero is a valid addrinfo hint.
         let mut ah: libc::addrinfo = unsafe { std::mem::zeroed() };
@@ -95,19 +102,57 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         }
         // SAFETY: the list getaddrinfo returned.
         unsafe { libc::freeaddrinfo(ai) };
-        let raw = Box::into_raw(b);
-        // SAFETY: our fresh allocation; the pointers point into it.
-        unsafe {
-            if (*raw).rai.ai_src_len > 0 {
-                (*raw).rai.ai_src_addr = (&mut (*raw).src as *mut libc::sockaddr_storage).cast();
-            }
-            if (*raw).rai.ai_dst_len > 0 {
-                (*raw).rai.ai_dst_addr = (&mut (*raw).dst as *mut libc::sockaddr_storage).cast();
-            }
-            *res = raw.cast();
-        }
+        // SAFETY: `res` is non-null, checked above.
+        unsafe { *res = link(b) };
         Ok(0)
     })
+}
+
+/// librdmacm's answer without a node and a service: the hints' flags, family, QP type,
+/// port space and addresses as they are (libfabric's verbs provider asks this way for an
+/// endpoint whose source address it already knows).
+fn from_hints(h: &rdma_addrinfo) -> *mut rdma_addrinfo {
+    // SAFETY: all-zero is a valid Rai (NULL pointers, empty storage).
+    let mut b: Box<Rai> = Box::new(unsafe { std::mem::zeroed() });
+    b.rai.ai_flags = h.ai_flags;
+    b.rai.ai_family = h.ai_family;
+    b.rai.ai_qp_type = h.ai_qp_type;
+    b.rai.ai_port_space = h.ai_port_space;
+    let cap = std::mem::size_of::<libc::sockaddr_storage>();
+    let copy = |dst: &mut libc::sockaddr_storage, src: *const libc::sockaddr, len| {
+        if src.is_null() {
+            return 0;
+        }
+        let n = (len as usize).min(cap);
+        // SAFETY: the caller's address has its stated length (bounded by the storage);
+        // `src` is non-null.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.cast::<u8>(),
+                (dst as *mut libc::sockaddr_storage).cast::<u8>(),
+                n,
+            )
+        };
+        n as libc::socklen_t
+    };
+    b.rai.ai_src_len = copy(&mut b.src, h.ai_src_addr, h.ai_src_len);
+    b.rai.ai_dst_len = copy(&mut b.dst, h.ai_dst_addr, h.ai_dst_len);
+    link(b)
+}
+
+/// Leaks `b` as the C result, its address pointers set into its own storage.
+fn link(b: Box<Rai>) -> *mut rdma_addrinfo {
+    let raw = Box::into_raw(b);
+    // SAFETY: our fresh allocation; the pointers point into it.
+    unsafe {
+        if (*raw).rai.ai_src_len > 0 {
+            (*raw).rai.ai_src_addr = (&mut (*raw).src as *mut libc::sockaddr_storage).cast();
+        }
+        if (*raw).rai.ai_dst_len > 0 {
+            (*raw).rai.ai_dst_addr = (&mut (*raw).dst as *mut libc::sockaddr_storage).cast();
+        }
+    }
+    raw.cast()
 }
 
 pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {

@@ -612,7 +612,11 @@ impl Cma {
     /// Binds `idr` to `addr` (`rdma_bind_addr`, and the implicit binds of resolve/listen).
     fn bind(&mut self, idr: IdRef, addr: SocketAddr) -> Result<()> {
         let ip = addr.ip();
-        let dev = if ip.is_unspecified() {
+        // cma_any_addr: a loopback address binds like the wildcard, to no device (id->verbs
+        // stays NULL; listening covers every device and matches the address exactly).
+        // libfabric's verbs provider relies on it: a NULL verbs after binding "localhost"
+        // makes it take its source address from the interfaces instead.
+        let dev = if ip.is_unspecified() || ip.is_loopback() {
             None
         } else {
             self.open()?;

@@ -29,8 +29,9 @@ use crate::stats::Stats;
 use crate::turnaround::Turnaround;
 use crate::{CqId, Gid, Mtu, Nanos};
 
-/// Largest CQ (rxe `RXE_MAX_CQE`).
-pub const MAX_CQE: u32 = (1 << 15) - 1;
+/// Largest CQ: mlx5's `max_cqe` (rxe's 32767 is too small for libfabric's ofi_rxm, which
+/// asks for (tx + rx queue) x 1024 peers; a CQ's storage grows only as completions wait).
+pub const MAX_CQE: u32 = (1 << 22) - 1;
 
 /// Open devices, for [`flush_all_at_exit`].
 static OPEN_DEVICES: std::sync::Mutex<Vec<std::sync::Weak<DatapathShared>>> =
@@ -555,7 +556,7 @@ impl Context {
         channel: Option<&CompChannel>,
     ) -> Result<Cq, Error> {
         if cqe == 0 || cqe > MAX_CQE {
-            return Err(Error::InvalidArgument("cqe must be 1..=32767"));
+            return Err(Error::InvalidArgument("cqe must be 1..=4194303"));
         }
         let ch = channel.map(|c| c.inner.clone());
         let ring = self.with_core_untimed(|core| {

@@ -61,26 +61,21 @@ impl Cq {
         self.inner.ring.cap.load(Ordering::Relaxed)
     }
 
-    /// Resizes the CQ to hold `cqe` completions (`ibv_resize_cq`), as rxe does
+    /// Resizes the CQ to hold `cqe` completions (`ibv_resize_cq`), checked as rxe does
     /// (`rxe_cq_chk_attr`): 1 ..= [`crate::MAX_CQE`], and not fewer than it holds now.
     /// Completions already in the CQ are kept.
     pub fn resize(&self, cqe: u32) -> Result<(), Error> {
         if cqe == 0 || cqe > crate::MAX_CQE {
-            return Err(Error::InvalidArgument("cqe must be 1..=32767"));
+            return Err(Error::InvalidArgument("cqe must be 1..=4194303"));
         }
         let ring = &self.inner.ring;
-        let mut q = ring.q.lock();
+        let q = ring.q.lock();
         if (cqe as usize) < q.len() {
             return Err(Error::InvalidArgument(
                 "cqe smaller than the completions the CQ holds",
             ));
         }
-        let cqe = cqe as usize;
-        let held = q.len();
-        if cqe > q.capacity() {
-            q.reserve(cqe - held);
-        }
-        ring.cap.store(cqe, Ordering::Relaxed);
+        ring.cap.store(cqe as usize, Ordering::Relaxed);
         Ok(())
     }
 

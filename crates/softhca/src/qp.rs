@@ -114,8 +114,8 @@ pub struct Qp {
     pd: Pd,
     qpn: Qpn,
     qp_type: QpType,
-    _send_cq: Arc<CqInner>,
-    _recv_cq: Arc<CqInner>,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
 }
 
@@ -166,8 +166,8 @@ impl Qp {
             pd: pd.clone(),
             qpn,
             qp_type: init.qp_type,
-            _send_cq: init.send_cq.inner.clone(),
-            _recv_cq: init.recv_cq.inner.clone(),
+            send_cq: init.send_cq.inner.clone(),
+            recv_cq: init.recv_cq.inner.clone(),
             _srq: init.srq.map(|s| s.inner.clone()),
         })
     }
@@ -357,11 +357,19 @@ impl Drop for Qp {
     fn drop(&mut self) {
         let qpn = self.qpn;
         // ACKs of what this QP just completed may be held for an answer that will
-        // never come (the application is tearing down): they go first.
-        self.pd.context().shared().flush_held();
-        let r = self.pd.context().with_core_always(|core| {
+        // never come (the application is tearing down): they go first, and with them
+        // the completions a step delivers after its send.
+        let r = self.pd.context().with_core_no_transmit(|core| {
             core.disown(EventObject::Qp(qpn.value()));
-            core.engine.destroy_qp(qpn)
+            let r = core.engine.destroy_qp(qpn);
+            // Its completions not yet polled go with it, as mlx5 and mlx4 clean a
+            // destroyed QP's CQEs (`__mlx5_cq_clean`; rxe leaves them): libfabric's
+            // verbs provider flushes its CQ after destroying a QP and would hand ofi_rxm
+            // a receive on an endpoint it has freed.
+            for cq in [&self.send_cq, &self.recv_cq] {
+                cq.ring.purge_qp(qpn.value());
+            }
+            r
         });
         if let Err(e) = r {
             tracing::debug!(qpn = qpn_u32(qpn), "destroy_qp: {e}");

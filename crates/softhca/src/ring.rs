@@ -207,6 +207,9 @@ fn wakes_solicited(c: &Completion) -> bool {
     c.status != WcStatus::Success
 }
 
+/// Completions a new CQ has room for before its storage grows.
+const INITIAL_CQ_ROOM: usize = 4096;
+
 impl CqRing {
     pub(crate) fn new(
         id: CqId,
@@ -217,7 +220,8 @@ impl CqRing {
         CqRing {
             id,
             cap: AtomicUsize::new(cap),
-            q: Mutex::new(VecDeque::with_capacity(cap)),
+            // Room for the usual backlog; a CQ of millions grows only if they wait.
+            q: Mutex::new(VecDeque::with_capacity(cap.min(INITIAL_CQ_ROOM))),
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
             arm: AtomicU8::new(ARM_NONE),
@@ -254,6 +258,11 @@ impl CqRing {
         run.any = true;
         run.solicited |= wakes_solicited(&c);
         q.push_back(c);
+    }
+
+    /// Drops the completions of QP `qpn` that the application has not polled.
+    pub(crate) fn purge_qp(&self, qpn: u32) {
+        self.q.lock().retain(|c| c.qp_num != qpn);
     }
 
     /// After a run of pushes, with the ring lock released: fire the channel if armed,

@@ -21,6 +21,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Veth`] is the plain alternative: a veth pair between two namespaces (or both ends in
+//! one), for tests that need real interfaces rather than faults.
+//!
 //! Everything here needs root and iproute2's `ip`; [`check_available`] says whether this
 //! host can run it, so tests can skip with a clear message elsewhere.
 #![warn(missing_docs)]
@@ -29,6 +32,7 @@ pub mod capture;
 mod forward;
 pub mod shaped;
 mod tap;
+mod veth;
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr};
@@ -43,6 +47,7 @@ use parking_lot::Mutex;
 
 pub use forward::{corrupt_frame, DirectionStats};
 pub use shaped::{QdiscStats, Shape, ShapedLink};
+pub use veth::{Veth, VethLayout};
 
 /// Why the link could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -355,11 +360,7 @@ impl Link {
 
     /// `ip netns exec <ns of end> <program>`: add arguments and run it.
     pub fn command(&self, end: End, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec"])
-            .arg(self.netns(end))
-            .arg(program.as_ref());
-        c
+        netns_command(&self.netns(end), program.as_ref())
     }
 }
 
@@ -387,6 +388,13 @@ impl Ends for ShapedLink {
     fn addr_of(&self, end: End) -> IpAddr {
         self.addr(end)
     }
+}
+
+/// `ip netns exec <ns> <program>`.
+pub(crate) fn netns_command(ns: &str, program: &OsStr) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
 }
 
 /// The namespace name of `end` of a link named `name`.

@@ -8,6 +8,7 @@
 //! measured the same way for softhca and for the baselines (whole process, set-up
 //! included).
 
+mod middleware;
 mod output;
 pub mod peer;
 mod qp_memory;
@@ -233,6 +234,9 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
     }
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Usage(format!("cannot find the softhca executable: {e}")))?;
+    if a.middleware {
+        return middleware::run(a, &exe, duration);
+    }
     let (server_ip, client_ip) = free_device_pair()?;
     let mut points = plan(a.quick);
     let mut notes = Vec::new();

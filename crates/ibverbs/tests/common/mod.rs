@@ -10,36 +10,47 @@ use std::time::{Duration, Instant};
 mod process;
 pub use process::{finish, serial, Done};
 
-/// The directory holding the built cdylib: next to the test executable
-/// (`target/<profile>/deps/libibverbs.so`) or one level up.
-fn built_library() -> PathBuf {
+/// A built cdylib (`libibverbs.so`, `librdmacm.so`): next to the test executable
+/// (`target/<profile>/deps/`) or one level up.
+fn built_library(file: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps dir").to_path_buf();
     for dir in [deps.clone(), deps.parent().unwrap_or(&deps).to_path_buf()] {
-        let so = dir.join("libibverbs.so");
+        let so = dir.join(file);
         if so.exists() {
             return so;
         }
     }
-    panic!("libibverbs.so not found next to {}", exe.display());
+    panic!("{file} not found next to {}", exe.display());
+}
+
+/// A private directory (under the target directory, cargo's scratch space for tests: the
+/// links outlive the test process) with `<lib>.so.1` -> each built `<lib>.so`.
+fn link_dir(tag: &str, libs: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("softhca-{tag}-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create temp lib dir");
+    for lib in libs {
+        let link = dir.join(format!("{lib}.so.1"));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(built_library(&format!("{lib}.so")), &link)
+            .expect("symlink the built library");
+    }
+    dir
 }
 
 /// A private directory with `libibverbs.so.1` -> the built library: what goes into
 /// `LD_LIBRARY_PATH`.
 pub fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let so = built_library();
-        // Under the target directory (cargo's scratch space for tests), not /tmp: the
-        // link outlives the test process.
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("softhca-ibverbs-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create temp lib dir");
-        let link = dir.join("libibverbs.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&so, &link).expect("symlink libibverbs.so.1");
-        dir
-    })
+    DIR.get_or_init(|| link_dir("ibverbs", &["libibverbs"]))
+}
+
+/// [`lib_dir`] plus softhca's `librdmacm.so.1` (a dev-dependency, so always built): for
+/// programs that connect through rdma_cm, as libfabric's verbs provider does.
+pub fn lib_dir_with_rdmacm() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| link_dir("ibverbs-rdmacm", &["libibverbs", "librdmacm"]))
 }
 
 /// Whether `bin` is on PATH; prints why the test is skipped if not.
@@ -81,9 +92,18 @@ pub fn free_port() -> u16 {
 /// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net/tcp*. Probing
 /// with a connection would consume the pingpong server's single accept.
 pub fn listening(port: u16) -> bool {
+    listening_in("/proc/net", port)
+}
+
+/// [`listening`] in the network namespace of process `pid` (its `/proc/<pid>/net`).
+pub fn listening_in_netns_of(pid: u32, port: u16) -> bool {
+    listening_in(&format!("/proc/{pid}/net"), port)
+}
+
+fn listening_in(net: &str, port: u16) -> bool {
     let want = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("{net}/{f}"))
             .map(|s| {
                 s.lines().skip(1).any(|l| {
                     let cols: Vec<&str> = l.split_whitespace().collect();

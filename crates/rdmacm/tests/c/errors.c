@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +33,30 @@ static struct sockaddr_in sin4(const char *ip, int port)
 	return s;
 }
 
+/* The first IPv4 address of an up, non-loopback interface, if any. */
+static int local_non_loopback(struct sockaddr_in *out)
+{
+	struct ifaddrs *list, *i;
+	int found = 0;
+
+	if (getifaddrs(&list))
+		return 0;
+	for (i = list; i && !found; i = i->ifa_next) {
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET ||
+		    (i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP))
+			continue;
+		*out = *(struct sockaddr_in *)i->ifa_addr;
+		out->sin_port = 0;
+		found = 1;
+	}
+	freeifaddrs(list);
+	return found;
+}
+
 int main(void)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
-	struct rdma_cm_id *a, *b, *c, *s;
+	struct rdma_cm_id *a, *b, *c, *s, *l;
 	struct rdma_cm_event *ev;
 	struct sockaddr_in addr;
 	int n, r;
@@ -52,10 +74,19 @@ int main(void)
 	addr = sin4("192.0.2.1", 0);
 	r = rdma_bind_addr(a, (struct sockaddr *)&addr);
 	CHECK(r == -1 && errno == EADDRNOTAVAIL, "bind to a foreign address: %d", r);
-	/* An address of this host that is not a GID of the device. */
+	/* An address of this host that is not a GID of the device (when the host has a
+	 * non-loopback IPv4 address: the device serves only 127.0.6.4). */
+	if (local_non_loopback(&addr)) {
+		r = rdma_bind_addr(a, (struct sockaddr *)&addr);
+		CHECK(r == -1 && errno == ENODEV, "bind to a non-GID local address: %d", r);
+	}
+	/* A loopback address binds like the wildcard (the kernel's cma_any_addr): to no
+	 * device, whether or not it is a GID. */
+	CHECK(!rdma_create_id(ch, &l, NULL, RDMA_PS_TCP), "create l");
 	addr = sin4("127.0.6.9", 0);
-	r = rdma_bind_addr(a, (struct sockaddr *)&addr);
-	CHECK(r == -1 && errno == ENODEV, "bind to a non-GID local address: %d", r);
+	CHECK(!rdma_bind_addr(l, (struct sockaddr *)&addr), "bind to a loopback address");
+	CHECK(!l->verbs, "a loopback bind names no device");
+	CHECK(!rdma_destroy_id(l), "destroy l");
 	/* Port in use, on the address and on the wildcard. */
 	addr = sin4("127.0.6.4", 7000);
 	CHECK(!rdma_bind_addr(a, (struct sockaddr *)&addr), "bind a");
