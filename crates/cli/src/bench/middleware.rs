@@ -29,7 +29,7 @@ const UCX_SETUP: &str =
     "sudo sh -c 'mkdir -p /dev/infiniband && ln -sfn /dev/null /dev/infiniband/uverbs-softhca0'";
 /// UCX's transports on softhca: `rc_verbs` with `ud_verbs` for its wire-up (UCX needs
 /// a connectionless transport beside a point-to-point one; its own alias `rc_v`).
-const SOFTHCA_TLS: &str = "rc_verbs,ud_verbs:aux";
+const UCX_TLS_ON_SOFTHCA: &str = "rc_verbs,ud_verbs:aux";
 
 /// Which software stack a figure is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -337,7 +337,7 @@ impl Mw {
             Via::Softhca => {
                 c.env("LD_LIBRARY_PATH", &self.dropin)
                     .env("SOFTHCA_ADDR", ip.to_string())
-                    .env("UCX_TLS", SOFTHCA_TLS)
+                    .env("UCX_TLS", UCX_TLS_ON_SOFTHCA)
                     .env("UCX_NET_DEVICES", "softhca0:1");
             }
             Via::Tcp => {
@@ -375,7 +375,7 @@ impl Mw {
                     }
                     args.extend(["-np", "1", "--mca", "pml", "ucx"].map(String::from));
                     for e in [
-                        format!("UCX_TLS={SOFTHCA_TLS},self"),
+                        format!("UCX_TLS={UCX_TLS_ON_SOFTHCA},self"),
                         "UCX_NET_DEVICES=softhca0:1".into(),
                         format!("LD_LIBRARY_PATH={lib}"),
                         format!("SOFTHCA_ADDR={ip}"),
@@ -434,7 +434,7 @@ impl Mw {
             ),
             format!(
                 "softhca: devices on {} (server) and {} (client) through the drop-in \
-                 libibverbs in {}; UCX_TLS={SOFTHCA_TLS} (MPI: ...,self; UCX's \
+                 libibverbs in {}; UCX_TLS={UCX_TLS_ON_SOFTHCA} (MPI: ...,self; UCX's \
                  rc_verbs needs ud_verbs beside it for its wire-up, rc_verbs,self alone \
                  fails with \"no auxiliary transport\") UCX_NET_DEVICES=softhca0:1",
                 self.server_ip,
