@@ -543,11 +543,22 @@ async fn rdma_stays_on_the_data_network() {
     let srv = run_args(&resps[0], sbx[0], "0");
     let cli = run_args(&resps[1], sbx[1], &last_cpu);
 
-    let before = sbx.map(if_bytes);
-    // The client finds the server on the management network, as perftest's TCP
-    // exchange would in a pod; the RDMA peer is the server's data address (its GID).
-    let (server, client) = perftest("ib_write_bw", (&srv, &cli), "shed2", MGMT_IP[0], WRITES);
-    let after = sbx.map(if_bytes);
+    let bound = write_and_count(&sbx, &srv, &cli);
+    // The control: the same run with devices given only the data addresses follows the
+    // routing table over management, so a leak would show.
+    let by_addr = |args: &[String], s: usize| -> Vec<String> {
+        let netdev = format!("--env=SOFTHCA_NETDEV={DATA_IF}");
+        args.iter()
+            .map(|a| {
+                if *a == netdev {
+                    format!("--env=SOFTHCA_ADDR={}", DATA_IP[s])
+                } else {
+                    a.clone()
+                }
+            })
+            .collect()
+    };
+    let unbound = write_and_count(&sbx, &by_addr(&srv, 0), &by_addr(&cli, 1));
     drop(plugin);
     for name in sbx {
         let _ = podman(&["rm", "-f", "-t", "0", name]);
@@ -555,21 +566,43 @@ async fn rdma_stays_on_the_data_network() {
     let _ = std::fs::remove_file(softhca_k8s::cdi::spec_path(Path::new(CDI_DIR), CDI_KIND));
     let _ = std::fs::remove_dir_all(&dir);
 
-    let c = bw_line(&client).unwrap_or_else(|| panic!("client:\n{client}\nserver:\n{server}"));
-    assert_eq!(c[1], f64::from(WRITES), "{client}");
-    let moved: Vec<[u64; 4]> = (0..2)
-        .map(|s| std::array::from_fn(|i| after[s][i] - before[s][i]))
-        .collect();
+    let bound = bound.unwrap_or_else(|e| panic!("{e}"));
+    let unbound = unbound.unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
-        "ib_write_bw 64 KiB x {WRITES}: [data tx, data rx, mgmt tx, mgmt rx] server {:?}, client {:?}",
-        moved[0], moved[1]
+        "ib_write_bw 64 KiB x {WRITES}, [data tx, data rx, mgmt tx, mgmt rx] [server, client]: \
+         SOFTHCA_NETDEV={DATA_IF} {bound:?}, SOFTHCA_ADDR=<data address> {unbound:?}"
     );
     let payload = 65536 * u64::from(WRITES);
     assert!(
-        moved[1][0] >= payload && moved[0][1] >= payload,
-        "{moved:?}"
+        bound[1][0] >= payload && bound[0][1] >= payload,
+        "{bound:?}"
     );
-    for m in &moved {
-        assert!(m[2] < MGMT_ALLOWANCE && m[3] < MGMT_ALLOWANCE, "{moved:?}");
+    for m in &bound {
+        assert!(m[2] < MGMT_ALLOWANCE && m[3] < MGMT_ALLOWANCE, "{bound:?}");
+    }
+    assert!(
+        unbound[1][2] >= payload && unbound[0][3] >= payload,
+        "{unbound:?}"
+    );
+}
+
+/// Interface byte counts each sandbox saw (see [`if_bytes`]) while `ib_write_bw` moved
+/// [`WRITES`] messages from the client to the server, or the perftest output if it
+/// failed.
+fn write_and_count(
+    sbx: &[&str; 2],
+    srv: &[String],
+    cli: &[String],
+) -> Result<[[u64; 4]; 2], String> {
+    let before = sbx.map(if_bytes);
+    // The client finds the server on the management network, as perftest's TCP
+    // exchange would in a pod; the RDMA peer is the server's data address (its GID).
+    let (server, client) = perftest("ib_write_bw", (srv, cli), "shed2", MGMT_IP[0], WRITES);
+    let after = sbx.map(if_bytes);
+    match bw_line(&client) {
+        Some(c) if c[1] == f64::from(WRITES) => Ok(std::array::from_fn(|s| {
+            std::array::from_fn(|i| after[s][i] - before[s][i])
+        })),
+        _ => Err(format!("client:\n{client}\nserver:\n{server}")),
     }
 }
