@@ -9,6 +9,11 @@
 //! started first (the kubelet's pause container), on an internal podman network.
 //! Only the kubelet's bookkeeping is played by the test.
 //!
+//! Two pods on a management (`eth0`) and a data network (`net1`), whose routing tables
+//! send the peer's data address over management: `ib_write_bw` between containers
+//! allocated the data interface moves its payload over `net1` and none of it over
+//! `eth0` (`/sys/class/net/*/statistics` before and after).
+//!
 //! Opt-in (slow, root): `SOFTHCA_K8S_CONTAINERS=1`, with podman, runc and debootstrap
 //! installed and the drop-in libraries and the `softhca` binary built in the same
 //! target directory (`cargo build --release`).
