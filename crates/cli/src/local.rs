@@ -220,12 +220,17 @@ pub fn last_json(f: &Finished, name: &str) -> Result<serde_json::Value, CliError
 }
 
 /// Loopback addresses whose RoCE UDP port is free at the moment of asking, for the
-/// devices of the two ends (from 127.0.0.160 on, clear of the usual .1/.2). Another
-/// process may take one before it is used: whoever opens a device on it must be ready to
-/// move on to the next.
+/// devices of the two ends (127.0.0.160-254, clear of the usual .1/.2). The scan starts
+/// at an offset from the process id so that runs started together (a test suite) do
+/// not pick the same pair between probing and opening; another process may still take
+/// one first, so whoever opens a device on it must be ready to move on to the next.
 pub fn free_device_ips() -> impl Iterator<Item = IpAddr> {
-    (160..=254u8)
-        .map(|octet| IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet)))
+    const FIRST: u32 = 160;
+    const COUNT: u32 = 95;
+    let start = std::process::id() % COUNT;
+    (0..COUNT)
+        .map(move |i| FIRST + (start + i) % COUNT)
+        .map(|octet| IpAddr::V4(Ipv4Addr::new(127, 0, 0, octet as u8)))
         .filter(|&ip| UdpSocket::bind(SocketAddr::new(ip, softhca_io::ROCE_UDP_PORT)).is_ok())
 }
 
