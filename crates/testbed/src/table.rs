@@ -47,6 +47,12 @@ struct Bench<'a> {
     t0: Instant,
 }
 
+/// The table is of congestion control: on unless the caller's SOFTHCA_CC says otherwise
+/// (`SOFTHCA_CC=0` gives the uncontrolled rows to compare with).
+fn cc_setting() -> String {
+    std::env::var("SOFTHCA_CC").unwrap_or_else(|_| "1".into())
+}
+
 fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
@@ -57,6 +63,7 @@ impl Bench<'_> {
             .command(end, program)
             .args(args)
             .env("SOFTHCA_LOG", "off")
+            .env("SOFTHCA_CC", cc_setting())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -70,6 +77,7 @@ impl Bench<'_> {
             .command(end, self.softhca)
             .args(args)
             .env("SOFTHCA_LOG", "off")
+            .env("SOFTHCA_CC", cc_setting())
             .env("SOFTHCA_ADDR", addr.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
