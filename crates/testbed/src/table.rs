@@ -22,6 +22,9 @@ pub struct TableArgs {
     /// The `softhca` binary (default: next to this one).
     #[arg(long)]
     softhca: Option<PathBuf>,
+    /// Run softhca without congestion control (the uncontrolled rows to compare with).
+    #[arg(long)]
+    no_cc: bool,
 }
 
 /// A flow's result: its average, and its intervals (start, end, Gb/s) in seconds since
@@ -45,12 +48,8 @@ struct Bench<'a> {
     link: &'a ShapedLink,
     softhca: &'a Path,
     t0: Instant,
-}
-
-/// The table is of congestion control: on unless the caller's SOFTHCA_CC says otherwise
-/// (`SOFTHCA_CC=0` gives the uncontrolled rows to compare with).
-fn cc_setting() -> String {
-    std::env::var("SOFTHCA_CC").unwrap_or_else(|_| "1".into())
+    /// `SOFTHCA_CC` for every softhca process: the table is of congestion control.
+    cc: &'static str,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -63,7 +62,7 @@ impl Bench<'_> {
             .command(end, program)
             .args(args)
             .env("SOFTHCA_LOG", "off")
-            .env("SOFTHCA_CC", cc_setting())
+            .env("SOFTHCA_CC", self.cc)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -77,7 +76,7 @@ impl Bench<'_> {
             .command(end, self.softhca)
             .args(args)
             .env("SOFTHCA_LOG", "off")
-            .env("SOFTHCA_CC", cc_setting())
+            .env("SOFTHCA_CC", self.cc)
             .env("SOFTHCA_ADDR", addr.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -332,6 +331,7 @@ pub fn run(a: TableArgs) -> Result<(), String> {
         return Err("iperf3 is missing (apt-get install iperf3)".into());
     }
     let t0 = Instant::now();
+    let cc = if a.no_cc { "0" } else { "1" };
     let ms = Duration::from_millis;
     let shapes = [
         (1_000_000_000, ms(0)),
@@ -346,6 +346,7 @@ pub fn run(a: TableArgs) -> Result<(), String> {
             link: &link,
             softhca: &softhca,
             t0,
+            cc,
         };
         throughput_rows(&b, a.seconds)?;
     }
@@ -367,6 +368,7 @@ pub fn run(a: TableArgs) -> Result<(), String> {
         link: &link,
         softhca: &softhca,
         t0,
+        cc,
     };
     let s = a.fair_seconds;
     fairness_row(&b, "two softhca flows", false, s, 0.0)?;
