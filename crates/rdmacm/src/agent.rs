@@ -172,89 +172,15 @@ impl Dev {
         if unsafe { softhca_rdmacm_query_port(ctx, 1, &mut pa) } != 0 {
             return Err(Error::last_os("ibv_query_port"));
         }
-        let mut gids = Vec::new();
-        for i in 0..pa.gid_tbl_len.clamp(0, 256) {
-            let mut g = ibv_gid::default();
-            // SAFETY: valid context and out pointer.
-            if unsafe { ibv_query_gid(ctx, 1, i, &mut g) } != 0 || g.raw == [0; 16] {
-                continue;
-            }
-            let ip = softhca_cm::Gid(g.raw).to_ip();
-            gids.push((i as u8, ip));
-        }
+        let gids = query_gids(ctx, &pa);
         // SAFETY: valid context.
         let pd = unsafe { ibv_alloc_pd(ctx) };
         if pd.is_null() {
             return Err(Error::last_os("ibv_alloc_pd"));
         }
-        // SAFETY: valid context.
-        let chan = unsafe { ibv_create_comp_channel(ctx) };
-        if chan.is_null() {
-            return Err(Error::last_os("ibv_create_comp_channel"));
-        }
-        // SAFETY: valid context and channel.
-        let recv_cq =
-            unsafe { ibv_create_cq(ctx, 2 * RECV_SLOTS as c_int, std::ptr::null_mut(), chan, 0) };
-        // SAFETY: valid context.
-        let send_cq = unsafe {
-            ibv_create_cq(
-                ctx,
-                2 * SEND_SLOTS as c_int,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        if recv_cq.is_null() || send_cq.is_null() {
-            return Err(Error::last_os("ibv_create_cq"));
-        }
-        let mut init = ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq,
-            recv_cq,
-            srq: std::ptr::null_mut(),
-            cap: ibv_qp_cap {
-                max_send_wr: SEND_SLOTS as u32,
-                max_recv_wr: RECV_SLOTS as u32,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: IBV_QPT_UD,
-            sq_sig_all: 0,
-        };
-        // SAFETY: valid PD and attributes.
-        let qp = unsafe { create_gsi(pd, &mut init) };
-        if qp.is_null() {
-            return Err(Error::last_os("softhca_create_gsi_qp"));
-        }
-        let mut a = ibv_qp_attr {
-            qp_state: IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num: 1,
-            qkey: GSI_QKEY,
-            ..Default::default()
-        };
-        modify(
-            qp,
-            &mut a,
-            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
-        )?;
-        a.qp_state = IBV_QPS_RTR;
-        modify(qp, &mut a, IBV_QP_STATE)?;
-        a.qp_state = IBV_QPS_RTS;
-        a.sq_psn = 0;
-        modify(qp, &mut a, IBV_QP_STATE | IBV_QP_SQ_PSN)?;
-
-        let len = RECV_SLOTS * RECV_LEN + SEND_SLOTS * MAD_LEN;
-        let buf = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
-        // SAFETY: `buf` is `len` bytes we own for the life of the process.
-        let mr = unsafe { ibv_reg_mr(pd, buf.cast(), len, IBV_ACCESS_LOCAL_WRITE as c_int) };
-        if mr.is_null() {
-            return Err(Error::last_os("ibv_reg_mr"));
-        }
-        // SAFETY: ibv_reg_mr returned a valid MR.
-        let lkey = unsafe { (*mr).lkey };
+        let (chan, recv_cq, send_cq) = create_cqs(ctx)?;
+        let qp = create_gsi_qp(pd, send_cq, recv_cq, create_gsi)?;
+        let (buf, lkey) = register_slots(pd)?;
         // SAFETY: plain syscall.
         let timerfd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
         if timerfd < 0 {
@@ -494,4 +420,97 @@ pub(crate) fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Resul
         });
     }
     Ok(())
+}
+
+/// The port's non-empty GID entries, with their indices.
+fn query_gids(ctx: *mut ibv_context, pa: &ibv_port_attr) -> Vec<(u8, IpAddr)> {
+    let mut gids = Vec::new();
+    for i in 0..pa.gid_tbl_len.clamp(0, 256) {
+        let mut g = ibv_gid::default();
+        // SAFETY: valid context and out pointer.
+        if unsafe { ibv_query_gid(ctx, 1, i, &mut g) } != 0 || g.raw == [0; 16] {
+            continue;
+        }
+        gids.push((i as u8, softhca_cm::Gid(g.raw).to_ip()));
+    }
+    gids
+}
+
+/// The completion channel, the receive CQ that signals it and the unsignalled send CQ.
+fn create_cqs(ctx: *mut ibv_context) -> Result<(*mut ibv_comp_channel, *mut ibv_cq, *mut ibv_cq)> {
+    // SAFETY: valid context.
+    let chan = unsafe { ibv_create_comp_channel(ctx) };
+    if chan.is_null() {
+        return Err(Error::last_os("ibv_create_comp_channel"));
+    }
+    // SAFETY: valid context and channel.
+    let recv_cq =
+        unsafe { ibv_create_cq(ctx, 2 * RECV_SLOTS as c_int, std::ptr::null_mut(), chan, 0) };
+    let (no_context, no_channel) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid context.
+    let send_cq = unsafe { ibv_create_cq(ctx, 2 * SEND_SLOTS as c_int, no_context, no_channel, 0) };
+    if recv_cq.is_null() || send_cq.is_null() {
+        return Err(Error::last_os("ibv_create_cq"));
+    }
+    Ok((chan, recv_cq, send_cq))
+}
+
+/// QP1 in RTS with the GSI Q_Key (IBTA 13.4.6.1), as the kernel's ib_mad sets it up.
+fn create_gsi_qp(
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    create_gsi: CreateGsiQp,
+) -> Result<*mut ibv_qp> {
+    let mut init = ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq,
+        recv_cq,
+        srq: std::ptr::null_mut(),
+        cap: ibv_qp_cap {
+            max_send_wr: SEND_SLOTS as u32,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: IBV_QPT_UD,
+        sq_sig_all: 0,
+    };
+    // SAFETY: valid PD and attributes.
+    let qp = unsafe { create_gsi(pd, &mut init) };
+    if qp.is_null() {
+        return Err(Error::last_os("softhca_create_gsi_qp"));
+    }
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_INIT,
+        pkey_index: 0,
+        port_num: 1,
+        qkey: GSI_QKEY,
+        ..Default::default()
+    };
+    modify(
+        qp,
+        &mut a,
+        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+    )?;
+    a.qp_state = IBV_QPS_RTR;
+    modify(qp, &mut a, IBV_QP_STATE)?;
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    modify(qp, &mut a, IBV_QP_STATE | IBV_QP_SQ_PSN)?;
+    Ok(qp)
+}
+
+/// The receive and send slots, in one buffer registered for the life of the process.
+fn register_slots(pd: *mut ibv_pd) -> Result<(*mut u8, u32)> {
+    let len = RECV_SLOTS * RECV_LEN + SEND_SLOTS * MAD_LEN;
+    let buf = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
+    // SAFETY: `buf` is `len` bytes we own for the life of the process.
+    let mr = unsafe { ibv_reg_mr(pd, buf.cast(), len, IBV_ACCESS_LOCAL_WRITE as c_int) };
+    if mr.is_null() {
+        return Err(Error::last_os("ibv_reg_mr"));
+    }
+    // SAFETY: ibv_reg_mr returned a valid MR.
+    Ok((buf, unsafe { (*mr).lkey }))
 }

@@ -1222,16 +1222,12 @@ pub(crate) fn qp_attr_for(c: &Cma, idr: IdRef, state: u32) -> Result<(ibv_qp_att
             // cma_ib_init_qp_attr gives no remote access before the CM knows the peer;
             // ib_cm_init_qp_attr then REMOTE_WRITE, plus READ/ATOMIC with responder
             // resources.
-            a.qp_access_flags = if st.cm.is_some() {
-                IBV_ACCESS_REMOTE_WRITE
-                    | if st.resp_res > 0 {
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
-                    } else {
-                        0
-                    }
-            } else {
-                0
-            };
+            if st.cm.is_some() {
+                a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+            }
+            if st.cm.is_some() && st.resp_res > 0 {
+                a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+            }
             Ok((
                 a,
                 IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT,
@@ -1653,61 +1649,90 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
     loop {
         let p = chan.get().next()?;
         let owner = p.listen.unwrap_or(p.id);
-        let mut event = p.event;
-        let mut status = p.status;
-        {
-            let mut c = lock();
-            if p.rep {
-                if p.id.c().qp.is_null() {
-                    event = RDMA_CM_EVENT_CONNECT_RESPONSE;
-                } else {
-                    // ucma_process_conn_resp: RTR, RTS, then the RTU.
-                    let r = qp_rtr_rts(&c, p.id).and_then(|_| {
-                        let (d, cm) = conn_dev(&c, p.id)?;
-                        c.devs[d].ep.establish(agent::now(), cm, &[])?;
-                        c.pump(d);
-                        Ok(())
-                    });
-                    match r {
-                        Ok(()) => event = RDMA_CM_EVENT_ESTABLISHED,
-                        Err(e) => {
-                            qp_err(p.id);
-                            event = RDMA_CM_EVENT_CONNECT_ERROR;
-                            status = -e.errno();
-                            if let Some(s) = c.ids.get_mut(&p.id.key()) {
-                                s.connect_error = true;
-                            }
-                        }
-                    }
-                }
-            }
-            let connect_error = c.ids.get(&p.id.key()).is_some_and(|s| s.connect_error);
-            if connect_error
-                && (event == RDMA_CM_EVENT_REJECTED || event == RDMA_CM_EVENT_DISCONNECTED)
-            {
-                drop(c);
-                owner.get().acked();
-                continue;
-            }
-        }
+        let Some((event, status)) = settle(&p) else {
+            owner.get().acked();
+            continue;
+        };
         if event == RDMA_CM_EVENT_REJECTED {
             qp_err(p.id);
         }
-        // SAFETY: all-zero is a valid rdma_cm_event (pointers NULL).
-        let mut b = Box::new(EventBox {
-            ev: unsafe { std::mem::zeroed() },
-            owner,
-            private: [0; 256],
+        crate::error::debug(format_args!(
+            "event {} status {} for id {:p}",
+            event, status, p.id.0
+        ));
+        return Ok(event_box(p, owner, event, status));
+    }
+}
+
+/// The event and status the program reads for `p`, or `None` for an event it must not see.
+/// A REP for an active id with a QP moves the QP to RTR and RTS and sends the RTU here, as
+/// librdmacm's `ucma_process_conn_resp` does when the program reads the event.
+fn settle(p: &Pending) -> Option<(c_int, c_int)> {
+    let (mut event, mut status) = (p.event, p.status);
+    let mut c = lock();
+    if p.rep && p.id.c().qp.is_null() {
+        event = RDMA_CM_EVENT_CONNECT_RESPONSE;
+    } else if p.rep {
+        let r = qp_rtr_rts(&c, p.id).and_then(|_| {
+            let (d, cm) = conn_dev(&c, p.id)?;
+            c.devs[d].ep.establish(agent::now(), cm, &[])?;
+            c.pump(d);
+            Ok(())
         });
-        b.ev.id = p.id.0.cast();
-        b.ev.listen_id = p.listen.map_or(std::ptr::null_mut(), |l| l.0.cast());
-        b.ev.event = event;
-        b.ev.status = status;
-        let base = b.private.as_mut_ptr();
-        match p.param {
-            Param::None => {}
-            Param::Conn {
-                private,
+        match r {
+            Ok(()) => event = RDMA_CM_EVENT_ESTABLISHED,
+            Err(e) => {
+                qp_err(p.id);
+                event = RDMA_CM_EVENT_CONNECT_ERROR;
+                status = -e.errno();
+                if let Some(s) = c.ids.get_mut(&p.id.key()) {
+                    s.connect_error = true;
+                }
+            }
+        }
+    }
+    // After a CONNECT_ERROR the program sees no REJECTED or DISCONNECTED for that id.
+    let connect_error = c.ids.get(&p.id.key()).is_some_and(|s| s.connect_error);
+    let hidden = event == RDMA_CM_EVENT_REJECTED || event == RDMA_CM_EVENT_DISCONNECTED;
+    (!(connect_error && hidden)).then_some((event, status))
+}
+
+/// Copies up to 255 bytes of private data (the `u8` length field's limit) into `buf`.
+fn copy_private(buf: &mut [u8; 256], private: &[u8]) -> u8 {
+    let n = private.len().min(255);
+    buf[..n].copy_from_slice(&private[..n]);
+    n as u8
+}
+
+/// The `rdma_cm_event` the program reads, boxed with its private data.
+fn event_box(p: Pending, owner: IdRef, event: c_int, status: c_int) -> *mut rdma_cm_event {
+    // SAFETY: all-zero is a valid rdma_cm_event (pointers NULL).
+    let mut b = Box::new(EventBox {
+        ev: unsafe { std::mem::zeroed() },
+        owner,
+        private: [0; 256],
+    });
+    b.ev.id = p.id.0.cast();
+    b.ev.listen_id = p.listen.map_or(std::ptr::null_mut(), |l| l.0.cast());
+    b.ev.event = event;
+    b.ev.status = status;
+    let mut private_len = 0;
+    match p.param {
+        Param::None => {}
+        Param::Conn {
+            private,
+            responder_resources,
+            initiator_depth,
+            flow_control,
+            retry_count,
+            rnr_retry_count,
+            srq,
+            qp_num,
+        } => {
+            private_len = copy_private(&mut b.private, &private);
+            b.ev.param.conn = rdma_conn_param {
+                private_data: std::ptr::null(),
+                private_data_len: private_len,
                 responder_resources,
                 initiator_depth,
                 flow_control,
@@ -1715,53 +1740,32 @@ pub(crate) fn get_event(chan: ChanRef) -> Result<*mut rdma_cm_event> {
                 rnr_retry_count,
                 srq,
                 qp_num,
-            } => {
-                let n = private.len().min(255);
-                b.private[..n].copy_from_slice(&private[..n]);
-                b.ev.param.conn = rdma_conn_param {
-                    private_data: if n > 0 { base.cast() } else { std::ptr::null() },
-                    private_data_len: n as u8,
-                    responder_resources,
-                    initiator_depth,
-                    flow_control,
-                    retry_count,
-                    rnr_retry_count,
-                    srq,
-                    qp_num,
-                };
-            }
-            Param::Ud {
-                private,
+            };
+        }
+        Param::Ud {
+            private,
+            ah_attr,
+            qp_num,
+            qkey,
+        } => {
+            private_len = copy_private(&mut b.private, &private);
+            b.ev.param.ud = rdma_ud_param {
+                private_data: std::ptr::null(),
+                private_data_len: private_len,
                 ah_attr,
                 qp_num,
                 qkey,
-            } => {
-                let n = private.len().min(255);
-                b.private[..n].copy_from_slice(&private[..n]);
-                b.ev.param.ud = rdma_ud_param {
-                    private_data: if n > 0 { base.cast() } else { std::ptr::null() },
-                    private_data_len: n as u8,
-                    ah_attr,
-                    qp_num,
-                    qkey,
-                };
-            }
+            };
         }
-        crate::error::debug(format_args!(
-            "event {} status {} for id {:p}",
-            event, status, p.id.0
-        ));
-        let raw = Box::into_raw(b);
-        // The private data pointer must follow the box to its final address.
-        // SAFETY: `raw` is our fresh allocation.
-        unsafe {
-            let pd = (*raw).private.as_mut_ptr();
-            if !(*raw).ev.param.conn.private_data.is_null() {
-                (*raw).ev.param.conn.private_data = pd.cast();
-            }
-        }
-        return Ok(raw.cast());
     }
+    let raw = Box::into_raw(b);
+    if private_len > 0 {
+        // `private_data` leads both rdma_conn_param and rdma_ud_param, so one write sets
+        // whichever the union holds.
+        // SAFETY: `raw` is our fresh allocation.
+        unsafe { (*raw).ev.param.conn.private_data = (*raw).private.as_ptr().cast() };
+    }
+    raw.cast()
 }
 
 pub(crate) fn ack_event(ev: *mut rdma_cm_event) {
