@@ -27,14 +27,14 @@ fn held_ack_leaves_when_the_receiver_stops_polling() {
                 "receive never completed"
             );
         }
-        // The sender learns its SEND completed only from that ACK.
-        let t = Instant::now();
+        // The sender learns its SEND completed only from that ACK, which must leave
+        // before the sender's timer (67 ms) resends the SEND: no retransmission, ever.
         let sc = one(&a.cq);
-        let took = t.elapsed();
         assert_eq!(sc.status, WcStatus::Success);
-        assert!(
-            took < Duration::from_millis(20),
-            "round {round}: send completion after {took:?} (the held ACK waited for a retransmission)"
+        let timeouts = counter(&a.ctx, "local_ack_timeout_err");
+        assert_eq!(
+            timeouts, 0,
+            "round {round}: the held ACK waited for a retransmission"
         );
     }
 }
@@ -179,7 +179,22 @@ fn ping_pong(a: &End, b: &End, rounds: u64) -> u64 {
             sends += 1;
         }
     });
-    assert_eq!(counter(&a.ctx, "rcvd_pkts"), 2 * rounds);
+    // Every request and answer arrived once, unless a timer fired on a loaded machine and
+    // the extra packets are retransmissions (or the ACKs of retransmissions).
+    let extra = counter(&a.ctx, "rcvd_pkts") - 2 * rounds;
+    let retries: u64 = [
+        "completer_retry_err",
+        "local_ack_timeout_err",
+        "quiet_resend",
+    ]
+    .iter()
+    .map(|c| counter(&a.ctx, c) + counter(&b.ctx, c))
+    .sum();
+    assert!(
+        extra == 0 || retries > 0,
+        "{extra} packets beyond the {} sent, with no retransmission",
+        2 * rounds
+    );
     counter(&a.ctx, "dp_rx_acks_deferred")
 }
 
