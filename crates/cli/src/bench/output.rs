@@ -355,14 +355,19 @@ fn tick_step(max: f64) -> f64 {
 /// A plotted line: label, colour, dashed, (size, Gb/s) points.
 type Series = (String, &'static str, bool, Vec<(u64, f64)>);
 
-/// Bandwidth (Gb/s) against message size (log scale): one line per softhca op and QP
-/// count (2 QPs dashed), TCP stream, and raw UDP as a horizontal line.
-pub fn svg(r: &Report) -> String {
-    let (w, h) = (860.0f64, 520.0f64);
-    let (left, right, top, bottom) = (70.0, 220.0, 40.0, 60.0);
-    let pw = w - left - right;
-    let ph = h - top - bottom;
-    // Series: (label, colour, dashed, points).
+/// The lines of the plot: one per softhca op and QP count (2 QPs dashed) and the TCP
+/// stream; with the raw UDP ceiling, drawn as a horizontal line.
+fn plot_series(r: &Report) -> (Vec<Series>, Option<f64>) {
+    let points = |keep: &dyn Fn(&Row) -> bool| {
+        let mut pts: Vec<(u64, f64)> = r
+            .rows
+            .iter()
+            .filter(|x| keep(x))
+            .filter_map(|x| x.gbps.map(|g| (x.size, g)))
+            .collect();
+        pts.sort_by_key(|p| p.0);
+        pts
+    };
     let mut series: Vec<Series> = Vec::new();
     for (op, colour) in [
         ("send", "#1f77b4"),
@@ -370,25 +375,13 @@ pub fn svg(r: &Report) -> String {
         ("read", "#2ca02c"),
     ] {
         for qps in [1u32, 2] {
-            let mut pts: Vec<(u64, f64)> = r
-                .rows
-                .iter()
-                .filter(|x| x.kind == "softhca_bw" && x.op == op && x.qps == qps)
-                .filter_map(|x| x.gbps.map(|g| (x.size, g)))
-                .collect();
-            pts.sort_by_key(|p| p.0);
+            let pts = points(&|x| x.kind == "softhca_bw" && x.op == op && x.qps == qps);
             if !pts.is_empty() {
                 series.push((format!("softhca {op}, {qps} QP"), colour, qps > 1, pts));
             }
         }
     }
-    let mut tcp: Vec<(u64, f64)> = r
-        .rows
-        .iter()
-        .filter(|x| x.kind == "tcp_stream")
-        .filter_map(|x| x.gbps.map(|g| (x.size, g)))
-        .collect();
-    tcp.sort_by_key(|p| p.0);
+    let tcp = points(&|x| x.kind == "tcp_stream");
     if !tcp.is_empty() {
         series.push(("TCP stream".into(), "#555555", false, tcp));
     }
@@ -397,139 +390,196 @@ pub fn svg(r: &Report) -> String {
         .iter()
         .find(|x| x.kind == "udp_blast")
         .and_then(|x| x.gbps);
-    let sizes: Vec<u64> = series
-        .iter()
-        .flat_map(|s| s.3.iter().map(|p| p.0))
-        .collect();
-    let lg = |s: u64| (s.max(1) as f64).log2();
-    let (mut x0, mut x1) = (
-        sizes.iter().map(|&s| lg(s)).fold(f64::INFINITY, f64::min),
-        sizes
-            .iter()
-            .map(|&s| lg(s))
-            .fold(f64::NEG_INFINITY, f64::max),
-    );
-    if !x0.is_finite() {
-        (x0, x1) = (12.0, 20.0);
-    }
-    if x1 - x0 < 1.0 {
-        x0 -= 1.0;
-        x1 += 1.0;
-    }
-    let ymax_data = series
-        .iter()
-        .flat_map(|s| s.3.iter().map(|p| p.1))
-        .chain(blast)
-        .fold(0.0f64, f64::max)
-        .max(0.1);
-    let step = tick_step(ymax_data * 1.05);
-    let ymax = (ymax_data * 1.05 / step).ceil() * step;
-    let px = |s: u64| left + (lg(s) - x0) / (x1 - x0) * pw;
-    let py = |g: f64| top + ph - g / ymax * ph;
+    (series, blast)
+}
 
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">softhca bench: bandwidth vs message size (loopback, {} s per point)</text>"#,
-        left + pw / 2.0,
-        r.duration_per_point
-    );
-    // Axes and grid.
-    let mut g = 0.0;
-    while g <= ymax + step / 2.0 {
-        let y = py(g);
+/// The plot area and its scales: log2 of the size across, Gb/s up.
+struct Plot {
+    w: f64,
+    h: f64,
+    left: f64,
+    top: f64,
+    pw: f64,
+    ph: f64,
+    x0: f64,
+    x1: f64,
+    ymax: f64,
+    step: f64,
+}
+
+impl Plot {
+    fn new(series: &[Series], blast: Option<f64>) -> Plot {
+        let (w, h) = (860.0f64, 520.0f64);
+        let (left, right, top, bottom) = (70.0, 220.0, 40.0, 60.0);
+        let lgs: Vec<f64> = series
+            .iter()
+            .flat_map(|s| s.3.iter().map(|p| lg(p.0)))
+            .collect();
+        let mut x0 = lgs.iter().copied().fold(f64::INFINITY, f64::min);
+        let mut x1 = lgs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if !x0.is_finite() {
+            (x0, x1) = (12.0, 20.0);
+        }
+        if x1 - x0 < 1.0 {
+            x0 -= 1.0;
+            x1 += 1.0;
+        }
+        let ymax_data = series
+            .iter()
+            .flat_map(|s| s.3.iter().map(|p| p.1))
+            .chain(blast)
+            .fold(0.0f64, f64::max)
+            .max(0.1);
+        let step = tick_step(ymax_data * 1.05);
+        Plot {
+            w,
+            h,
+            left,
+            top,
+            pw: w - left - right,
+            ph: h - top - bottom,
+            x0,
+            x1,
+            ymax: (ymax_data * 1.05 / step).ceil() * step,
+            step,
+        }
+    }
+
+    fn px(&self, size: u64) -> f64 {
+        self.left + (lg(size) - self.x0) / (self.x1 - self.x0) * self.pw
+    }
+
+    fn py(&self, gbps: f64) -> f64 {
+        self.top + self.ph - gbps / self.ymax * self.ph
+    }
+
+    /// Title, grid, ticks and axis labels.
+    fn axes(&self, o: &mut String, seconds: f64) {
+        let Plot {
+            w,
+            h,
+            left,
+            top,
+            pw,
+            ph,
+            ..
+        } = *self;
         let _ = writeln!(
             o,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            if step < 1.0 {
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="22" font-size="15" text-anchor="middle">softhca bench: bandwidth vs message size (loopback, {seconds} s per point)</text>"#,
+            left + pw / 2.0,
+        );
+        let mut g = 0.0;
+        while g <= self.ymax + self.step / 2.0 {
+            let y = self.py(g);
+            let label = if self.step < 1.0 {
                 format!("{g:.1}")
             } else {
                 format!("{g:.0}")
-            }
-        );
-        g += step;
-    }
-    let mut k = x0.ceil() as i32;
-    while f64::from(k) <= x1 {
-        let s = 1u64 << k.clamp(0, 62);
-        let x = px(s);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#f0f0f0"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            top + ph,
-            top + ph + 18.0,
-            esc(&size_str(s))
-        );
-        k += 1;
-    }
-    let _ = writeln!(
-        o,
-        r#"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">message size (bytes, log scale)</text>"#,
-        left + pw / 2.0,
-        h - 15.0
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">Gb/s (payload)</text>"#,
-        top + ph / 2.0,
-        top + ph / 2.0
-    );
-    // Data.
-    let mut legend: Vec<(String, &str, &str)> = Vec::new();
-    for (label, colour, dashed, pts) in &series {
-        let dash = if *dashed { "6,4" } else { "none" };
-        let path: Vec<String> = pts
-            .iter()
-            .map(|&(s, g)| format!("{:.1},{:.1}", px(s), py(g)))
-            .collect();
-        let _ = writeln!(
-            o,
-            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>"#,
-            path.join(" ")
-        );
-        for &(s, g) in pts {
+            };
             let _ = writeln!(
                 o,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/>"#,
-                px(s),
-                py(g)
+                r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
+                left + pw,
+                left - 6.0,
+                y + 4.0,
+            );
+            g += self.step;
+        }
+        let mut k = self.x0.ceil() as i32;
+        while f64::from(k) <= self.x1 {
+            let s = 1u64 << k.clamp(0, 62);
+            let x = self.px(s);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#f0f0f0"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                top + ph,
+                top + ph + 18.0,
+                esc(&size_str(s))
+            );
+            k += 1;
+        }
+        let _ = writeln!(
+            o,
+            r#"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">message size (bytes, log scale)</text>"#,
+            left + pw / 2.0,
+            h - 15.0
+        );
+        let mid = top + ph / 2.0;
+        let _ = writeln!(
+            o,
+            r#"<text x="18" y="{mid:.1}" text-anchor="middle" transform="rotate(-90 18 {mid:.1})">Gb/s (payload)</text>"#,
+        );
+    }
+
+    /// The lines, the ceiling and the legend.
+    fn data(&self, o: &mut String, series: &[Series], blast: Option<f64>) {
+        let mut legend: Vec<(String, &str, &str)> = Vec::new();
+        for (label, colour, dashed, pts) in series {
+            let dash = if *dashed { "6,4" } else { "none" };
+            let path: Vec<String> = pts
+                .iter()
+                .map(|&(s, g)| format!("{:.1},{:.1}", self.px(s), self.py(g)))
+                .collect();
+            let _ = writeln!(
+                o,
+                r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>"#,
+                path.join(" ")
+            );
+            for &(s, g) in pts {
+                let (cx, cy) = (self.px(s), self.py(g));
+                let _ = writeln!(
+                    o,
+                    r#"<circle cx="{cx:.1}" cy="{cy:.1}" r="3" fill="{colour}"/>"#
+                );
+            }
+            legend.push((label.clone(), colour, dash));
+        }
+        let right_edge = self.left + self.pw;
+        if let Some(b) = blast {
+            let (left, y) = (self.left, self.py(b));
+            let _ = writeln!(
+                o,
+                r##"<line x1="{left}" y1="{y:.1}" x2="{right_edge:.1}" y2="{y:.1}" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="2,3"/>"##,
+            );
+            legend.push(("raw UDP GSO+GRO (4K datagrams)".into(), "#ff7f0e", "2,3"));
+        }
+        for (i, (label, colour, dash)) in legend.iter().enumerate() {
+            let y = self.top + 10.0 + i as f64 * 20.0;
+            let x = right_edge + 12.0;
+            let _ = writeln!(
+                o,
+                r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+                x + 24.0,
+                x + 30.0,
+                y + 4.0,
+                esc(label)
             );
         }
-        legend.push((label.clone(), colour, dash));
     }
-    if let Some(b) = blast {
-        let y = py(b);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="2,3"/>"##,
-            left + pw
-        );
-        legend.push(("raw UDP GSO+GRO (4K datagrams)".into(), "#ff7f0e", "2,3"));
-    }
-    for (i, (label, colour, dash)) in legend.iter().enumerate() {
-        let y = top + 10.0 + i as f64 * 20.0;
-        let x = left + pw + 12.0;
-        let _ = writeln!(
-            o,
-            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 24.0,
-            x + 30.0,
-            y + 4.0,
-            esc(label)
-        );
-    }
+}
+
+fn lg(size: u64) -> f64 {
+    (size.max(1) as f64).log2()
+}
+
+/// Bandwidth (Gb/s) against message size (log scale): one line per softhca op and QP
+/// count (2 QPs dashed), TCP stream, and raw UDP as a horizontal line.
+pub fn svg(r: &Report) -> String {
+    let (series, blast) = plot_series(r);
+    let plot = Plot::new(&series, blast);
+    let mut o = String::new();
+    plot.axes(&mut o, r.duration_per_point);
+    plot.data(&mut o, &series, blast);
     o.push_str("</svg>\n");
     o
 }
