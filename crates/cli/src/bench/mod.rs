@@ -218,16 +218,7 @@ fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
 
 /// Entry point of `softhca bench`.
 pub fn run(a: &BenchArgs) -> Result<(), CliError> {
-    let duration = match a.duration {
-        Some(d) if !(d > 0.0 && d <= 3600.0) => {
-            return Err(CliError::Usage(format!(
-                "invalid duration {d} (seconds, above 0)"
-            )))
-        }
-        Some(d) => d,
-        None if a.quick => QUICK_DURATION,
-        None => DEFAULT_DURATION,
-    };
+    let duration = duration_of(a)?;
     // Fail on an unwritable output file now, not after two minutes of measuring.
     for p in [&a.json, &a.plot].into_iter().flatten() {
         check_writable(p)?;
@@ -255,9 +246,6 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         }
     }
     let started = Instant::now();
-    let progress = ProgressLine::start(points.len());
-    let mut rows: Vec<(usize, Row)> = Vec::new();
-    let mut failures: Vec<String> = Vec::new();
     let ctx = Runner {
         exe: &exe,
         dropin: dropin.as_deref(),
@@ -265,21 +253,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         server_ip,
         client_ip,
     };
-    // Measured in an order that puts the rows a target compares next to each other,
-    // shown in the plan's order.
-    let mut order: Vec<usize> = (0..points.len()).collect();
-    order.sort_by_key(|&i| measure_key(&points[i], i));
-    for (k, &i) in order.iter().enumerate() {
-        let p = &points[i];
-        progress.set(k, &p.label(), started);
-        match ctx.measure(p) {
-            Ok(r) => rows.push((i, r)),
-            Err(e) => failures.push(format!("{}: {e}", p.label())),
-        }
-    }
-    progress.stop();
-    rows.sort_by_key(|(i, _)| *i);
-    let mut rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
+    let (mut rows, mut failures) = ctx.measure_all(&points, started);
     // Memory of idle connections, measured in this process on the server's address
     // (free again: its measurements are over).
     let idle_qp_bytes = match qp_memory::measure(server_ip) {
@@ -297,9 +271,54 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             None
         }
     };
+    notes.extend(comparison_notes(&rows));
+    output::add_ratios(&mut rows);
+    notes.extend(setting_notes(&rows));
+    notes.extend(READING_NOTES.iter().map(|n| n.to_string()));
+    let report = output::Report {
+        duration_per_point: duration,
+        quick: a.quick,
+        total_seconds: started.elapsed().as_secs_f64(),
+        server_addr: server_ip.to_string(),
+        client_addr: client_ip.to_string(),
+        idle_qp_bytes,
+        rows,
+        notes,
+        failures,
+    };
+    write_report(a, &report)?;
+    if !report.failures.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{} of {} measurements failed (listed above)",
+            report.failures.len(),
+            points.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The seconds per point: `--duration`, or the quick or full default.
+fn duration_of(a: &BenchArgs) -> Result<f64, CliError> {
+    Ok(match a.duration {
+        Some(d) if !(d > 0.0 && d <= 3600.0) => {
+            return Err(CliError::Usage(format!(
+                "invalid duration {d} (seconds, above 0)"
+            )))
+        }
+        Some(d) => d,
+        None if a.quick => QUICK_DURATION,
+        None => DEFAULT_DURATION,
+    })
+}
+
+/// What the rows say when set side by side: many QPs against one, softhca against TCP's
+/// best stream, perftest through the drop-in library against softhca's own figure, and
+/// where the server's time goes in a round trip.
+fn comparison_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = Vec::new();
     if let (Some(one), Some(many)) = (
-        gbps_of(&rows, "write", 65536, 1),
-        gbps_of(&rows, "write", 65536, qp_memory::IDLE_QPS),
+        gbps_of(rows, "write", 65536, 1),
+        gbps_of(rows, "write", 65536, qp_memory::IDLE_QPS),
     ) {
         notes.push(format!(
             "WRITE 64K over {} QPs: {:.2}x the 1-QP figure (each QP has its own buffer, so \
@@ -311,7 +330,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         ));
     }
     if let (Some(one), Some(shared)) = (
-        gbps_of(&rows, "write", 65536, 1),
+        gbps_of(rows, "write", 65536, 1),
         rows.iter()
             .find(|r| r.kind == "softhca_bw_shared")
             .and_then(|r| r.gbps),
@@ -337,7 +356,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             .filter_map(|op| {
                 Some(format!(
                     "{op} {:.2}x",
-                    gbps_of(&rows, op, 65536, 1)? / best.0
+                    gbps_of(rows, op, 65536, 1)? / best.0
                 ))
             })
             .collect::<Vec<_>>();
@@ -352,7 +371,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         }
     }
     for r in rows.iter().filter(|r| r.kind == "perftest_bw") {
-        if let (Some(theirs), Some(ours)) = (r.gbps, gbps_of(&rows, r.op, r.size, 1)) {
+        if let (Some(theirs), Some(ours)) = (r.gbps, gbps_of(rows, r.op, r.size, 1)) {
             notes.push(format!(
                 "unmodified perftest through the drop-in libibverbs: {} {} at {:.2}x softhca \
                  perf's own {} {} figure (perftest posts one WR per call)",
@@ -378,7 +397,12 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             t.send
         ));
     }
-    output::add_ratios(&mut rows);
+    notes
+}
+
+/// How the softhca devices ran (offloads, polling) and the raw UDP row's caveat.
+fn setting_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = Vec::new();
     if let Some(r) = rows.iter().find(|r| r.kind.starts_with("softhca")) {
         let on = |v: Option<bool>| match v {
             Some(true) => "on",
@@ -397,50 +421,31 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
             notes.push(n.clone());
         }
     }
-    notes.push(
-        "latency = half the round trip (perftest's convention); /TCP and /rawUDP: Gb/s ratio \
-         for bandwidth rows, p50 ratio against TCP / UDP ping-pong for latency rows"
-            .into(),
-    );
-    notes.push(
-        "TCP / UDP ping-pong spin 50 us on an empty socket before sleeping, like softhca's \
-         default adaptive polling"
-            .into(),
-    );
-    notes.push(
-        "CPU s/GB: user+system CPU of the whole sending / receiving process (set-up included) \
-         per GB of payload moved; for READ the server sends"
-            .into(),
-    );
-    let total = started.elapsed().as_secs_f64();
-    let report = output::Report {
-        duration_per_point: duration,
-        quick: a.quick,
-        total_seconds: total,
-        server_addr: server_ip.to_string(),
-        client_addr: client_ip.to_string(),
-        idle_qp_bytes,
-        rows,
-        notes,
-        failures,
-    };
+    notes
+}
+
+/// How to read the table.
+const READING_NOTES: [&str; 3] = [
+    "latency = half the round trip (perftest's convention); /TCP and /rawUDP: Gb/s ratio \
+     for bandwidth rows, p50 ratio against TCP / UDP ping-pong for latency rows",
+    "TCP / UDP ping-pong spin 50 us on an empty socket before sleeping, like softhca's \
+     default adaptive polling",
+    "CPU s/GB: user+system CPU of the whole sending / receiving process (set-up included) \
+     per GB of payload moved; for READ the server sends",
+];
+
+/// The table on stdout, and the JSON and SVG files asked for.
+fn write_report(a: &BenchArgs, report: &output::Report) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
-    output::print_table(&mut out, &report)?;
+    output::print_table(&mut out, report)?;
     out.flush()?;
     if let Some(p) = &a.json {
-        let text = serde_json::to_string_pretty(&report)
+        let text = serde_json::to_string_pretty(report)
             .map_err(|e| CliError::Usage(format!("cannot encode JSON: {e}")))?;
         write_file(p, text.as_bytes())?;
     }
     if let Some(p) = &a.plot {
-        write_file(p, output::svg(&report).as_bytes())?;
-    }
-    if !report.failures.is_empty() {
-        return Err(CliError::Usage(format!(
-            "{} of {} measurements failed (listed above)",
-            report.failures.len(),
-            points.len()
-        )));
+        write_file(p, output::svg(report).as_bytes())?;
     }
     Ok(())
 }
@@ -561,6 +566,27 @@ fn num(v: &serde_json::Value, k: &str) -> f64 {
 }
 
 impl Runner<'_> {
+    /// Every point, in an order that puts the rows a target compares next to each other;
+    /// the rows come back in the plan's order.
+    fn measure_all(&self, points: &[Point], started: Instant) -> (Vec<Row>, Vec<String>) {
+        let progress = ProgressLine::start(points.len());
+        let mut rows: Vec<(usize, Row)> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        let mut order: Vec<usize> = (0..points.len()).collect();
+        order.sort_by_key(|&i| measure_key(&points[i], i));
+        for (k, &i) in order.iter().enumerate() {
+            let p = &points[i];
+            progress.set(k, &p.label(), started);
+            match self.measure(p) {
+                Ok(r) => rows.push((i, r)),
+                Err(e) => failures.push(format!("{}: {e}", p.label())),
+            }
+        }
+        progress.stop();
+        rows.sort_by_key(|(i, _)| *i);
+        (rows.into_iter().map(|(_, r)| r).collect(), failures)
+    }
+
     fn measure(&self, p: &Point) -> Result<Row, CliError> {
         match *p {
             Point::Bw { op, size, qps } => self.softhca(op, size, qps, false, None, false),
@@ -768,91 +794,85 @@ impl Runner<'_> {
         let sf = server.finish(Instant::now() + SLACK)?;
         let cj = last_json(&cf, &format!("{kind} client"))?;
         let sj = last_json(&sf, &format!("{kind} server"))?;
-        let row = match kind {
-            "tcp-stream" | "udp-blast" => {
-                // The receiver's count over the receiver's time: what actually arrived.
-                let bytes = num(&sj, "bytes") as u64;
-                let msgs = if kind == "udp-blast" {
-                    num(&sj, "datagrams") as u64
-                } else {
-                    bytes / size.max(1)
-                };
-                let k = if kind == "udp-blast" {
-                    "udp_blast"
-                } else {
-                    "tcp_stream"
-                };
-                let op = if kind == "udp-blast" { "udp" } else { "tcp" };
-                let mut r = Row::new(
-                    k,
-                    op,
-                    size,
-                    1,
-                    num(&sj, "seconds"),
-                    msgs,
-                    bytes,
-                    cf.cpu,
-                    sf.cpu,
-                );
-                r.set_throughput();
-                if kind == "udp-blast" {
-                    let gso = cj.get("gso").and_then(|x| x.as_bool()).unwrap_or(false);
-                    let gro = sj.get("gro").and_then(|x| x.as_bool()).unwrap_or(false);
-                    let sent = num(&cj, "bytes");
-                    let loss = if sent > 0.0 {
-                        (1.0 - bytes as f64 / sent).max(0.0) * 100.0
-                    } else {
-                        0.0
-                    };
-                    r.note = Some(match (gso, gro) {
-                        (true, true) => format!(
-                            "raw UDP: GSO and GRO in use; {loss:.0}% of sent bytes dropped \
-                             by the receiving socket"
-                        ),
-                        _ => format!(
-                            "raw UDP: kernel refused {}; measured with the fallback \
-                             (plain datagrams), not the GSO+GRO ceiling",
-                            match (gso, gro) {
-                                (false, false) => "GSO and GRO",
-                                (false, true) => "GSO",
-                                _ => "GRO",
-                            }
-                        ),
-                    });
-                    r.gso = Some(gso);
-                    r.gro = Some(gro);
-                }
-                r
-            }
-            _ => {
-                let iters = num(&cj, "iters") as u64;
-                let (k, op) = match kind {
-                    "tcp-pingpong" => ("tcp_pingpong", "tcp"),
-                    "udp-pingpong-roce" => ("udp_pingpong_roce", "udp"),
-                    _ => ("udp_pingpong", "udp"),
-                };
-                let mut r = Row::new(
-                    k,
-                    op,
-                    size,
-                    1,
-                    num(&cj, "seconds"),
-                    iters,
-                    iters * size * 2,
-                    cf.cpu,
-                    sf.cpu,
-                );
-                r.lat_us_p50 = cj.get("lat_us_p50").and_then(|x| x.as_f64());
-                r.lat_us_p99 = cj.get("lat_us_p99").and_then(|x| x.as_f64());
-                let lost = num(&cj, "lost");
-                if lost > 0.0 {
-                    r.note = Some(format!("{lost} datagrams lost (200 ms timeout each)"));
-                }
-                r
-            }
-        };
-        Ok(row)
+        Ok(match kind {
+            "tcp-stream" | "udp-blast" => stream_row(kind, size, [&cj, &sj], [cf.cpu, sf.cpu]),
+            _ => pingpong_row(kind, size, &cj, [cf.cpu, sf.cpu]),
+        })
     }
+}
+
+/// A TCP stream or raw UDP row: the receiver's count over the receiver's time, what
+/// actually arrived. `json` and `cpu` are the client's (sender's), then the server's.
+fn stream_row(kind: &str, size: u64, json: [&serde_json::Value; 2], cpu: [f64; 2]) -> Row {
+    let [cj, sj] = json;
+    let blast = kind == "udp-blast";
+    let bytes = num(sj, "bytes") as u64;
+    let msgs = if blast {
+        num(sj, "datagrams") as u64
+    } else {
+        bytes / size.max(1)
+    };
+    let (k, op) = if blast {
+        ("udp_blast", "udp")
+    } else {
+        ("tcp_stream", "tcp")
+    };
+    let seconds = num(sj, "seconds");
+    let mut r = Row::new(k, op, size, 1, seconds, msgs, bytes, cpu[0], cpu[1]);
+    r.set_throughput();
+    if blast {
+        let gso = cj.get("gso").and_then(|x| x.as_bool()).unwrap_or(false);
+        let gro = sj.get("gro").and_then(|x| x.as_bool()).unwrap_or(false);
+        let sent = num(cj, "bytes");
+        let loss = if sent > 0.0 {
+            (1.0 - bytes as f64 / sent).max(0.0) * 100.0
+        } else {
+            0.0
+        };
+        r.note = Some(blast_note(gso, gro, loss));
+        r.gso = Some(gso);
+        r.gro = Some(gro);
+    }
+    r
+}
+
+/// What the raw UDP row measured: the GSO+GRO ceiling, or a fallback.
+fn blast_note(gso: bool, gro: bool, loss: f64) -> String {
+    let refused = match (gso, gro) {
+        (true, true) => {
+            return format!(
+                "raw UDP: GSO and GRO in use; {loss:.0}% of sent bytes dropped by the \
+                 receiving socket"
+            )
+        }
+        (false, false) => "GSO and GRO",
+        (false, true) => "GSO",
+        (true, false) => "GRO",
+    };
+    format!(
+        "raw UDP: kernel refused {refused}; measured with the fallback (plain datagrams), \
+         not the GSO+GRO ceiling"
+    )
+}
+
+/// A TCP or UDP ping-pong row, from the client's figures.
+fn pingpong_row(kind: &str, size: u64, cj: &serde_json::Value, cpu: [f64; 2]) -> Row {
+    let iters = num(cj, "iters") as u64;
+    let (k, op) = match kind {
+        "tcp-pingpong" => ("tcp_pingpong", "tcp"),
+        "udp-pingpong-roce" => ("udp_pingpong_roce", "udp"),
+        _ => ("udp_pingpong", "udp"),
+    };
+    let seconds = num(cj, "seconds");
+    let bytes = iters * size * 2;
+    let mut r = Row::new(k, op, size, 1, seconds, iters, bytes, cpu[0], cpu[1]);
+    r.lat_us_p50 = cj.get("lat_us_p50").and_then(|x| x.as_f64());
+    r.lat_us_p99 = cj.get("lat_us_p99").and_then(|x| x.as_f64());
+    let lost = num(cj, "lost");
+    if lost > 0.0 {
+        r.note = Some(format!("{lost} datagrams lost (200 ms timeout each)"));
+    }
+    r
 }
 
 /// The progress line on stderr: redrawn in place on a terminal, one line per measurement
