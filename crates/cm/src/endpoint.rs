@@ -1171,20 +1171,10 @@ impl Endpoint {
             .remote_qpns
             .get(&(req.local_qpn.value(), req.local_ca_guid))
         {
-            self.counters.req_stale += 1;
             // The kernel's REJ takes its LocalCommID from the REQ's bytes 28-31
             // (`cm_issue_rej` reads CM_REJ_REMOTE_COMM_ID of the received MAD).
-            self.issue_rej(
-                src,
-                tid,
-                req.vendor_id,
-                req.local_comm_id,
-                RejReason::StaleConn,
-                MsgResponse::Req,
-            );
-            if self.state(CmId(old)) == Some(CmState::Established) {
-                let _ = self.disconnect(now, CmId(old), &[]);
-            }
+            let ids = (req.vendor_id, req.local_comm_id);
+            self.reject_stale(now, (src, tid), ids, old, MsgResponse::Req);
             return;
         }
         if !self.listeners.contains_key(&req.service_id) {
@@ -1335,18 +1325,8 @@ impl Endpoint {
             .remote_qpns
             .get(&(rep.local_qpn.value(), rep.local_ca_guid))
         {
-            self.counters.req_stale += 1;
-            self.issue_rej(
-                src,
-                tid,
-                rep.remote_comm_id,
-                rep.local_comm_id,
-                RejReason::StaleConn,
-                MsgResponse::Rep,
-            );
-            if self.state(CmId(old)) == Some(CmState::Established) {
-                let _ = self.disconnect(now, CmId(old), &[]);
-            }
+            let ids = (rep.remote_comm_id, rep.local_comm_id);
+            self.reject_stale(now, (src, tid), ids, old, MsgResponse::Rep);
             return;
         }
         self.remote_ids
@@ -1794,6 +1774,25 @@ impl Endpoint {
         let (tid, peer) = (c.tid, c.peer);
         if let Ok(m) = encode(tid, CmBody::Rej(rej)) {
             self.transmit(peer, m);
+        }
+    }
+
+    /// A REQ or REP from a remote QP that still has a connection here: REJ it as stale
+    /// and tear the old connection down (kernel `cm_req_handler`, `cm_rep_handler`).
+    /// `ids` are the REJ's (local, remote) comm IDs; `to` is where the REJ goes.
+    fn reject_stale(
+        &mut self,
+        now: Nanos,
+        to: (IpAddr, u64),
+        ids: (CommId, CommId),
+        old: CommId,
+        rejected: MsgResponse,
+    ) {
+        self.counters.req_stale += 1;
+        let (dst, tid) = to;
+        self.issue_rej(dst, tid, ids.0, ids.1, RejReason::StaleConn, rejected);
+        if self.state(CmId(old)) == Some(CmState::Established) {
+            let _ = self.disconnect(now, CmId(old), &[]);
         }
     }
 

@@ -266,18 +266,21 @@ impl Cma {
             s.init_depth = req.responder_resources;
             s.tos = req.primary.traffic_class;
         }
+        self.connect_request(listener, child, param);
+    }
+
+    /// CONNECT_REQUEST for the new id `child`, on its listener's channel.
+    fn connect_request(&mut self, listener: IdRef, child: IdRef, param: Param) {
         let chan = self.ids[&listener.key()].chan;
-        self.push(
-            chan,
-            Pending {
-                id: child,
-                listen: Some(listener),
-                event: RDMA_CM_EVENT_CONNECT_REQUEST,
-                status: 0,
-                param,
-                rep: false,
-            },
-        );
+        let event = Pending {
+            id: child,
+            listen: Some(listener),
+            event: RDMA_CM_EVENT_CONNECT_REQUEST,
+            status: 0,
+            param,
+            rep: false,
+        };
+        self.push(chan, event);
     }
 
     /// A SIDR_REQ for a UD listener: a new id and a CONNECT_REQUEST event, or a reject.
@@ -319,18 +322,7 @@ impl Cma {
             qp_num: 0,
             qkey: 0,
         };
-        let chan = self.ids[&listener.key()].chan;
-        self.push(
-            chan,
-            Pending {
-                id: child,
-                listen: Some(listener),
-                event: RDMA_CM_EVENT_CONNECT_REQUEST,
-                status: 0,
-                param,
-                rep: false,
-            },
-        );
+        self.connect_request(listener, child, param);
     }
 
     /// Every other endpoint event, on an id that exists: the rdma_cm event it means.
