@@ -544,7 +544,7 @@ fn main() {
     let text = asserts.unwrap_or_else(|| "// verbs.h not found\n".into());
     std::fs::write(out.join("layout_check.rs"), text).expect("write layout_check.rs");
     println!(
-        "cargo:rustc-env=SOFTHCA_VERBS_LAYOUT_CHECKED={}",
+        "cargo:rustc-env=VERBS_ABI_LAYOUT_CHECKED={}",
         u8::from(checked)
     );
 }

@@ -77,12 +77,10 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
             counter(&side.ctx, "dp_app_served"),
             counter(&side.ctx, "dp_app_strandings"),
         );
-        assert!(
-            served >= 1,
-            "{name}: the datapath thread never served the spinning application ({stranded} strandings)"
-        );
-        // Served, round trips no longer wait for a window: a few strandings start each
-        // period (periods double, so there are few), not one per round trip.
+        // Unserved, every round trip would wait for a window (one stranding each). Served,
+        // a few strandings start each period (periods double, so there are few). On a
+        // loaded machine strandings can also be too far apart to start a period (the
+        // datapath thread itself waits for a core), so `served` may stay 0 there.
         assert!(
             stranded < u64::from(ROUNDS) / 4,
             "{name}: {stranded} of {ROUNDS} round trips waited for a window ({served} periods)"
