@@ -7,9 +7,9 @@
 //! a scatter list [header | registered memory | ICRC] per GRO segment, and hand each
 //! segment to the engine, all in one hold of the engine lock (so no region is
 //! deregistered meanwhile). That is two system calls per datagram instead of a share of
-//! one `recvmmsg`, so it runs only while bulk datagrams arrive ("armed"), and a
-//! datagram it cannot plan is left to the batch receive, alone, so that the ones after
-//! it can be planned again.
+//! one `recvmmsg`, so it runs only while bulk datagrams arrive ("armed"); a bulk
+//! datagram it cannot plan (a message's First) is received into a buffer and fed in
+//! turn, and a run of them disarms it.
 
 use std::io;
 use std::net::IpAddr;
@@ -128,17 +128,21 @@ impl DirectRx {
             }
             let mut core = shared.engine.lock();
             let head = &self.head[..meta.len.min(PEEK)];
-            let Some(plan) = core.engine.direct_plan(meta.src.ip(), head) else {
-                drop(core);
+            let plan = core.engine.direct_plan(meta.src.ip(), head);
+            if plan.is_none() {
+                // Received into the buffer, and fed now, so that the datagrams behind it
+                // are still received directly, in order, in this same step (one ACK for
+                // all of them, not one per message).
                 self.misses += 1;
                 if self.misses >= MAX_MISSES {
                     self.armed = false;
                     self.cooldown = COOLDOWN;
                 }
-                return (done, Then::Batch(1));
-            };
-            self.misses = 0;
-            self.lay_out(&meta, &plan);
+            } else {
+                self.misses = 0;
+            }
+            let header_len = plan.map_or(0, |p| p.header_len);
+            self.lay_out(&meta, plan.as_ref());
             // SAFETY: `iov` names `scratch` and, per segment, a part of the plan's
             // `[dst, dst + room)` in registered memory, which stays registered while
             // `core` (the engine lock) is held; nothing else reads or writes those bytes
@@ -177,13 +181,16 @@ impl DirectRx {
                 match s.placed {
                     None => core.engine.handle_datagram(now, &info, bytes),
                     Some(placed) => {
-                        let (head, rest) = bytes.split_at(plan.header_len);
+                        let (head, rest) = bytes.split_at(header_len);
                         let icrc = rest[rest.len() - 4..].try_into().unwrap_or_default();
                         // SAFETY: `placed` lies in the plan's range (`lay_out`), and the
                         // engine lock has been held since the plan was made.
                         unsafe { core.engine.handle_datagram_placed(now, &info, head, placed, icrc) };
                     }
                 }
+            }
+            if !self.armed {
+                break;
             }
         }
         (done, Then::Batch(RECV_BATCH))
@@ -192,8 +199,8 @@ impl DirectRx {
     /// The scatter list for a datagram of `meta.len` bytes in GRO segments of
     /// `meta.stride`: each segment's payload goes to registered memory, in order, while
     /// it fits the plan's room; the first one that does not, and all after it, go to
-    /// `scratch` whole.
-    fn lay_out(&mut self, meta: &RecvMeta, plan: &DirectPlan) {
+    /// `scratch` whole (all of them without a plan).
+    fn lay_out(&mut self, meta: &RecvMeta, plan: Option<&DirectPlan>) {
         self.iov.clear();
         self.segments.clear();
         let stride = if meta.stride == 0 || meta.stride > meta.len {
@@ -206,16 +213,17 @@ impl DirectRx {
             iov_base: base.wrapping_add(at).cast(),
             iov_len: len,
         };
-        let (mut dst, mut room) = (plan.dst, plan.room);
-        let mut direct = true;
+        let header_len = plan.map_or(0, |p| p.header_len);
+        let (mut dst, mut room) = plan.map_or((std::ptr::null_mut(), 0), |p| (p.dst, p.room));
+        let mut direct = plan.is_some();
         let mut at = 0;
         while at < meta.len {
             let len = stride.min(meta.len - at);
-            let payload = len.checked_sub(plan.header_len + 4).unwrap_or(0);
+            let payload = len.checked_sub(header_len + 4).unwrap_or(0);
             direct = direct && payload > 0 && payload <= room;
             let placed = direct.then_some((dst, payload));
             if direct {
-                self.iov.push(piece(at, plan.header_len));
+                self.iov.push(piece(at, header_len));
                 self.iov.push(libc::iovec {
                     iov_base: dst.cast(),
                     iov_len: payload,
