@@ -202,7 +202,11 @@ impl RecvBatch {
             self.prime(0..cap);
             self.primed = true;
         }
-        let n = if self.last_empty { 1 } else { cap.min(max.max(1)) };
+        let n = if self.last_empty {
+            1
+        } else {
+            cap.min(max.max(1))
+        };
         let got = loop {
             let rc = if n == 1 {
                 // SAFETY: `hdrs[0].msg_hdr` points at live buffers of the stated sizes owned
@@ -271,41 +275,41 @@ fn decode(
     h: &libc::msghdr,
     len: usize,
 ) -> RecvMeta {
-        let mut meta = RecvMeta {
-            src: sockaddr::decode(name, h.msg_namelen).unwrap_or(RecvMeta::default().src),
-            len,
-            stride: len,
-            truncated: h.msg_flags & libc::MSG_TRUNC != 0,
-            ..RecvMeta::default()
-        };
-        for c in cmsg::iter(ctrl, h.msg_controllen as _) {
-            match (c.level, c.ty) {
-                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                    if let Some(p) = c.read::<libc::in_pktinfo>() {
-                        meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v4(&p));
-                    }
+    let mut meta = RecvMeta {
+        src: sockaddr::decode(name, h.msg_namelen).unwrap_or(RecvMeta::default().src),
+        len,
+        stride: len,
+        truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+        ..RecvMeta::default()
+    };
+    for c in cmsg::iter(ctrl, h.msg_controllen as _) {
+        match (c.level, c.ty) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                if let Some(p) = c.read::<libc::in_pktinfo>() {
+                    meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v4(&p));
                 }
-                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                    if let Some(p) = c.read::<libc::in6_pktinfo>() {
-                        meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v6(&p));
-                    }
-                }
-                // ip(7): IP_TOS arrives as one byte; ipv6(7): IPV6_TCLASS as an int.
-                (libc::IPPROTO_IP, libc::IP_TOS) => meta.tos = c.read::<u8>().unwrap_or(0),
-                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                    meta.tos = c.read::<libc::c_int>().unwrap_or(0) as u8
-                }
-                (libc::SOL_UDP, libc::UDP_GRO) => {
-                    if let Some(s) = c.read::<libc::c_int>() {
-                        if s > 0 {
-                            meta.stride = s as usize;
-                        }
-                    }
-                }
-                _ => {}
             }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                if let Some(p) = c.read::<libc::in6_pktinfo>() {
+                    meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v6(&p));
+                }
+            }
+            // ip(7): IP_TOS arrives as one byte; ipv6(7): IPV6_TCLASS as an int.
+            (libc::IPPROTO_IP, libc::IP_TOS) => meta.tos = c.read::<u8>().unwrap_or(0),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                meta.tos = c.read::<libc::c_int>().unwrap_or(0) as u8
+            }
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                if let Some(s) = c.read::<libc::c_int>() {
+                    if s > 0 {
+                        meta.stride = s as usize;
+                    }
+                }
+            }
+            _ => {}
         }
-        meta
+    }
+    meta
 }
 
 /// One datagram at a time with `recvmsg(2)` into the caller's scatter list, after a

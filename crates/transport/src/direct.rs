@@ -56,7 +56,11 @@ impl Qp {
     /// Where the payload of the in-order packet `bth` goes (a Middle or Last SEND or
     /// WRITE without immediate, at the expected PSN, of a message in progress, or a SEND
     /// First into the next receive WQE), and how much room that message has left there.
-    fn direct_target(&self, mem: &softhca_memory::MemoryTable, bth: &Bth) -> Option<(*mut u8, usize)> {
+    fn direct_target(
+        &self,
+        mem: &softhca_memory::MemoryTable,
+        bth: &Bth,
+    ) -> Option<(*mut u8, usize)> {
         let op = bth.opcode;
         let follows = op.is_middle() || (op.is_last() && !op.has_immediate());
         // A SEND First takes the receive WQE at the head of the QP's own queue (not a
@@ -91,10 +95,9 @@ impl Qp {
                     .ok()??;
                 Some((p, usize::try_from(*remaining).ok()?))
             }
-            InMsg::Send { wqe, off, .. } if op.is_send() => {
-                mem.scatter_span(self.init.pd, &wqe.sg_list, usize::try_from(*off).ok()?)
-                    .ok()?
-            }
+            InMsg::Send { wqe, off, .. } if op.is_send() => mem
+                .scatter_span(self.init.pd, &wqe.sg_list, usize::try_from(*off).ok()?)
+                .ok()?,
             _ => None,
         }
     }

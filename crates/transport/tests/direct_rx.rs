@@ -133,7 +133,10 @@ fn send_case(seed: u64) -> Counters {
         let d = net.mem(&dst);
         for c in &net.nodes[1].completions {
             let i = c.1.wr_id as usize;
-            assert_eq!((c.1.status, c.1.byte_len as usize), (WcStatus::Success, len(i)));
+            assert_eq!(
+                (c.1.status, c.1.byte_len as usize),
+                (WcStatus::Success, len(i))
+            );
             assert!(
                 d[buf(i)..buf(i) + len(i)] == s[i * BUF..i * BUF + len(i)],
                 "receive {i} completed but differs"

@@ -185,7 +185,10 @@ impl DirectRx {
                         let icrc = rest[rest.len() - 4..].try_into().unwrap_or_default();
                         // SAFETY: `placed` lies in the plan's range (`lay_out`), and the
                         // engine lock has been held since the plan was made.
-                        unsafe { core.engine.handle_datagram_placed(now, &info, head, placed, icrc) };
+                        unsafe {
+                            core.engine
+                                .handle_datagram_placed(now, &info, head, placed, icrc)
+                        };
                     }
                 }
             }
@@ -219,7 +222,7 @@ impl DirectRx {
         let mut at = 0;
         while at < meta.len {
             let len = stride.min(meta.len - at);
-            let payload = len.checked_sub(header_len + 4).unwrap_or(0);
+            let payload = len.saturating_sub(header_len + 4);
             direct = direct && payload > 0 && payload <= room;
             let placed = direct.then_some((dst, payload));
             if direct {

@@ -471,7 +471,9 @@ impl SimNet {
                     let icrc = p.bytes[p.bytes.len() - 4..].try_into().unwrap();
                     // SAFETY: `at` lies in the range of the plan made above, and no
                     // region was (de)registered since.
-                    unsafe { engine.handle_datagram_placed(now, &p.info, &p.bytes[..hl], at, icrc) };
+                    unsafe {
+                        engine.handle_datagram_placed(now, &p.info, &p.bytes[..hl], at, icrc)
+                    };
                 }
             }
         }
@@ -504,7 +506,11 @@ impl SimNet {
         let mut rest = &due[..];
         while !rest.is_empty() {
             // A run of packets of one flow, as GRO would coalesce them (1 to 15).
-            let max = if self.direct { self.rng.gen_range(1..=15) } else { 1 };
+            let max = if self.direct {
+                self.rng.gen_range(1..=15)
+            } else {
+                1
+            };
             let flow = |p: &InFlight| (p.to, p.info.src);
             let n = rest
                 .iter()
