@@ -225,7 +225,7 @@ pub struct Config {
     /// Receive the payload of in-order SEND and WRITE packets of a message in progress
     /// straight into registered memory (the transport's `direct` module), instead of
     /// into a buffer and then copying it. Off by default: measured on loopback it costs
-    /// as much CPU as the copy it saves (see the README's environment table).
+    /// more CPU than the copy it saves (see the README's environment table).
     pub direct_rx: bool,
     /// Congestion control of RC QPs: a delay-driven window and pacing, decided by the
     /// sender alone (`softhca_transport::cc`); `false` sends as fast as the window
