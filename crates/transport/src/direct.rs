@@ -24,7 +24,11 @@
 //! go-back-N over the rest of the message), or, when the message never completes (UC
 //! drops a message with a gap; an RC QP that gives up goes to error), the range's
 //! contents are undefined, as IBTA leaves them for a WRITE or receive that did not
-//! complete; a NIC placing payload before the packet's end arrives does the same. The
+//! complete; a NIC placing payload before the packet's end arrives does the same. One
+//! thing differs from a NIC: a receive buffer longer than its message may keep, past
+//! the completion's `byte_len`, bytes of the packets that followed the message in the
+//! same GRO datagram (the plan's room is the whole SGE, since a Last cannot be told
+//! from a Middle before it is received); a WRITE never writes past its RETH range. The
 //! plan is remade from the engine's state for every segment before it is executed, so a
 //! packet is executed from where it lies only if it is exactly the one predicted.
 //!
