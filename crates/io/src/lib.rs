@@ -37,5 +37,5 @@ pub use connected::ConnectedSender;
 pub use error::IoError;
 pub use event::{Event, EventFd, Events, Interest, Poller};
 pub use impair::Impair;
-pub use recv::{segments, RecvBatch, RecvMeta, Segments};
+pub use recv::{segments, RecvBatch, RecvMeta, ScatterRecv, Segments};
 pub use socket::{BindOptions, Capabilities, RoceSocket, Transmit, ROCE_UDP_PORT};

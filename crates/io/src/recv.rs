@@ -190,7 +190,9 @@ impl RecvBatch {
     /// receive, without `recvmmsg`'s vector and timeout handling (8 B ping-pong with
     /// softhca's sockets, interleaved runs: 4.25 → 4.17 µs per hop; `softhca perf send
     /// --lat` 5.76 → 5.66 µs).
-    pub(crate) fn recv_from(&mut self, fd: RawFd) -> io::Result<usize> {
+    ///
+    /// At most `max` datagrams (and at least one).
+    pub(crate) fn recv_from(&mut self, fd: RawFd, max: usize) -> io::Result<usize> {
         self.len = 0;
         let cap = self.metas.len();
         if cap == 0 {
@@ -200,7 +202,11 @@ impl RecvBatch {
             self.prime(0..cap);
             self.primed = true;
         }
-        let n = if self.last_empty { 1 } else { cap };
+        let n = if self.last_empty {
+            1
+        } else {
+            cap.min(max.max(1))
+        };
         let got = loop {
             let rc = if n == 1 {
                 // SAFETY: `hdrs[0].msg_hdr` points at live buffers of the stated sizes owned
@@ -256,43 +262,146 @@ impl RecvBatch {
     }
 
     fn decode(&self, i: usize) -> RecvMeta {
-        let h = &self.hdrs[i].msg_hdr;
         let len = (self.hdrs[i].msg_len as usize).min(self.buf_size);
-        let mut meta = RecvMeta {
-            src: sockaddr::decode(&self.names[i], h.msg_namelen).unwrap_or(RecvMeta::default().src),
-            len,
-            stride: len,
-            truncated: h.msg_flags & libc::MSG_TRUNC != 0,
-            ..RecvMeta::default()
-        };
-        for c in cmsg::iter(&self.ctrls[i], h.msg_controllen as _) {
-            match (c.level, c.ty) {
-                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                    if let Some(p) = c.read::<libc::in_pktinfo>() {
-                        meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v4(&p));
-                    }
+        decode(&self.names[i], &self.ctrls[i], &self.hdrs[i].msg_hdr, len)
+    }
+}
+
+/// The metadata of a datagram of `len` bytes that `recvmsg` described in `h`, with its
+/// source address in `name` and its control messages in `ctrl`.
+fn decode(
+    name: &libc::sockaddr_storage,
+    ctrl: &CmsgBuf<RECV_CMSG_LEN>,
+    h: &libc::msghdr,
+    len: usize,
+) -> RecvMeta {
+    let mut meta = RecvMeta {
+        src: sockaddr::decode(name, h.msg_namelen).unwrap_or(RecvMeta::default().src),
+        len,
+        stride: len,
+        truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+        ..RecvMeta::default()
+    };
+    for c in cmsg::iter(ctrl, h.msg_controllen as _) {
+        match (c.level, c.ty) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                if let Some(p) = c.read::<libc::in_pktinfo>() {
+                    meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v4(&p));
                 }
-                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                    if let Some(p) = c.read::<libc::in6_pktinfo>() {
-                        meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v6(&p));
-                    }
-                }
-                // ip(7): IP_TOS arrives as one byte; ipv6(7): IPV6_TCLASS as an int.
-                (libc::IPPROTO_IP, libc::IP_TOS) => meta.tos = c.read::<u8>().unwrap_or(0),
-                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                    meta.tos = c.read::<libc::c_int>().unwrap_or(0) as u8
-                }
-                (libc::SOL_UDP, libc::UDP_GRO) => {
-                    if let Some(s) = c.read::<libc::c_int>() {
-                        if s > 0 {
-                            meta.stride = s as usize;
-                        }
-                    }
-                }
-                _ => {}
             }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                if let Some(p) = c.read::<libc::in6_pktinfo>() {
+                    meta.dst_ip = Some(sockaddr::dst_from_pktinfo_v6(&p));
+                }
+            }
+            // ip(7): IP_TOS arrives as one byte; ipv6(7): IPV6_TCLASS as an int.
+            (libc::IPPROTO_IP, libc::IP_TOS) => meta.tos = c.read::<u8>().unwrap_or(0),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                meta.tos = c.read::<libc::c_int>().unwrap_or(0) as u8
+            }
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                if let Some(s) = c.read::<libc::c_int>() {
+                    if s > 0 {
+                        meta.stride = s as usize;
+                    }
+                }
+            }
+            _ => {}
         }
-        meta
+    }
+    meta
+}
+
+/// One datagram at a time with `recvmsg(2)` into the caller's scatter list, after a
+/// look at its first bytes with `MSG_PEEK`: for a receiver that decides from a packet's
+/// headers where its payload goes (straight into registered memory) before taking it
+/// off the socket.
+pub struct ScatterRecv {
+    name: libc::sockaddr_storage,
+    ctrl: CmsgBuf<RECV_CMSG_LEN>,
+}
+
+impl std::fmt::Debug for ScatterRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScatterRecv").finish_non_exhaustive()
+    }
+}
+
+impl Default for ScatterRecv {
+    fn default() -> Self {
+        ScatterRecv {
+            // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+            name: unsafe { std::mem::zeroed() },
+            ctrl: CmsgBuf::zeroed(),
+        }
+    }
+}
+
+impl ScatterRecv {
+    /// Copies the first bytes of the next datagram on `socket` into `head` and leaves
+    /// the datagram queued. Its metadata: `len` is the whole datagram's length (all GRO
+    /// segments), `stride` its GRO segment size. [`io::ErrorKind::WouldBlock`] when
+    /// nothing is queued.
+    pub fn peek(&mut self, socket: &crate::RoceSocket, head: &mut [u8]) -> io::Result<RecvMeta> {
+        let mut iov = libc::iovec {
+            iov_base: head.as_mut_ptr().cast(),
+            iov_len: head.len(),
+        };
+        // SAFETY: the one iovec names `head`, exclusively borrowed for the call.
+        unsafe { self.recvmsg(socket, std::slice::from_mut(&mut iov), libc::MSG_PEEK) }
+    }
+
+    /// Takes the next datagram off `socket` into `iov`, in order (`MSG_TRUNC` in the
+    /// metadata if it was longer than all of them together).
+    ///
+    /// # Safety
+    /// Each iovec names memory writable for its length that nothing else reads or
+    /// writes during the call.
+    pub unsafe fn recv(
+        &mut self,
+        socket: &crate::RoceSocket,
+        iov: &mut [libc::iovec],
+    ) -> io::Result<RecvMeta> {
+        // SAFETY: our contract.
+        unsafe { self.recvmsg(socket, iov, 0) }
+    }
+
+    /// # Safety
+    /// As [`ScatterRecv::recv`].
+    unsafe fn recvmsg(
+        &mut self,
+        socket: &crate::RoceSocket,
+        iov: &mut [libc::iovec],
+        flags: libc::c_int,
+    ) -> io::Result<RecvMeta> {
+        // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_name = (&mut self.name as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = iov.as_mut_ptr();
+        h.msg_iovlen = iov.len() as _;
+        h.msg_control = self.ctrl.0.as_mut_ptr().cast();
+        h.msg_controllen = RECV_CMSG_LEN as _;
+        // MSG_TRUNC: the datagram's real length, also when a peek reads only its start.
+        let flags = flags | libc::MSG_TRUNC | libc::MSG_DONTWAIT;
+        let n = loop {
+            // SAFETY: `h` points at `self.name`, `self.ctrl` and the caller's iovecs (our
+            // contract), all live for the call.
+            let rc = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut h, flags) };
+            if rc >= 0 {
+                break rc as usize;
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        };
+        let mut meta = decode(&self.name, &self.ctrl, &h, n);
+        let ip = socket.local_addr().ip();
+        if !ip.is_unspecified() {
+            meta.dst_ip.get_or_insert(ip);
+        }
+        Ok(meta)
     }
 }
 

@@ -747,10 +747,14 @@ impl MemoryTable {
             len,
             AccessFlags::LOCAL_WRITE,
             |p, pos, n| {
-                // SAFETY: `p..p+n` lies in a live region granting LOCAL_WRITE, which the
-                // register contract keeps writable; `pos + n <= len` keeps the source inside
-                // `src`. `ptr::copy` tolerates overlap.
-                unsafe { std::ptr::copy(inp.add(pos), p, n) };
+                let from = inp.wrapping_add(pos);
+                // Received straight into place (`scatter_span`): nothing to move.
+                if from != p.cast_const() {
+                    // SAFETY: `p..p+n` lies in a live region granting LOCAL_WRITE, which
+                    // the register contract keeps writable; `pos + n <= len` keeps the
+                    // source inside `src`. `ptr::copy` tolerates overlap.
+                    unsafe { std::ptr::copy(from, p, n) };
+                }
             },
         )
     }
@@ -798,10 +802,60 @@ impl MemoryTable {
             src.len() as u64,
             AccessFlags::REMOTE_WRITE,
         )?;
-        // SAFETY: `p..p+len` is inside a live region granting REMOTE_WRITE (so
-        // registered writable); `src` is a valid slice of that length.
-        unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
+        // Received straight into place (`remote_write_span`): nothing to move.
+        if src.as_ptr() != p.cast_const() {
+            // SAFETY: `p..p+len` is inside a live region granting REMOTE_WRITE (so
+            // registered writable); `src` is a valid slice of that length.
+            unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
+        }
         Ok(())
+    }
+
+    /// Where the rest of an RDMA WRITE in progress lies: the host address of
+    /// `[va, va + len)` of the region named by `rkey`, after the checks of
+    /// [`MemoryTable::remote_write`] (REMOTE_WRITE, PD, bounds). For a receive that
+    /// places payload straight into registered memory (see the datapath's direct
+    /// receive); `None` for an empty range.
+    pub fn remote_write_span(
+        &self,
+        who: impl Into<Grantee>,
+        rkey: u32,
+        va: u64,
+        len: u64,
+    ) -> Result<Option<*mut u8>, MemError> {
+        if len == 0 {
+            return Ok(None);
+        }
+        self.resolve(who.into(), rkey, true, va, len, AccessFlags::REMOTE_WRITE)
+            .map(Some)
+    }
+
+    /// Where the receive buffer `sges` continues at `offset`: the host address of that
+    /// byte and how many bytes of its SGE follow it, after the checks of
+    /// [`MemoryTable::scatter`] (lkey, PD, LOCAL_WRITE, bounds). `None` when `offset` is
+    /// at or past the end of the list.
+    pub fn scatter_span(
+        &self,
+        pd: PdId,
+        sges: &[Sge],
+        offset: usize,
+    ) -> Result<Option<(*mut u8, usize)>, MemError> {
+        let mut skip = offset as u64;
+        for s in sges {
+            let sl = u64::from(s.length);
+            if skip >= sl {
+                skip -= sl;
+                continue;
+            }
+            let va = s.addr.checked_add(skip).ok_or(MemError::Overflow {
+                va: s.addr,
+                len: sl,
+            })?;
+            let n = sl - skip;
+            let p = self.resolve(pd.into(), s.lkey, false, va, n, AccessFlags::LOCAL_WRITE)?;
+            return Ok(Some((p, n as usize)));
+        }
+        Ok(None)
     }
 
     /// Copy `dst.len()` bytes from iova `va` of the region named by `rkey` (an RDMA READ

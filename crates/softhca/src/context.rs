@@ -363,6 +363,7 @@ impl Device {
             softhca_io::Impair::loss_ppm(cfg.tx_drop_ppm),
             cfg.connected_senders,
             cfg.sockbuf,
+            cfg.direct_rx,
         );
         let shared = Arc::new(DatapathShared {
             engine: Mutex::new(LockedEngine {

@@ -4,6 +4,11 @@
 //!   in-order PSNs, 64 KiB messages cut at the path MTU) fed to `Engine::handle_datagram`
 //!   of a connected RC QP, which checks the ICRC, parses, and places the payload in a
 //!   registered MR; the ACKs it queues are drained with `poll_transmit` inside the timing.
+//!   `place/rc_write_socket` adds the socket's copy of each packet into a receive buffer;
+//!   `place/rc_write_direct` instead copies what `Engine::direct_plan` allows straight
+//!   into the MR and feeds it to `handle_datagram_placed` (direct receive, the socket's
+//!   copy emulated by a memcpy: whether that copy costs more into the MR than into a
+//!   cache-hot buffer is for a socket run to show).
 //! - `pair/*`: two engines back to back, every `poll_transmit` batch cut into its GSO
 //!   segments and fed to the other side's `handle_datagram` (as tests/sim does, minus the
 //!   fault model and the event queue): RC WRITE 64 KiB and SEND 4 KiB streams with 16 WRs
@@ -222,6 +227,8 @@ struct PlaceBench {
     /// Pre-built packets of one batch, back to back, and their lengths.
     arena: Vec<u8>,
     lens: Vec<usize>,
+    /// The receive buffer of `feed_from_socket`.
+    staging: Vec<u8>,
     tx: Vec<u8>,
 }
 
@@ -269,6 +276,7 @@ impl PlaceBench {
             },
             now: 0,
             arena: vec![0u8; PLACE_BATCH * (mtu.bytes() + 64)],
+            staging: vec![0u8; mtu.bytes() + 64],
             lens: Vec::with_capacity(PLACE_BATCH),
             tx: vec![0u8; TX_BUF],
         }
@@ -282,6 +290,75 @@ impl PlaceBench {
             let len = self.stream.next_packet(&mut self.arena[at..at + stride]);
             self.lens.push(len);
         }
+    }
+
+    /// Feed the built batch as a socket receive would deliver it: each packet copied
+    /// into a receive buffer first (`direct`: false), or its payload straight into the
+    /// MR where the engine plans it, run by run, placed before the run is fed, as the
+    /// datapath's direct receive does with a GRO datagram (`direct`: true).
+    fn feed_from_socket(&mut self, direct: bool) {
+        let stride = self.stream.mtu + 64;
+        self.now += 1_000;
+        let mut k = 0;
+        while k < self.lens.len() {
+            let pkt = |k: usize| &self.arena[k * stride..k * stride + self.lens[k]];
+            let plan = direct
+                .then(|| self.rx.engine.direct_plan(IP_A, pkt(k)))
+                .flatten();
+            let Some(plan) = plan else {
+                let p = pkt(k);
+                self.staging[..p.len()].copy_from_slice(p);
+                let p = &self.staging[..p.len()];
+                self.rx.engine.handle_datagram(self.now, &self.info, p);
+                k += 1;
+                continue;
+            };
+            let hl = plan.header_len;
+            let (mut dst, mut room) = (plan.dst, plan.room);
+            let mut run = Vec::new();
+            while k < self.lens.len() {
+                let p = pkt(k);
+                let n = p.len() - hl - 4;
+                if n > room {
+                    break;
+                }
+                // SAFETY: inside the plan's range of the bench's registered MR.
+                unsafe { std::ptr::copy_nonoverlapping(p[hl..].as_ptr(), dst, n) };
+                run.push((k, dst, n));
+                dst = dst.wrapping_add(n);
+                room -= n;
+                k += 1;
+            }
+            if run.is_empty() {
+                // Planned but it does not fit: as a buffered packet.
+                let p = pkt(k);
+                self.staging[..p.len()].copy_from_slice(p);
+                let p = &self.staging[..p.len()];
+                self.rx.engine.handle_datagram(self.now, &self.info, p);
+                k += 1;
+            }
+            for (j, at, n) in run {
+                let p = pkt(j);
+                let icrc = p[p.len() - 4..].try_into().expect("icrc");
+                // SAFETY: `at..at + n` lies in the plan made above; nothing was
+                // (de)registered since.
+                unsafe {
+                    self.rx.engine.handle_datagram_placed(
+                        self.now,
+                        &self.info,
+                        &p[..hl],
+                        (at, n),
+                        icrc,
+                    )
+                };
+            }
+        }
+        while self
+            .rx
+            .engine
+            .poll_transmit(self.now, &mut self.tx)
+            .is_some()
+        {}
     }
 
     /// Feed the built batch and drain the ACKs it produced.
@@ -302,19 +379,24 @@ impl PlaceBench {
         {}
     }
 
-    /// Time `packets` packets, built in untimed batches.
-    fn run(&mut self, packets: u64) -> Duration {
+    /// Time `packets` packets, built in untimed batches, fed by `how` (`feed`, or
+    /// `feed_from_socket`).
+    fn run_with(&mut self, packets: u64, how: impl Fn(&mut Self)) -> Duration {
         let mut left = packets;
         let mut total = Duration::ZERO;
         while left > 0 {
             let n = left.min(PLACE_BATCH as u64) as usize;
             self.build(n);
             let t = Instant::now();
-            self.feed();
+            how(self);
             total += t.elapsed();
             left -= n as u64;
         }
         total
+    }
+
+    fn run(&mut self, packets: u64) -> Duration {
+        self.run_with(packets, Self::feed)
     }
 
     /// Every packet fed so far was accepted and placed, none dropped.
@@ -351,7 +433,16 @@ fn bench_place(c: &mut Criterion) {
                 b.run(iters)
             })
         });
+        for (name, direct) in [("rc_write_socket", false), ("rc_write_direct", true)] {
+            g.bench_function(BenchmarkId::new(name, mtu.bytes()), |bn| {
+                bn.iter_custom(|iters| {
+                    fed += iters;
+                    b.run_with(iters, |b| b.feed_from_socket(direct))
+                })
+            });
+        }
         b.check(fed);
+        assert!(b.mr.snapshot() == b.stream.data, "WRITE payload not placed");
     }
     g.finish();
 }

@@ -30,6 +30,8 @@ counters! {
     ooo_buffered,
     /// Kept out-of-sequence requests executed once the gap before them filled.
     ooo_placed,
+    /// Packets received straight into registered memory and executed there.
+    rx_direct,
     /// PSN sequence error NAKs received.
     rcvd_seq_err,
     /// PSN sequence error NAKs sent.

@@ -60,7 +60,7 @@ pub struct Engine {
     timers: Timers,
     source_port: Option<u16>,
     /// Per peer flow, the IPv4 ID its packets carry (for the ICRC, see `ipv4_id`).
-    ip_ids: Ipv4IdTracker,
+    pub(crate) ip_ids: Ipv4IdTracker,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
 }
@@ -160,7 +160,7 @@ fn reshare(total: usize, old: usize, new: usize) -> usize {
     total.saturating_sub(old).saturating_add(new)
 }
 
-fn same_ip(a: IpAddr, b: IpAddr) -> bool {
+pub(crate) fn same_ip(a: IpAddr, b: IpAddr) -> bool {
     Gid::from_ip(a) == Gid::from_ip(b)
 }
 
@@ -597,6 +597,21 @@ impl Engine {
             self.counters.drop_malformed += 1;
             return;
         };
+        let payload = udp_payload.get(range).unwrap_or(&[]);
+        self.dispatch(now, info, &h, payload, udp_payload.len());
+    }
+
+    /// A received packet whose ICRC matched, parsed: `payload` between its headers and
+    /// its pad; `udp_len` the whole UDP payload's length.
+    pub(crate) fn dispatch(
+        &mut self,
+        now: Nanos,
+        info: &DatagramInfo,
+        h: &wire::Headers,
+        payload: &[u8],
+        udp_len: usize,
+    ) {
+        let src = info.src.ip();
         if !wire::pkey_ok(h.bth.pkey) {
             self.counters.drop_bad_pkey += 1;
             return;
@@ -625,17 +640,16 @@ impl Engine {
             return;
         }
         ctx.counters.rcvd_pkts += 1;
-        let payload = udp_payload.get(range).unwrap_or(&[]);
         if ty == QpType::Rc && h.bth.opcode.is_response() {
-            qp.on_response(&mut ctx, &h, payload);
+            qp.on_response(&mut ctx, h, payload);
         } else {
             let meta = RxMeta {
                 src,
                 dst: info.dst,
-                udp_len: udp_payload.len(),
+                udp_len,
             };
             let before = ctx.completions.len();
-            qp.on_request(&mut ctx, &h, payload, &meta);
+            qp.on_request(&mut ctx, h, payload, &meta);
             if h.ieth.is_some() {
                 let inv = ctx
                     .completions

@@ -132,6 +132,31 @@ impl Ipv4IdTracker {
         self.resync(&pseudo, src, seg, p, state)
     }
 
+    /// [`Ipv4IdTracker::verify`] of a packet in pieces, with the predicted ID only (the
+    /// common case, at full strength): `matches` computes the ICRC for a pseudo-header
+    /// and compares it with the stored one. False when it does not match: check the
+    /// packet joined with `verify`, which tries the other IDs.
+    pub fn verify_predicted(
+        &mut self,
+        pseudo: &UdpPseudo,
+        src: SocketAddr,
+        seg: u16,
+        matches: impl FnOnce(&UdpPseudo) -> bool,
+    ) -> bool {
+        if !src.is_ipv4() {
+            return matches(pseudo);
+        }
+        let state = self.peers.get(&src).copied();
+        let predicted = PeerIpId::predict(state, seg);
+        if !matches(&pseudo.with_ipv4_id(predicted)) {
+            return false;
+        }
+        if state.is_some() || self.peers.len() < MAX_ID_PEERS {
+            self.peers.insert(src, PeerIpId::matched(predicted, seg));
+        }
+        true
+    }
+
     /// No likely ID matched: solve for the one that does. Solving the affine CRC system
     /// finds the one ID that fits, at the strength of a 16-bit check (a full scan of all
     /// IDs would be no stronger and 4000x slower). So a solution is taken on first

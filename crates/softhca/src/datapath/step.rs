@@ -8,6 +8,7 @@ use parking_lot::MutexGuard;
 use softhca_io::{self as sio, Impair, RecvBatch, RecvMeta, RoceSocket};
 use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
 
+use super::direct::{DirectRx, Then};
 use super::schedule::{wake_by_window_end, DatapathShared};
 use super::senders::Senders;
 use super::{RECV_BATCH, TX_BATCH, TX_BUF};
@@ -79,6 +80,8 @@ pub(crate) struct Stepper {
     pub(super) senders: Senders,
     /// Fault injection ([`crate::Config::tx_drop_ppm`]).
     pub(super) impair: Option<Impair>,
+    /// Direct receive into registered memory ([`crate::Config::direct_rx`]).
+    direct: Option<DirectRx>,
 }
 
 // SAFETY: the raw pointers in `tx_iov` name `tx_bufs` (owned here) and registered
@@ -93,6 +96,7 @@ impl Stepper {
         impair: Option<Impair>,
         connected: bool,
         sockbuf: usize,
+        direct_rx: bool,
     ) -> Stepper {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
@@ -131,6 +135,7 @@ impl Stepper {
             rx_resume: None,
             senders,
             impair,
+            direct: direct_rx.then(DirectRx::new),
         }
     }
 
@@ -273,11 +278,20 @@ impl Stepper {
         }
         let mut total = 0;
         for (i, s) in shared.sockets.iter().enumerate() {
+            self.rx_count[i] = 0;
             if i < 64 && ready & 1 << i == 0 {
-                self.rx_count[i] = 0;
                 continue;
             }
-            self.rx_count[i] = match s.recv(&mut self.rx[i]) {
+            let mut max = usize::MAX;
+            if let Some(d) = self.direct.as_mut().filter(|d| d.armed()) {
+                let (n, then) = d.receive(shared, s, self.local_ips[i]);
+                total += n;
+                match then {
+                    Then::Empty => continue,
+                    Then::Batch(m) => max = m,
+                }
+            }
+            self.rx_count[i] = match s.recv_at_most(&mut self.rx[i], max) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
@@ -288,6 +302,9 @@ impl Stepper {
                     0
                 }
             };
+            if let Some(d) = self.direct.as_mut().filter(|_| self.rx_count[i] > 0) {
+                d.saw_batch(&self.rx[i]);
+            }
             total += self.rx_count[i];
         }
         total
