@@ -540,29 +540,8 @@ impl RoceSocket {
                 Err(e) => return if t > 0 { Ok(t) } else { Err(e) },
             };
             debug_assert!(built > 0);
-            // SAFETY: `scratch.hdrs[..built]` were initialised by `fill`, and every pointer in
-            // them points into `scratch` (addresses, iovecs, control buffers) or into
-            // `transmits` (payload, piece lists), all alive and unmoved for the duration of
-            // the call. The memory the pieces name is the caller's to keep readable; the
-            // kernel only reads it and fails with EFAULT where it is not mapped.
-            // One message (a ping-pong step) goes with `sendmsg`, which skips `sendmmsg`'s
-            // vector handling: 0.03–0.07 µs per hop of an 8 B `softhca perf send --lat`.
-            let rc = unsafe {
-                if built == 1 {
-                    let hdr = &(*scratch.hdrs[0].as_ptr()).msg_hdr;
-                    match libc::sendmsg(fd, hdr, 0) {
-                        bytes if bytes >= 0 => 1,
-                        _ => -1,
-                    }
-                } else {
-                    libc::sendmmsg(
-                        fd,
-                        scratch.hdrs.as_mut_ptr() as *mut libc::mmsghdr,
-                        built as libc::c_uint,
-                        0,
-                    )
-                }
-            };
+            // SAFETY: `fill` just built `built` messages from `transmits`, borrowed here.
+            let rc = unsafe { scratch.send(fd, built) };
             if rc > 0 {
                 if plain_retry.take().is_some() {
                     // Plain datagrams went where GSO was refused: GSO was the problem.
@@ -587,12 +566,10 @@ impl RoceSocket {
                 continue;
             }
             let err = io::Error::last_os_error();
+            let gso_refused = gso && scratch.first_uses_gso;
             match err.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => {
-                    if off == 0 {
-                        return if t > 0 { Ok(t) } else { Err(err) };
-                    }
+                Some(libc::EAGAIN) if off > 0 => {
                     // Mid-Transmit: give the kernel a moment to drain the buffer.
                     let started = *stalled_since.get_or_insert_with(Instant::now);
                     let elapsed = started.elapsed();
@@ -603,19 +580,12 @@ impl RoceSocket {
                 }
                 // EIO: the device cannot checksum-offload, so it can never do GSO
                 // (udp_send_skb): stop using it.
-                Some(libc::EIO) if gso && scratch.first_uses_gso => {
-                    if self.gso.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "GSO send refused ({err}); sending plain datagrams from now on"
-                        );
-                    }
-                    self.gso_fallbacks.fetch_add(1, Ordering::Relaxed);
-                }
+                Some(libc::EIO) if gso_refused => self.gso_off(&err),
                 // EINVAL: a segment larger than the device MTU, or a kernel that dislikes
                 // the cmsg. Retry this Transmit as plain datagrams: if that works GSO was
                 // at fault (and is switched off above); if not (EMSGSIZE) the caller's
                 // segment size is, and GSO stays on for everyone else.
-                Some(libc::EINVAL) if gso && scratch.first_uses_gso && plain_retry.is_none() => {
+                Some(libc::EINVAL) if gso_refused && plain_retry.is_none() => {
                     plain_retry = Some(t);
                     self.gso_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
@@ -623,6 +593,14 @@ impl RoceSocket {
             }
         }
         Ok(transmits.len())
+    }
+
+    /// GSO refused for good: plain datagrams from now on.
+    fn gso_off(&self, err: &io::Error) {
+        if self.gso.swap(false, Ordering::Relaxed) {
+            tracing::warn!("GSO send refused ({err}); sending plain datagrams from now on");
+        }
+        self.gso_fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -667,6 +645,64 @@ struct SendPlan {
     max_segs: usize,
 }
 
+/// How much of `tr` from `off` goes in one message, and its GSO segment size if it is cut
+/// into segments.
+fn chunk_of(
+    tr: &Transmit<'_>,
+    off: usize,
+    gso: bool,
+    max_payload: usize,
+    max_segs: usize,
+) -> (usize, Option<usize>) {
+    let remaining = tr.byte_len().saturating_sub(off);
+    let seg = match tr.segment_size {
+        Some(s) if s > 0 && s < remaining => s,
+        _ => remaining,
+    };
+    if !(gso && seg < remaining) {
+        return (remaining.min(seg), None);
+    }
+    // All of it when it fits one GSO message: a short last segment can make 16 segments
+    // of 4112 bytes fit where 16 full ones would not (the transport seals packet k with
+    // IPv4 ID k, so it must not be cut).
+    let chunk = if remaining <= max_payload && remaining.div_ceil(seg) <= max_segs {
+        remaining
+    } else {
+        let segs = max_segs.min(max_payload / seg).max(1);
+        remaining.min(segs * seg)
+    };
+    (chunk, (chunk > seg).then_some(seg))
+}
+
+/// A message's control data: the GSO segment size, then the source address.
+fn control(tr: &Transmit<'_>, gso_seg: Option<usize>) -> (CmsgBuf<SEND_CMSG_LEN>, usize) {
+    let mut ctrl = CmsgBuf::<SEND_CMSG_LEN>::zeroed();
+    let mut clen = 0usize;
+    if let Some(s) = gso_seg {
+        // `s <= max_payload < u16::MAX`, so the cast is exact.
+        clen =
+            cmsg::push(&mut ctrl, clen, libc::SOL_UDP, libc::UDP_SEGMENT, s as u16).unwrap_or(clen);
+    }
+    let pushed = match tr.src_ip {
+        Some(IpAddr::V4(ip)) => {
+            let info = sockaddr::pktinfo_v4(ip);
+            cmsg::push(&mut ctrl, clen, libc::IPPROTO_IP, libc::IP_PKTINFO, info)
+        }
+        Some(IpAddr::V6(ip)) => {
+            let info = sockaddr::pktinfo_v6(ip);
+            cmsg::push(
+                &mut ctrl,
+                clen,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_PKTINFO,
+                info,
+            )
+        }
+        None => None,
+    };
+    (ctrl, pushed.unwrap_or(clen))
+}
+
 /// Per-call stack scratch for one `sendmmsg`: headers, iovecs, addresses and control
 /// buffers, left uninitialised except for the entries a call fills (so a one-packet send
 /// does not pay for zeroing ~10 KB).
@@ -693,6 +729,33 @@ impl SendScratch {
             owner: [const { MaybeUninit::uninit() }; SEND_BATCH],
             first_uses_gso: false,
             sub: Vec::new(),
+        }
+    }
+
+    /// Sends the first `built` messages: `sendmmsg`'s count, or -1 with errno set. One
+    /// message (a ping-pong step) goes with `sendmsg`, which skips `sendmmsg`'s vector
+    /// handling: 0.03–0.07 µs per hop of an 8 B `softhca perf send --lat`.
+    ///
+    /// # Safety
+    /// `fill` built at least `built` messages, and the Transmits it was given are alive and
+    /// unmoved.
+    unsafe fn send(&mut self, fd: RawFd, built: usize) -> isize {
+        // SAFETY: `hdrs[..built]` were initialised by `fill`, and every pointer in them
+        // points into `self` (addresses, iovecs, control buffers) or into the Transmits
+        // (payload, piece lists), alive by the contract. The memory the pieces name is
+        // the caller's to keep readable; the kernel only reads it and fails with EFAULT
+        // where it is not mapped.
+        unsafe {
+            if built == 1 {
+                let hdr = &(*self.hdrs[0].as_ptr()).msg_hdr;
+                match libc::sendmsg(fd, hdr, 0) {
+                    bytes if bytes >= 0 => 1,
+                    _ => -1,
+                }
+            } else {
+                let hdrs = self.hdrs.as_mut_ptr() as *mut libc::mmsghdr;
+                libc::sendmmsg(fd, hdrs, built as libc::c_uint, 0) as isize
+            }
         }
     }
 
@@ -734,78 +797,13 @@ impl SendScratch {
                 break;
             }
             let len = tr.byte_len();
-            let remaining = len.saturating_sub(off);
-            let seg = match tr.segment_size {
-                Some(s) if s > 0 && s < remaining => s,
-                _ => remaining,
-            };
-            let (chunk, gso_seg) = if gso && plain_retry != Some(t) && seg < remaining {
-                // All of it when it fits one GSO message: a short last segment can make
-                // 16 segments of 4112 bytes fit where 16 full ones would not (the
-                // transport seals packet k with IPv4 ID k, so it must not be cut).
-                let chunk = if remaining <= max_payload && remaining.div_ceil(seg) <= max_segs {
-                    remaining
-                } else {
-                    let segs = max_segs.min(max_payload / seg).max(1);
-                    remaining.min(segs * seg)
-                };
-                (chunk, (chunk > seg).then_some(seg))
-            } else {
-                (remaining.min(seg), None)
-            };
-
-            // Control messages: segment size, then source address.
-            let mut ctrl = CmsgBuf::<SEND_CMSG_LEN>::zeroed();
-            let mut clen = 0usize;
-            if let Some(s) = gso_seg {
-                // `s <= max_payload < u16::MAX`, so the cast is exact.
-                clen = cmsg::push(&mut ctrl, clen, libc::SOL_UDP, libc::UDP_SEGMENT, s as u16)
-                    .unwrap_or(clen);
-            }
-            match tr.src_ip {
-                Some(IpAddr::V4(ip)) => {
-                    clen = cmsg::push(
-                        &mut ctrl,
-                        clen,
-                        libc::IPPROTO_IP,
-                        libc::IP_PKTINFO,
-                        sockaddr::pktinfo_v4(ip),
-                    )
-                    .unwrap_or(clen);
-                }
-                Some(IpAddr::V6(ip)) => {
-                    clen = cmsg::push(
-                        &mut ctrl,
-                        clen,
-                        libc::IPPROTO_IPV6,
-                        libc::IPV6_PKTINFO,
-                        sockaddr::pktinfo_v6(ip),
-                    )
-                    .unwrap_or(clen);
-                }
-                None => {}
-            }
+            let use_gso = gso && plain_retry != Some(t);
+            let (chunk, gso_seg) = chunk_of(tr, off, use_gso, max_payload, max_segs);
+            let (ctrl, clen) = control(tr, gso_seg);
             let (addr, addr_len) = RawAddr::new(&tr.dst);
             self.addrs[n].write(addr);
             self.ctrls[n].write(ctrl);
-            let (iov_ptr, iov_len) = if tr.pieces.is_empty() {
-                let payload = tr.contents.get(off..off + chunk).unwrap_or(&[]);
-                self.iovs[n].write(libc::iovec {
-                    iov_base: payload.as_ptr() as *mut libc::c_void,
-                    iov_len: payload.len(),
-                });
-                (self.iovs[n].as_mut_ptr(), 1)
-            } else if off == 0 && chunk == len {
-                // The whole Transmit in one message: the kernel gathers its pieces.
-                (tr.pieces.as_ptr() as *mut libc::iovec, tr.pieces.len())
-            } else {
-                // Cut (no GSO, too many segments): the pieces of this chunk. Rare.
-                let sub = sub_pieces(tr.pieces, off, chunk);
-                let ptr = sub.as_ptr() as *mut libc::iovec;
-                let k = sub.len();
-                self.sub.push(sub); // a Box: its slice does not move with the Vec
-                (ptr, k)
-            };
+            let (iov_ptr, iov_len) = self.iov(n, tr, off, chunk);
             // SAFETY: msghdr is plain data; all-zero is a valid (empty) value we then fill.
             let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
             if peer != Some(tr.dst) {
@@ -834,5 +832,33 @@ impl SendScratch {
             }
         }
         Ok(n)
+    }
+
+    /// The iovecs of message `n`: `chunk` bytes of `tr` from `off`.
+    fn iov(
+        &mut self,
+        n: usize,
+        tr: &Transmit<'_>,
+        off: usize,
+        chunk: usize,
+    ) -> (*mut libc::iovec, usize) {
+        if tr.pieces.is_empty() {
+            let payload = tr.contents.get(off..off + chunk).unwrap_or(&[]);
+            self.iovs[n].write(libc::iovec {
+                iov_base: payload.as_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            });
+            (self.iovs[n].as_mut_ptr(), 1)
+        } else if off == 0 && chunk == tr.byte_len() {
+            // The whole Transmit in one message: the kernel gathers its pieces.
+            (tr.pieces.as_ptr() as *mut libc::iovec, tr.pieces.len())
+        } else {
+            // Cut (no GSO, too many segments): the pieces of this chunk. Rare.
+            let sub = sub_pieces(tr.pieces, off, chunk);
+            let ptr = sub.as_ptr() as *mut libc::iovec;
+            let k = sub.len();
+            self.sub.push(sub); // a Box: its slice does not move with the Vec
+            (ptr, k)
+        }
     }
 }
