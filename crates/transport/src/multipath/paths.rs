@@ -1,0 +1,232 @@
+//! Per-path state: status, round trip, window, probes, counters; and the choice of
+//! path for the next packet.
+
+use crate::path::Path;
+use crate::timers::rtt_update;
+use crate::verbs::Nanos;
+
+use super::{MpPathStats, READMIT_MAX_NS};
+
+/// First window of a path, in packets.
+const INIT_CWND: u32 = 64;
+/// Smallest window.
+const MIN_CWND: u32 = 4;
+/// Largest window (the QP's own limit is `requester::MAX_UNACKED_PSNS`).
+const MAX_CWND: u32 = 1024;
+/// How long a probe waits for its answer at least.
+const PROBE_TIMEOUT_MIN_NS: Nanos = 2_000_000;
+/// First wait before probing a failed path again.
+const READMIT_FIRST_NS: Nanos = 1_000_000;
+
+/// Where a path stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathStatus {
+    /// Not yet validated: probed, carries no data.
+    Probing,
+    /// Carries data.
+    Active,
+    /// Lost packets or probes: carries no data, probed for readmission.
+    Failed,
+}
+
+impl PathStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            PathStatus::Probing => "probing",
+            PathStatus::Active => "active",
+            PathStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One path of a QP.
+#[derive(Debug, Clone)]
+pub(crate) struct PathState {
+    pub path: Path,
+    pub status: PathStatus,
+    pub srtt: Nanos,
+    pub cwnd: u32,
+    /// Packets sent on this path and not yet acknowledged or found lost.
+    pub inflight: u32,
+    /// Sequence number of the next packet sent on this path.
+    pub next_seq: u32,
+    /// Highest sequence number acknowledged (0: none; numbers start at 1).
+    pub acked_seq: u32,
+    /// Packets found lost in a row (reset by an acknowledged one).
+    pub loss_run: u32,
+    /// The window was last cut for a packet sent before this time.
+    pub cut_at: Nanos,
+    /// Probe outstanding: nonce and when sent.
+    pub probe: Option<(u32, Nanos)>,
+    /// Probes unanswered in a row.
+    pub probe_misses: u8,
+    /// When to probe next.
+    pub probe_at: Nanos,
+    /// Wait before the next readmission probe (doubles).
+    pub backoff: Nanos,
+    /// The last acknowledgement of a packet sent on this path, or probe answer.
+    pub alive_at: Nanos,
+    pub pkts: u64,
+    pub bytes: u64,
+    pub losses: u64,
+    pub retransmits: u64,
+    pub state_changes: u64,
+    pub probes: u64,
+    pub probe_acks: u64,
+}
+
+impl PathState {
+    pub fn new(path: Path, status: PathStatus, now: Nanos) -> PathState {
+        PathState {
+            path,
+            status,
+            srtt: 0,
+            cwnd: INIT_CWND,
+            inflight: 0,
+            next_seq: 1,
+            acked_seq: 0,
+            loss_run: 0,
+            cut_at: 0,
+            probe: None,
+            probe_misses: 0,
+            probe_at: now,
+            backoff: READMIT_FIRST_NS,
+            alive_at: now,
+            pkts: 0,
+            bytes: 0,
+            losses: 0,
+            retransmits: 0,
+            state_changes: 0,
+            probes: 0,
+            probe_acks: 0,
+        }
+    }
+
+    pub fn set_status(&mut self, s: PathStatus, now: Nanos) {
+        if self.status != s {
+            self.status = s;
+            self.state_changes += 1;
+            if s == PathStatus::Failed {
+                self.backoff = READMIT_FIRST_NS;
+                self.probe_at = now + self.backoff;
+                self.probe = None;
+            }
+        }
+    }
+
+    /// How long a probe on this path may take before it counts as lost.
+    pub fn probe_timeout(&self) -> Nanos {
+        (self.srtt * 4).max(PROBE_TIMEOUT_MIN_NS)
+    }
+
+    /// How long past its send time an unacknowledged packet on this path may be, with
+    /// later ones acknowledged, before it counts as lost (RACK: RTT plus a quarter, at
+    /// least 100 µs; 1 ms before a measurement).
+    pub fn reorder_wait(&self) -> Nanos {
+        if self.srtt == 0 {
+            return 1_000_000;
+        }
+        self.srtt + (self.srtt / 4).max(100_000)
+    }
+
+    pub fn on_rtt(&mut self, sample: Nanos) {
+        self.srtt = rtt_update(self.srtt, sample);
+    }
+
+    /// A packet sent on this path was acknowledged.
+    pub fn on_acked(&mut self, seq: u32, now: Nanos) {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.acked_seq = self.acked_seq.max(seq);
+        self.loss_run = 0;
+        self.alive_at = now;
+        if self.cwnd < MAX_CWND {
+            // Additive increase per acknowledged packet while below the first cut
+            // (slow start), per window after it.
+            if self.cut_at == 0 || self.pkts % u64::from(self.cwnd) == 0 {
+                self.cwnd += 1;
+            }
+        }
+    }
+
+    /// A packet sent on this path at `sent_at` was found lost.
+    pub fn on_lost(&mut self, sent_at: Nanos, now: Nanos) {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.losses += 1;
+        self.loss_run += 1;
+        if sent_at >= self.cut_at {
+            // Once per round trip: losses of one flight cut the window once.
+            self.cwnd = (self.cwnd / 2).max(MIN_CWND);
+            self.cut_at = now;
+        }
+    }
+
+    /// A probe answer with this nonce.
+    pub fn on_probe_ack(&mut self, nonce: u32, now: Nanos) -> bool {
+        let Some((n, at)) = self.probe else {
+            return false;
+        };
+        if n != nonce {
+            return false;
+        }
+        self.probe = None;
+        self.probe_misses = 0;
+        self.probe_acks += 1;
+        self.on_rtt(now.saturating_sub(at));
+        self.alive_at = now;
+        self.backoff = READMIT_FIRST_NS;
+        true
+    }
+
+    /// After a probe was sent: when the next one is due.
+    pub fn probe_sent(&mut self, nonce: u32, now: Nanos, keepalive: Nanos) {
+        self.probe = Some((nonce, now));
+        self.probes += 1;
+        self.probe_at = match self.status {
+            PathStatus::Failed => {
+                let at = now + self.backoff;
+                self.backoff = (self.backoff * 2).min(READMIT_MAX_NS);
+                at
+            }
+            PathStatus::Probing => now + self.probe_timeout(),
+            PathStatus::Active => now + keepalive,
+        };
+    }
+
+    pub fn room(&self) -> bool {
+        self.inflight < self.cwnd
+    }
+
+    pub fn stats(&self) -> MpPathStats {
+        MpPathStats {
+            src: self.path.src,
+            dst: self.path.dst,
+            sport: self.path.sport,
+            state: self.status.name(),
+            srtt_ns: self.srtt,
+            cwnd: self.cwnd,
+            inflight: self.inflight,
+            pkts: self.pkts,
+            bytes: self.bytes,
+            losses: self.losses,
+            retransmits: self.retransmits,
+            state_changes: self.state_changes,
+            probes: self.probes,
+            probe_acks: self.probe_acks,
+        }
+    }
+}
+
+/// The active path with room and the lowest round trip (unmeasured counts as the
+/// slowest), other than `avoid` when another qualifies.
+pub(crate) fn best(paths: &[PathState], avoid: Option<usize>) -> Option<usize> {
+    let key = |p: &PathState| (if p.srtt == 0 { Nanos::MAX } else { p.srtt }, p.inflight);
+    let pick = |skip: Option<usize>| {
+        paths
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| p.status == PathStatus::Active && p.room() && Some(*i) != skip)
+            .min_by_key(|(_, p)| key(p))
+            .map(|(i, _)| i)
+    };
+    pick(avoid).or_else(|| pick(None))
+}
