@@ -1070,9 +1070,10 @@ impl Engine {
             return;
         }
         let qp = qps.get_mut(&hello.to_qpn);
-        let Some(qp) = qp.filter(|q| q.is_rc() && q.attr.dest_qp_num == hello.from_qpn) else {
-            // No such QP here (yet, or connected elsewhere): say no only when
-            // multipath is off; a QP not created yet may be asked again.
+        let qp = qp.filter(|q| q.is_rc() && q.attr.dest_qp_num == hello.from_qpn);
+        let Some(qp) = qp.filter(|_| enabled) else {
+            // Multipath off here: say no at once. No such QP (yet, or connected
+            // elsewhere): silence; a QP not created yet is asked again.
             if !enabled {
                 let no = Hello {
                     answer: true,

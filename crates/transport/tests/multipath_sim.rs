@@ -25,10 +25,20 @@ fn mp_on(cfg: &mut EngineConfig) {
     };
 }
 
-/// Two nodes on `links` links, both with multipath on, and a connected RC pair.
+/// Two nodes on `links` links, both with multipath on, and a connected RC pair with
+/// a Local ACK Timeout of 16.8 ms (12): above the queueing delay of a full window at
+/// 10 Gb/s (0.8 ms), as real timeouts are (67 ms at perftest's 14).
 fn setup(seed: u64, links: u8) -> (SimNet, Qpn, Qpn) {
+    setup_with(seed, links, 12)
+}
+
+fn setup_with(seed: u64, links: u8, timeout: u8) -> (SimNet, Qpn, Qpn) {
     let mut net = SimNet::multihomed(seed, links, Mtu::M1024, mp_on);
-    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let o = RcOpts {
+        timeout,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
     (net, a, b)
 }
 
@@ -165,7 +175,19 @@ fn a_silent_peer_means_plain_rc_after_the_tries() {
 /// A bulk transfer with `fault` applied after `at_ns`; returns the longest gap between
 /// completions. Every byte is checked and the QP must stay in RTS.
 fn bulk_with_fault(seed: u64, links: u8, at_ns: u64, faults: &[PathFault]) -> (SimNet, Qpn, u64) {
+    bulk_on(seed, links, &[], at_ns, faults)
+}
+
+/// [`bulk_with_fault`] on paths with `fixed` faults from the start.
+fn bulk_on(
+    seed: u64,
+    links: u8,
+    fixed: &[PathFault],
+    at_ns: u64,
+    faults: &[PathFault],
+) -> (SimNet, Qpn, u64) {
     let (mut net, a, b) = setup(seed, links);
+    net.path_faults.extend_from_slice(fixed);
     settle(&mut net);
     let n = 256;
     let len = 32 * 1024;
@@ -231,10 +253,13 @@ fn a_cut_link_fails_its_paths_and_nothing_is_lost() {
     assert_eq!(c.local_ack_timeout_err, 0);
     assert_eq!(c.retry_exceeded_err, 0);
     let s = stats(&net, 0, a);
-    let failed = s.paths.iter().filter(|p| p.state == "failed").count();
-    assert_eq!(failed, 2, "the two paths to the cut address: {s:?}");
-    // The longest stall is a few reorder waits, far below the 1 ms timeout.
-    assert!(gap < 1_000_000, "gap {gap} ns");
+    // Every path with an end on link 1: from or to its addresses (a probe answer comes
+    // back on the reverse pair).
+    let to_cut = |p: &&MpPathStats| p.dst.ip() == ip(1, 1);
+    assert!(s.paths.iter().filter(to_cut).all(|p| p.state == "failed"), "{s:?}");
+    // The longest stall is a few round trips (0.9 ms with the queue), far below the
+    // timeout.
+    assert!(gap < 5_000_000, "gap {gap} ns");
 }
 
 #[test]
@@ -244,7 +269,7 @@ fn one_way_black_holes_in_either_direction() {
     let c = net.nodes[0].engine.counters();
     assert_eq!(c.retry_exceeded_err, 0);
     assert!(c.mp_path_failed >= 1);
-    assert!(gap < 1_000_000, "data-direction gap {gap} ns");
+    assert!(gap < 5_000_000, "data-direction gap {gap} ns: {c:?} {:?}", stats(&net, 0, _a));
     // ACK direction only (B → A on link 1).
     let (net, _a, gap) = bulk_with_fault(6, 2, 300_000, &[cut(None, Some(ip(0, 1)))]);
     let c = net.nodes[0].engine.counters();
@@ -271,14 +296,14 @@ fn asymmetric_delay_and_loss() {
             ..PathFault::default()
         },
     ];
-    let (net, a, _gap) = bulk_with_fault(7, 2, 0, &faults);
+    let (net, a, _gap) = bulk_on(7, 2, &faults, 0, &[]);
     let c = net.nodes[0].engine.counters();
     assert_eq!(c.retry_exceeded_err, 0);
     let s = stats(&net, 0, a);
-    let lost: u64 = s.paths.iter().map(|p| p.losses).sum();
+    let lost: u64 = s.paths.iter().map(|p| p.losses - p.spurious).sum();
     assert!(lost > 0, "{s:?}");
     // Selective: resends stay near the losses (not a window per loss).
-    assert!(s.resends <= 3 * lost + 8, "resent {} for {lost} lost", s.resends);
+    assert!(s.resends <= 3 * lost + 8, "resent {} for {lost} lost: {s:?}", s.resends);
 }
 
 #[test]
@@ -296,7 +321,7 @@ fn four_links_one_cut_and_restored_is_readmitted() {
 
 #[test]
 fn every_path_cut_shorter_than_the_retry_budget_resumes() {
-    let (mut net, a, _b) = setup(9, 2);
+    let (mut net, a, _b) = setup_with(9, 2, 8);
     settle(&mut net);
     let la = net.reg(0, 4 * MIB, full_access());
     let rb = net.reg(1, 4 * MIB, full_access());
@@ -318,7 +343,7 @@ fn every_path_cut_shorter_than_the_retry_budget_resumes() {
 
 #[test]
 fn every_path_cut_for_good_ends_in_retry_exceeded_without_a_hang() {
-    let (mut net, a, _b) = setup(10, 2);
+    let (mut net, a, _b) = setup_with(10, 2, 8);
     settle(&mut net);
     let la = net.reg(0, MIB, full_access());
     let rb = net.reg(1, MIB, full_access());

@@ -109,6 +109,8 @@ impl Board {
             if s.mark == Mark::Out || s.mark == Mark::Sacked {
                 credit(&s, paths, now, s.mark == Mark::Out);
                 self.newest_acked_at = self.newest_acked_at.max(s.at);
+            } else if s.mark == Mark::Lost {
+                late(&s, paths, now);
             }
         }
     }
@@ -131,13 +133,16 @@ impl Board {
             } else if s.mark == Mark::Lost {
                 // Arrived after all (late, not lost): no resend needed.
                 s.mark = Mark::Sacked;
+                late(s, paths, now);
             }
             p = p.next();
         }
     }
 
     /// Find packets lost: three later packets on their path acknowledged, or, with a
-    /// later-sent packet acknowledged, older than their path's reorder wait.
+    /// later-sent packet acknowledged, older than their path's reorder wait; or, with
+    /// nothing sent after them acknowledged (a lost tail, a lost resend), older than
+    /// twice that (the probe timeout of RACK-TLP, RFC 8985).
     pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
         let mut f = Found::default();
         let newest = self.newest_acked_at;
@@ -145,14 +150,16 @@ impl Board {
         for s in self.sent.iter_mut() {
             let this = psn;
             psn = psn.next();
-            if s.mark != Mark::Out || s.at >= newest {
+            if s.mark != Mark::Out {
                 continue;
             }
             let Some(p) = paths.get_mut(usize::from(s.path)) else {
                 continue;
             };
-            let by_seq = p.acked_seq >= s.seq + 3;
-            let due = s.at + p.reorder_wait();
+            let later_acked = s.at < newest;
+            let by_seq = later_acked && p.acked_seq >= s.seq + 3;
+            let wait = p.reorder_wait();
+            let due = s.at + if later_acked { wait } else { 2 * wait };
             if by_seq || due <= now {
                 s.mark = Mark::Lost;
                 p.on_lost(s.at, now);
@@ -195,13 +202,26 @@ impl Board {
     }
 }
 
-fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
+/// A packet taken for lost arrived before its resend left: its path is slower than
+/// its round trip said (a delay that grew). Its send time is still the original one:
+/// a round-trip sample, and the losses in a row that could fail the path are undone.
+fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
         if !s.resent {
             p.on_rtt(now.saturating_sub(s.at));
         }
+        p.loss_run = p.loss_run.saturating_sub(1);
+        p.spurious += 1;
+    }
+}
+
+fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
+    if let Some(p) = paths.get_mut(usize::from(s.path)) {
+        if in_flight && !s.resent {
+            p.on_rtt(now.saturating_sub(s.at));
+        }
         if in_flight {
-            p.on_acked(s.seq, now);
+            p.on_acked((!s.resent).then_some(s.seq), now);
         } else {
             p.alive_at = now;
         }

@@ -236,6 +236,8 @@ pub struct MpPathStats {
     pub bytes: u64,
     /// Packets found lost on this path.
     pub losses: u64,
+    /// Of those, packets that arrived after all (late, not lost).
+    pub spurious: u64,
     /// Retransmissions sent on this path.
     pub retransmits: u64,
     /// State changes (probing/active/failed).

@@ -14,7 +14,7 @@ const MIN_CWND: u32 = 4;
 /// Largest window (the QP's own limit is `requester::MAX_UNACKED_PSNS`).
 const MAX_CWND: u32 = 1024;
 /// How long a probe waits for its answer at least.
-const PROBE_TIMEOUT_MIN_NS: Nanos = 2_000_000;
+const PROBE_TIMEOUT_MIN_NS: Nanos = 5_000_000;
 /// First wait before probing a failed path again.
 const READMIT_FIRST_NS: Nanos = 1_000_000;
 
@@ -45,6 +45,8 @@ pub(crate) struct PathState {
     pub path: Path,
     pub status: PathStatus,
     pub srtt: Nanos,
+    /// Round-trip variation (RFC 6298).
+    pub rttvar: Nanos,
     pub cwnd: u32,
     /// Packets sent on this path and not yet acknowledged or found lost.
     pub inflight: u32,
@@ -56,6 +58,11 @@ pub(crate) struct PathState {
     pub loss_run: u32,
     /// The window was last cut for a packet sent before this time.
     pub cut_at: Nanos,
+    /// Acknowledged packets since the window last grew (congestion avoidance).
+    pub acked_since_grow: u32,
+    /// Losses in the current loss round, and when the last one was found.
+    pub round_losses: u32,
+    pub last_loss_at: Nanos,
     /// Probe outstanding: nonce and when sent.
     pub probe: Option<(u32, Nanos)>,
     /// Probes unanswered in a row.
@@ -69,6 +76,8 @@ pub(crate) struct PathState {
     pub pkts: u64,
     pub bytes: u64,
     pub losses: u64,
+    /// Packets taken for lost that arrived after all.
+    pub spurious: u64,
     pub retransmits: u64,
     pub state_changes: u64,
     pub probes: u64,
@@ -81,12 +90,16 @@ impl PathState {
             path,
             status,
             srtt: 0,
+            rttvar: 0,
             cwnd: INIT_CWND,
             inflight: 0,
             next_seq: 1,
             acked_seq: 0,
             loss_run: 0,
             cut_at: 0,
+            acked_since_grow: 0,
+            round_losses: 0,
+            last_loss_at: 0,
             probe: None,
             probe_misses: 0,
             probe_at: now,
@@ -95,6 +108,7 @@ impl PathState {
             pkts: 0,
             bytes: 0,
             losses: 0,
+            spurious: 0,
             retransmits: 0,
             state_changes: 0,
             probes: 0,
@@ -116,34 +130,47 @@ impl PathState {
 
     /// How long a probe on this path may take before it counts as lost.
     pub fn probe_timeout(&self) -> Nanos {
-        (self.srtt * 4).max(PROBE_TIMEOUT_MIN_NS)
+        (3 * (self.srtt + 4 * self.rttvar)).max(PROBE_TIMEOUT_MIN_NS)
     }
 
     /// How long past its send time an unacknowledged packet on this path may be, with
-    /// later ones acknowledged, before it counts as lost (RACK: RTT plus a quarter, at
-    /// least 100 µs; 1 ms before a measurement).
+    /// later ones acknowledged, before it counts as lost: its smoothed RTT plus the
+    /// larger of four variations (queueing that grows), a quarter RTT (RACK's reorder
+    /// window) and 100 µs; 1 ms before a measurement.
     pub fn reorder_wait(&self) -> Nanos {
         if self.srtt == 0 {
             return 1_000_000;
         }
-        self.srtt + (self.srtt / 4).max(100_000)
+        self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)
     }
 
     pub fn on_rtt(&mut self, sample: Nanos) {
+        if self.srtt == 0 {
+            self.rttvar = sample / 2;
+        } else {
+            // RFC 6298: rttvar = 3/4 rttvar + 1/4 |srtt - sample|, before srtt moves.
+            let dev = self.srtt.abs_diff(sample);
+            self.rttvar = self.rttvar - self.rttvar / 4 + dev / 4;
+        }
         self.srtt = rtt_update(self.srtt, sample);
     }
 
-    /// A packet sent on this path was acknowledged.
-    pub fn on_acked(&mut self, seq: u32, now: Nanos) {
+    /// A packet sent on this path was acknowledged; `seq` None when it had been sent
+    /// more than once (which copy arrived is unknown: no ordering information, Karn).
+    pub fn on_acked(&mut self, seq: Option<u32>, now: Nanos) {
         self.inflight = self.inflight.saturating_sub(1);
-        self.acked_seq = self.acked_seq.max(seq);
+        if let Some(seq) = seq {
+            self.acked_seq = self.acked_seq.max(seq);
+        }
         self.loss_run = 0;
         self.alive_at = now;
         if self.cwnd < MAX_CWND {
-            // Additive increase per acknowledged packet while below the first cut
-            // (slow start), per window after it.
-            if self.cut_at == 0 || self.pkts % u64::from(self.cwnd) == 0 {
+            // One more packet per acknowledged one until the first cut (slow start),
+            // one per window after it.
+            self.acked_since_grow += 1;
+            if self.cut_at == 0 || self.acked_since_grow >= self.cwnd {
                 self.cwnd += 1;
+                self.acked_since_grow = 0;
             }
         }
     }
@@ -153,10 +180,21 @@ impl PathState {
         self.inflight = self.inflight.saturating_sub(1);
         self.losses += 1;
         self.loss_run += 1;
-        if sent_at >= self.cut_at {
-            // Once per round trip: losses of one flight cut the window once.
+        if now > self.last_loss_at + self.srtt.max(100_000) {
+            self.round_losses = 0;
+        }
+        self.last_loss_at = now;
+        if sent_at < self.cut_at {
+            return;
+        }
+        // A lone loss in a round trip is taken for noise (a lossy link, not a full
+        // queue); a second one in the same round trip halves the window, once per
+        // round trip (losses of one flight cut it once).
+        self.round_losses += 1;
+        if self.round_losses >= 2 {
             self.cwnd = (self.cwnd / 2).max(MIN_CWND);
             self.cut_at = now;
+            self.round_losses = 0;
         }
     }
 
@@ -208,6 +246,7 @@ impl PathState {
             pkts: self.pkts,
             bytes: self.bytes,
             losses: self.losses,
+            spurious: self.spurious,
             retransmits: self.retransmits,
             state_changes: self.state_changes,
             probes: self.probes,
