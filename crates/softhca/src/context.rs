@@ -339,6 +339,7 @@ impl Device {
             } else {
                 CcAlgorithm::Off
             },
+            mp: cfg.multipath.clone(),
             ..EngineConfig::default()
         };
         let attr = device_attr(&ecfg, &gids);
@@ -629,6 +630,13 @@ impl Context {
     /// events (QPs that have sent nothing yet have none).
     pub fn congestion(&self) -> Vec<(crate::Qpn, softhca_transport::CcStats)> {
         self.dev.shared.engine.lock().engine.cc_stats()
+    }
+
+    /// Each RC QP's multipath extension state: negotiation, and per path its state,
+    /// round trip, window, packets, bytes, losses and state changes (QPs that stayed
+    /// plain RC have none).
+    pub fn multipath(&self) -> Vec<(crate::Qpn, softhca_transport::MpStats)> {
+        self.dev.shared.engine.lock().engine.mp_all()
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).

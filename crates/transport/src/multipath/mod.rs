@@ -264,3 +264,61 @@ pub struct MpStats {
     /// Packets resent selectively.
     pub resends: u64,
 }
+
+impl MpState {
+    /// `negotiating`, `on` or `off`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MpState::Negotiating => "negotiating",
+            MpState::On => "on",
+            MpState::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for MpPathStats {
+    /// One line: `10.0.0.1 -> 10.0.1.2:4791 sport 49901 active srtt 84us cwnd 96
+    /// inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 changes 1 probes 4/4`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} -> {} sport {} {} srtt {}us cwnd {} inflight {} pkts {} bytes {} lost {} (late {}) resent {} changes {} probes {}/{}",
+            self.src,
+            self.dst,
+            self.sport,
+            self.state,
+            self.srtt_ns / 1000,
+            self.cwnd,
+            self.inflight,
+            self.pkts,
+            self.bytes,
+            self.losses,
+            self.spurious,
+            self.retransmits,
+            self.state_changes,
+            self.probe_acks,
+            self.probes,
+        )
+    }
+}
+
+impl std::fmt::Display for MpStats {
+    /// A header line (`multipath on, 4 paths, sacks sent 3 received 12, resent 9`),
+    /// then one line per path, indented by a tab.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "multipath {}, {} paths{}, sacks sent {} received {}, resent {}",
+            self.state.name(),
+            self.paths.len(),
+            if self.active { "" } else { " (idle)" },
+            self.sacks_sent,
+            self.sacks_rcvd,
+            self.resends,
+        )?;
+        for (i, p) in self.paths.iter().enumerate() {
+            write!(f, "\n\tpath {i}: {p}")?;
+        }
+        Ok(())
+    }
+}
