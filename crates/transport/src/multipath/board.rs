@@ -146,6 +146,7 @@ impl Board {
     pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
         let mut f = Found::default();
         let newest = self.newest_acked_at;
+        let floor = super::paths::reorder_floor(paths);
         let mut psn = self.base;
         for s in self.sent.iter_mut() {
             let this = psn;
@@ -158,7 +159,7 @@ impl Board {
             };
             let later_acked = s.at < newest;
             let by_seq = later_acked && p.acked_seq >= s.seq + 3;
-            let wait = p.reorder_wait();
+            let wait = p.reorder_wait(floor);
             let due = s.at + if later_acked { wait } else { 2 * wait };
             if by_seq || due <= now {
                 s.mark = Mark::Lost;
@@ -180,6 +181,7 @@ impl Board {
                 s.mark = Mark::Lost;
                 if let Some(p) = paths.get_mut(usize::from(path)) {
                     p.inflight = p.inflight.saturating_sub(1);
+                    p.losses += 1;
                 }
                 lost.push(psn);
             }
@@ -277,7 +279,7 @@ mod tests {
         b.sack(Psn::new(2), Psn::new(2), &mut ps, 20_000);
         let f = b.detect(&mut ps, 20_000);
         assert!(f.lost.is_empty());
-        let wait = ps[1].reorder_wait();
+        let wait = ps[1].reorder_wait(0);
         assert_eq!(f.next_check, Some(wait));
         let f = b.detect(&mut ps, wait);
         assert_eq!(f.lost, vec![Psn::new(0), Psn::new(1)]);

@@ -556,10 +556,17 @@ impl Qp {
                 let Some(m) = self.mp.as_deref_mut() else {
                     return;
                 };
+                let slowest = m.paths.iter().map(|q| q.srtt).max().unwrap_or(0);
                 if let Some(path) = m.paths.get_mut(usize::from(p.path)) {
                     if path.on_probe_ack(p.nonce, now) && path.status != PathStatus::Active {
                         if path.status == PathStatus::Failed {
                             ctx.counters.mp_path_readmitted += 1;
+                            // What it measured before it failed may be stale: start
+                            // from the slowest path's round trip, so its first packets
+                            // are not taken for lost while it proves itself.
+                            path.srtt = path.srtt.max(slowest);
+                            path.rttvar = path.rttvar.max(path.srtt / 2);
+                            path.loss_run = 0;
                         }
                         path.set_status(PathStatus::Active, now);
                     }

@@ -136,12 +136,13 @@ impl PathState {
     /// How long past its send time an unacknowledged packet on this path may be, with
     /// later ones acknowledged, before it counts as lost: its smoothed RTT plus the
     /// larger of four variations (queueing that grows), a quarter RTT (RACK's reorder
-    /// window) and 100 µs; 1 ms before a measurement.
-    pub fn reorder_wait(&self) -> Nanos {
+    /// window) and 100 µs; 1 ms before a measurement. Never less than `floor` (see
+    /// [`reorder_floor`]).
+    pub fn reorder_wait(&self, floor: Nanos) -> Nanos {
         if self.srtt == 0 {
-            return 1_000_000;
+            return floor.max(1_000_000);
         }
-        self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)
+        (self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)).max(floor)
     }
 
     pub fn on_rtt(&mut self, sample: Nanos) {
@@ -209,7 +210,11 @@ impl PathState {
         self.probe = None;
         self.probe_misses = 0;
         self.probe_acks += 1;
-        self.on_rtt(now.saturating_sub(at));
+        if self.srtt == 0 {
+            // A probe jumps the queue of data (extension packets leave first): its
+            // round trip only seeds a path that has no data samples yet.
+            self.on_rtt(now.saturating_sub(at));
+        }
         self.alive_at = now;
         self.backoff = READMIT_FIRST_NS;
         true
@@ -253,6 +258,20 @@ impl PathState {
             probe_acks: self.probe_acks,
         }
     }
+}
+
+/// The least reorder wait of any path: the largest smoothed RTT of the active paths plus
+/// a quarter. Why: every path of a QP leaves through the same host queues (socket
+/// buffer, qdisc), and a path's own samples may be old or come from probes; a packet
+/// is not taken for lost before the slowest working path could have delivered it.
+pub(crate) fn reorder_floor(paths: &[PathState]) -> Nanos {
+    let m = paths
+        .iter()
+        .filter(|p| p.status == PathStatus::Active)
+        .map(|p| p.srtt)
+        .max()
+        .unwrap_or(0);
+    m + m / 4
 }
 
 /// The active path with room and the lowest round trip (unmeasured counts as the
