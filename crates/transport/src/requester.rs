@@ -719,6 +719,17 @@ impl Qp {
             ctx.counters.completer_retry_err += 1;
         }
         self.cc_loss(ctx, cause);
+        if matches!(cause, LossCause::Timeout | LossCause::Quiet) && self.mp_resend_all(from) {
+            // Multipath: everything unacknowledged and not held by the responder goes
+            // again, alone, on the paths that work; the send position stays.
+            if cause == LossCause::Timeout {
+                self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
+            }
+            self.req.rto = self.rto_deadline(ctx.now);
+            self.req.quiet_from = ctx.now;
+            self.req.last_retransmit_at = Some(ctx.now);
+            return true;
+        }
         if cause == LossCause::Timeout {
             self.mp_restart();
         }

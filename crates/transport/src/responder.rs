@@ -125,6 +125,9 @@ impl Qp {
 
     /// A request packet (anything but a response) for this QP.
     pub fn on_request(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], meta: &RxMeta) {
+        if let Some(m) = self.mp.as_deref_mut() {
+            m.last_rx = Some((meta.dst, meta.src));
+        }
         if !matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe

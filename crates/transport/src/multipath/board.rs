@@ -190,6 +190,28 @@ impl Board {
         lost
     }
 
+    /// Mark every packet from `from` on that the responder does not hold as lost (a
+    /// retransmit timeout): returns those to resend, lost before or now, in order.
+    pub fn all_lost(&mut self, from: Psn, paths: &mut [PathState]) -> Vec<Psn> {
+        let mut lost = Vec::new();
+        let mut psn = self.base;
+        for s in self.sent.iter_mut() {
+            if !psn.is_before(from) {
+                if s.mark == Mark::Out {
+                    s.mark = Mark::Lost;
+                    if let Some(p) = paths.get_mut(usize::from(s.path)) {
+                        p.inflight = p.inflight.saturating_sub(1);
+                    }
+                }
+                if s.mark == Mark::Lost {
+                    lost.push(psn);
+                }
+            }
+            psn = psn.next();
+        }
+        lost
+    }
+
     /// Whether `psn` still needs a resend (lost, not since SACKed or acknowledged).
     pub fn needs_resend(&self, psn: Psn) -> bool {
         self.get(psn).is_some_and(|s| s.mark == Mark::Lost)
@@ -212,8 +234,7 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
         if !s.resent {
             p.on_rtt(now.saturating_sub(s.at));
         }
-        p.loss_run = p.loss_run.saturating_sub(1);
-        p.spurious += 1;
+        p.on_spurious();
     }
 }
 

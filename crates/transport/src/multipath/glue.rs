@@ -357,6 +357,19 @@ impl Qp {
             return primary;
         };
         let n = m.paths.len();
+        if each {
+            // Back the way the last request came, while that path is active: the
+            // reverse of a working path most likely works, and the requester's round
+            // trip samples then belong to one pair of addresses.
+            let back = m.last_rx.and_then(|(l, r)| {
+                m.paths.iter().find(|p| {
+                    p.status == PathStatus::Active && p.path.src == l && same_ip(p.path.dst.ip(), r)
+                })
+            });
+            if let Some(p) = back {
+                return p.path;
+            }
+        }
         let ok = |m: &Multipath, i: usize| {
             m.paths
                 .get(i)
@@ -599,6 +612,29 @@ impl Qp {
             m.board.sack(a, b, &mut m.paths, now);
         }
         self.mp_detect(ctx);
+    }
+
+    /// A retransmit timeout or silence with multipath: resend every packet from `from`
+    /// on that the responder does not hold, selectively. False when that cannot be
+    /// done (not active, `from` before the scoreboard, or a READ or atomic there):
+    /// then plain RC's go-back-N.
+    pub(crate) fn mp_resend_all(&mut self, from: Psn) -> bool {
+        let rd_atomic = self
+            .req
+            .sq
+            .iter()
+            .any(|w| w.contains(from) && w.is_rd_atomic());
+        let Some(m) = self.mp.as_deref_mut().filter(|m| m.active) else {
+            return false;
+        };
+        if rd_atomic || from.is_before(m.board.base) || m.board.sent.is_empty() {
+            return false;
+        }
+        let lost = m.board.all_lost(from, &mut m.paths);
+        m.resend.clear();
+        m.resend.extend(lost);
+        m.cur = None;
+        true
     }
 
     /// A go-back-N restart (every path silent for a whole timeout): the scoreboard

@@ -168,6 +168,9 @@ pub(crate) struct Multipath {
     pub burst_left: u32,
     /// Round robin over paths for responder output.
     pub resp_rr: usize,
+    /// Responder: the (local, remote) addresses the last request came in on; ACKs go
+    /// back the same way while that path is active.
+    pub last_rx: Option<(IpAddr, IpAddr)>,
     /// Responder: a SACK is owed.
     pub sack_due: bool,
     /// Responder: early packets kept since the last SACK.
@@ -197,6 +200,7 @@ impl Multipath {
             cur: None,
             burst_left: 0,
             resp_rr: 0,
+            last_rx: None,
             sack_due: false,
             kept_since_sack: 0,
             loss_at: None,

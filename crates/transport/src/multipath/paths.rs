@@ -10,7 +10,7 @@ use super::{MpPathStats, READMIT_MAX_NS};
 /// First window of a path, in packets.
 const INIT_CWND: u32 = 64;
 /// Smallest window.
-const MIN_CWND: u32 = 4;
+const MIN_CWND: u32 = 16;
 /// Largest window (the QP's own limit is `requester::MAX_UNACKED_PSNS`).
 const MAX_CWND: u32 = 1024;
 /// How long a probe waits for its answer at least.
@@ -60,6 +60,8 @@ pub(crate) struct PathState {
     pub cut_at: Nanos,
     /// Acknowledged packets since the window last grew (congestion avoidance).
     pub acked_since_grow: u32,
+    /// The window before the last cut (0: none to undo).
+    pub prior_cwnd: u32,
     /// Losses in the current loss round, and when the last one was found.
     pub round_losses: u32,
     pub last_loss_at: Nanos,
@@ -98,6 +100,7 @@ impl PathState {
             loss_run: 0,
             cut_at: 0,
             acked_since_grow: 0,
+            prior_cwnd: 0,
             round_losses: 0,
             last_loss_at: 0,
             probe: None,
@@ -193,10 +196,22 @@ impl PathState {
         // round trip (losses of one flight cut it once).
         self.round_losses += 1;
         if self.round_losses >= 2 {
+            self.prior_cwnd = self.prior_cwnd.max(self.cwnd);
             self.cwnd = (self.cwnd / 2).max(MIN_CWND);
             self.cut_at = now;
             self.round_losses = 0;
         }
+    }
+
+    /// A packet taken for lost arrived after all: the losses were reordering or a slow
+    /// ACK, not a full queue; the window cut they made is undone (TCP's undo, RFC 3522).
+    pub fn on_spurious(&mut self) {
+        self.spurious += 1;
+        self.loss_run = self.loss_run.saturating_sub(1);
+        if self.prior_cwnd > self.cwnd {
+            self.cwnd = self.prior_cwnd;
+        }
+        self.prior_cwnd = 0;
     }
 
     /// A probe answer with this nonce.
