@@ -421,7 +421,9 @@ impl Config {
                 .ok()
                 .filter(|n| (1..=16).contains(n))
                 .ok_or_else(|| {
-                    Error::Config(format!("SOFTHCA_MP_SPORTS: {v:?} is not a count from 1 to 16"))
+                    Error::Config(format!(
+                        "SOFTHCA_MP_SPORTS: {v:?} is not a count from 1 to 16"
+                    ))
                 })?;
         }
         if let Some(v) = env("SOFTHCA_RUN_DIR") {

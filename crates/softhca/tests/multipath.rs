@@ -59,8 +59,16 @@ fn wait_paths(ctx: &Context, paths: usize) -> MpStats {
 #[test]
 fn two_addresses_each_side_use_four_paths() {
     const LEN: usize = 16 << 20;
-    let a = side(open_on(&["127.0.61.1", "127.0.61.3"], true), QpType::Rc, LEN);
-    let b = side(open_on(&["127.0.61.2", "127.0.61.4"], true), QpType::Rc, LEN);
+    let a = side(
+        open_on(&["127.0.61.1", "127.0.61.3"], true),
+        QpType::Rc,
+        LEN,
+    );
+    let b = side(
+        open_on(&["127.0.61.2", "127.0.61.4"], true),
+        QpType::Rc,
+        LEN,
+    );
     connect(&a, &b);
     wait_paths(&a.ctx, 4);
     wait_paths(&b.ctx, 4);
@@ -80,8 +88,16 @@ fn two_addresses_each_side_use_four_paths() {
 #[test]
 fn multipath_off_on_one_side_is_plain_rc() {
     const LEN: usize = 4 << 20;
-    let a = side(open_on(&["127.0.61.5", "127.0.61.7"], true), QpType::Rc, LEN);
-    let b = side(open_on(&["127.0.61.6", "127.0.61.8"], false), QpType::Rc, LEN);
+    let a = side(
+        open_on(&["127.0.61.5", "127.0.61.7"], true),
+        QpType::Rc,
+        LEN,
+    );
+    let b = side(
+        open_on(&["127.0.61.6", "127.0.61.8"], false),
+        QpType::Rc,
+        LEN,
+    );
     connect(&a, &b);
     let data = pattern(LEN, 0x77);
     a.mr.write(0, &data).unwrap();

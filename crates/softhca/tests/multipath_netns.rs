@@ -51,20 +51,37 @@ impl Net {
         for ns in [&n.a, &n.b] {
             ok = ok
                 && run(&["ip", "-n", ns, "link", "set", "lo", "up"])
-                && run(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])
-                && run(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0"]);
+                && run(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.conf.all.rp_filter=0",
+                ])
+                && run(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.conf.default.rp_filter=0",
+                ]);
         }
         for k in 1..=2 {
             let (va, vb) = (n.veth('a', k), n.veth('b', k));
             let (ia, ib) = (format!("10.61.{k}.1/24"), format!("10.61.{k}.2/24"));
-            ok = ok
-                && run(&["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb])
-                && run(&["ip", "link", "set", &va, "netns", &n.a])
-                && run(&["ip", "link", "set", &vb, "netns", &n.b])
-                && run(&["ip", "-n", &n.a, "addr", "add", &ia, "dev", &va])
-                && run(&["ip", "-n", &n.b, "addr", "add", &ib, "dev", &vb])
-                && run(&["ip", "-n", &n.a, "link", "set", &va, "up"])
-                && run(&["ip", "-n", &n.b, "link", "set", &vb, "up"]);
+            ok =
+                ok && run(&[
+                    "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
+                ]) && run(&["ip", "link", "set", &va, "netns", &n.a])
+                    && run(&["ip", "link", "set", &vb, "netns", &n.b])
+                    && run(&["ip", "-n", &n.a, "addr", "add", &ia, "dev", &va])
+                    && run(&["ip", "-n", &n.b, "addr", "add", &ib, "dev", &vb])
+                    && run(&["ip", "-n", &n.a, "link", "set", &va, "up"])
+                    && run(&["ip", "-n", &n.b, "link", "set", &vb, "up"]);
         }
         if !ok {
             eprintln!("skipped: could not build the two namespaces");
@@ -90,13 +107,29 @@ impl Net {
                 };
                 let ok = nft(&["add", "table", "inet", "mpcut"])
                     && nft(&[
-                        "add", "chain", "inet", "mpcut", "pre",
+                        "add",
+                        "chain",
+                        "inet",
+                        "mpcut",
+                        "pre",
                         "{ type filter hook prerouting priority -300; }",
                     ])
-                    && nft(&["add", "rule", "inet", "mpcut", "pre", "iifname", &dev, "drop"]);
+                    && nft(&[
+                        "add", "rule", "inet", "mpcut", "pre", "iifname", &dev, "drop",
+                    ]);
                 assert!(ok, "nft cut");
             } else {
-                let del = ["ip", "netns", "exec", ns.as_str(), "nft", "delete", "table", "inet", "mpcut"];
+                let del = [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns.as_str(),
+                    "nft",
+                    "delete",
+                    "table",
+                    "inet",
+                    "mpcut",
+                ];
                 assert!(run(&del), "nft restore");
             }
         }
@@ -117,10 +150,16 @@ fn in_ns<T>(ns: &str, f: impl FnOnce() -> T) -> T {
     let there = File::open(format!("/run/netns/{ns}")).expect("namespace");
     // SAFETY: setns on valid descriptors of network namespaces; it changes only this
     // thread's namespace.
-    assert_eq!(unsafe { libc::setns(there.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+    assert_eq!(
+        unsafe { libc::setns(there.as_raw_fd(), libc::CLONE_NEWNET) },
+        0
+    );
     let r = f();
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+    assert_eq!(
+        unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) },
+        0
+    );
     r
 }
 
@@ -141,7 +180,11 @@ fn open_in(ns: &str, addrs: [&str; 2]) -> Arc<Context> {
 }
 
 fn stats(ctx: &Context) -> MpStats {
-    ctx.multipath().into_iter().next().expect("a multipath QP").1
+    ctx.multipath()
+        .into_iter()
+        .next()
+        .expect("a multipath QP")
+        .1
 }
 
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
@@ -159,8 +202,16 @@ fn one_qp_over_two_links_survives_a_cut_link() {
     const N: usize = 256;
     const LEN: usize = 256 << 10;
     const WINDOW: usize = 8;
-    let a = side(open_in(&net.a, ["10.61.1.1", "10.61.2.1"]), QpType::Rc, N * LEN);
-    let b = side(open_in(&net.b, ["10.61.1.2", "10.61.2.2"]), QpType::Rc, N * LEN);
+    let a = side(
+        open_in(&net.a, ["10.61.1.1", "10.61.2.1"]),
+        QpType::Rc,
+        N * LEN,
+    );
+    let b = side(
+        open_in(&net.b, ["10.61.1.2", "10.61.2.2"]),
+        QpType::Rc,
+        N * LEN,
+    );
     connect(&a, &b);
     wait_for("four active paths", Duration::from_secs(5), || {
         a.ctx
@@ -203,7 +254,13 @@ fn one_qp_over_two_links_survives_a_cut_link() {
         }
         last = now;
         for c in &wc[..k] {
-            assert_eq!(c.status, WcStatus::Success, "WR {}: {:?}", c.wr_id, a.ctx.multipath());
+            assert_eq!(
+                c.status,
+                WcStatus::Success,
+                "WR {}: {:?}",
+                c.wr_id,
+                a.ctx.multipath()
+            );
             assert_eq!(c.wr_id, got as u64, "in order");
             got += 1;
             if posted < N {
@@ -218,9 +275,15 @@ fn one_qp_over_two_links_survives_a_cut_link() {
     assert_eq!(b.qp.query().unwrap().0.qp_state, QpState::Rts);
     let s = stats(&a.ctx);
     eprintln!("transfer went on {cut_for:?} after the cut; longest wait for a completion then: {gap:?}\n{s}");
-    let on_link2 = |p: &&MpPathStats| p.src.to_string().starts_with("10.61.2.") || p.dst.ip().to_string().starts_with("10.61.2.");
+    let on_link2 = |p: &&MpPathStats| {
+        p.src.to_string().starts_with("10.61.2.") || p.dst.ip().to_string().starts_with("10.61.2.")
+    };
     wait_for("the cut paths failed", Duration::from_secs(2), || {
-        stats(&a.ctx).paths.iter().filter(on_link2).all(|p| p.state == "failed")
+        stats(&a.ctx)
+            .paths
+            .iter()
+            .filter(on_link2)
+            .all(|p| p.state == "failed")
     });
     assert_eq!(counter(&a.ctx, "retry_exceeded_err"), 0);
     net.cut(2, false);

@@ -59,7 +59,7 @@ pub use config::EngineConfig;
 pub use counters::Counters;
 pub use datagram::{DatagramInfo, TailCrc, Transmit, TxPiece};
 pub use engine::{Engine, SegmentKind};
-pub use multipath::{MpConfig, MpPathStats, MpState, MpStats};
 pub use error::TransportError;
+pub use multipath::{MpConfig, MpPathStats, MpState, MpStats};
 pub use softhca_memory::External;
 pub use verbs::*;

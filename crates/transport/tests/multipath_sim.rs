@@ -127,14 +127,20 @@ fn negotiates_validates_every_address_pair_and_sprays() {
     assert!(used >= 2, "data on several paths: {s:?}");
     // The negotiation MAD went first, extension opcodes only after it.
     let ops = seen.borrow();
-    let first_mp = ops.iter().position(|&o| o >= 0xe0).expect("extension packets");
-    let first_mad = ops.iter().position(|&o| o == 0x64).expect("negotiation MAD");
+    let first_mp = ops
+        .iter()
+        .position(|&o| o >= 0xe0)
+        .expect("extension packets");
+    let first_mad = ops
+        .iter()
+        .position(|&o| o == 0x64)
+        .expect("negotiation MAD");
     assert!(first_mad < first_mp);
 }
 
 #[test]
 fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
-    let mut net = SimNet::multihomed(2, 2, Mtu::M1024, |c| mp_on(c));
+    let mut net = SimNet::multihomed(2, 2, Mtu::M1024, mp_on);
     net.nodes[1].engine = {
         let mut cfg = net.nodes[1].engine.config().clone();
         cfg.mp.enabled = false;
@@ -156,7 +162,10 @@ fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
     post_writes(&mut net, a, &la, &rb, 16, 64 * 1024);
     finish(&mut net, 16, 1_000_000_000);
     assert_eq!(net.mem(&la), net.mem(&rb));
-    assert!(seen.borrow().iter().all(|&o| o < 0xe0), "no extension opcode");
+    assert!(
+        seen.borrow().iter().all(|&o| o < 0xe0),
+        "no extension opcode"
+    );
 }
 
 #[test]
@@ -256,7 +265,10 @@ fn a_cut_link_fails_its_paths_and_nothing_is_lost() {
     // Every path with an end on link 1: from or to its addresses (a probe answer comes
     // back on the reverse pair).
     let to_cut = |p: &&MpPathStats| p.dst.ip() == ip(1, 1);
-    assert!(s.paths.iter().filter(to_cut).all(|p| p.state == "failed"), "{s:?}");
+    assert!(
+        s.paths.iter().filter(to_cut).all(|p| p.state == "failed"),
+        "{s:?}"
+    );
     // The longest stall is a few round trips (0.9 ms with the queue), far below the
     // timeout.
     assert!(gap < 5_000_000, "gap {gap} ns");
@@ -269,7 +281,11 @@ fn one_way_black_holes_in_either_direction() {
     let c = net.nodes[0].engine.counters();
     assert_eq!(c.retry_exceeded_err, 0);
     assert!(c.mp_path_failed >= 1);
-    assert!(gap < 5_000_000, "data-direction gap {gap} ns: {c:?} {:?}", stats(&net, 0, _a));
+    assert!(
+        gap < 5_000_000,
+        "data-direction gap {gap} ns: {c:?} {:?}",
+        stats(&net, 0, _a)
+    );
     // ACK direction only (B → A on link 1).
     let (net, _a, gap) = bulk_with_fault(6, 2, 300_000, &[cut(None, Some(ip(0, 1)))]);
     let c = net.nodes[0].engine.counters();
@@ -303,7 +319,11 @@ fn asymmetric_delay_and_loss() {
     let lost: u64 = s.paths.iter().map(|p| p.losses - p.spurious).sum();
     assert!(lost > 0, "{s:?}");
     // Selective: resends stay near the losses (not a window per loss).
-    assert!(s.resends <= 3 * lost + 8, "resent {} for {lost} lost: {s:?}", s.resends);
+    assert!(
+        s.resends <= 3 * lost + 8,
+        "resent {} for {lost} lost: {s:?}",
+        s.resends
+    );
 }
 
 #[test]

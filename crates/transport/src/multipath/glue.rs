@@ -38,6 +38,9 @@ fn same_family(a: IpAddr, b: IpAddr) -> bool {
 }
 
 /// What a request-side plan for a resend came to.
+// Returned by value and unpacked at once, as `Option<TxPlan>` is: boxing would allocate
+// per packet.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Resend {
     Plan(TxPlan),
     /// Resends wait (no path has room): nothing else may go either.
@@ -84,7 +87,13 @@ impl Qp {
     }
 
     /// The negotiation MAD to the peer's QP 1.
-    pub(crate) fn mp_hello(&self, ctx: &Ctx<'_>, answer: bool, status: u16, nonce: u32) -> Option<MpPacket> {
+    pub(crate) fn mp_hello(
+        &self,
+        ctx: &Ctx<'_>,
+        answer: bool,
+        status: u16,
+        nonce: u32,
+    ) -> Option<MpPacket> {
         let h = Hello {
             answer,
             status,
@@ -316,7 +325,10 @@ impl Qp {
     fn mp_pick(&mut self, avoid: Option<usize>) -> Option<usize> {
         let m = self.mp.as_deref_mut()?;
         if let Some(c) = m.cur.filter(|_| avoid.is_none() && m.burst_left > 0) {
-            if m.paths.get(c).is_some_and(|p| p.status == PathStatus::Active && p.room()) {
+            if m.paths
+                .get(c)
+                .is_some_and(|p| p.status == PathStatus::Active && p.room())
+            {
                 return Some(c);
             }
         }
@@ -535,7 +547,14 @@ impl Qp {
     }
 
     /// An extension packet for this QP: SACK, probe or probe answer.
-    pub(crate) fn mp_on_packet(&mut self, ctx: &mut Ctx<'_>, src: SocketAddr, dst: IpAddr, bth: &Bth, body: &[u8]) {
+    pub(crate) fn mp_on_packet(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        src: SocketAddr,
+        dst: IpAddr,
+        bth: &Bth,
+        body: &[u8],
+    ) {
         if !self.mp_accepts(src.ip()) {
             ctx.counters.drop_wrong_peer += 1;
             return;

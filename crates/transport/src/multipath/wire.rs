@@ -70,7 +70,9 @@ struct Put<'a> {
 
 impl Put<'_> {
     fn bytes(&mut self, b: &[u8]) -> Option<()> {
-        self.buf.get_mut(self.at..self.at + b.len())?.copy_from_slice(b);
+        self.buf
+            .get_mut(self.at..self.at + b.len())?
+            .copy_from_slice(b);
         self.at += b.len();
         Some(())
     }
@@ -308,10 +310,7 @@ mod tests {
         let pkt = encode_sack(0x33, Psn::new(3), &s).unwrap();
         assert_eq!(pkt[0], OP_SACK);
         assert_eq!(decode_sack(&pkt[12..]), Some(s));
-        let p = Probe {
-            nonce: 99,
-            path: 3,
-        };
+        let p = Probe { nonce: 99, path: 3 };
         let pkt = encode_probe(0x33, true, p).unwrap();
         assert_eq!(pkt[0], OP_PROBE_ACK);
         assert_eq!(decode_probe(&pkt[12..]), Some(p));
