@@ -275,6 +275,15 @@ fn one_qp_over_two_links_survives_a_cut_link() {
     assert_eq!(b.qp.query().unwrap().0.qp_state, QpState::Rts);
     let s = stats(&a.ctx);
     eprintln!("transfer went on {cut_for:?} after the cut; longest wait for a completion then: {gap:?}\n{s}");
+    let nonzero = |c: &Context| {
+        c.counters()
+            .into_iter()
+            .filter(|(n, v)| *v != 0 && !n.starts_with("io_") && !n.starts_with("dp_"))
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    eprintln!("A: {}\nB: {}\nB {}", nonzero(&a.ctx), nonzero(&b.ctx), stats(&b.ctx));
     let on_link2 = |p: &&MpPathStats| {
         p.src.to_string().starts_with("10.61.2.") || p.dst.ip().to_string().starts_with("10.61.2.")
     };

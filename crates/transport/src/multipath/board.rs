@@ -242,6 +242,7 @@ fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
         if in_flight && !s.resent {
             p.on_rtt(now.saturating_sub(s.at));
+            p.data_rtt = true;
         }
         if in_flight {
             p.on_acked((!s.resent).then_some(s.seq), now);

@@ -225,6 +225,11 @@ impl Qp {
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
+        let mut active = m
+            .paths
+            .iter()
+            .filter(|p| p.status == PathStatus::Active)
+            .count();
         for (i, p) in m.paths.iter_mut().enumerate() {
             if let Some((_, at)) = p.probe {
                 if now < at + p.probe_timeout() {
@@ -232,7 +237,13 @@ impl Qp {
                 }
                 p.probe = None;
                 p.probe_misses = p.probe_misses.saturating_add(1);
-                if p.probe_misses >= PROBE_MISSES && p.status != PathStatus::Failed {
+                // The last active path is not failed for silence alone: with nothing
+                // else to send on, the retransmit timer and the retry budget judge it.
+                let last = p.status == PathStatus::Active && active <= 1;
+                if p.probe_misses >= PROBE_MISSES && p.status != PathStatus::Failed && !last {
+                    if p.status == PathStatus::Active {
+                        active -= 1;
+                    }
                     failed.push(i);
                 }
             }
@@ -387,6 +398,11 @@ impl Qp {
                 .get(i)
                 .is_some_and(|p| p.status == PathStatus::Active)
         };
+        if !(0..n).any(|i| ok(m, i)) {
+            // No path known to work: each packet tries the next one.
+            m.resp_rr = (m.resp_rr + 1) % n.max(1);
+            return m.paths.get(m.resp_rr).map_or(primary, |p| p.path);
+        }
         if each || m.burst_left == 0 || !ok(m, m.resp_rr) {
             for k in 1..=n {
                 let i = (m.resp_rr + k) % n;

@@ -60,6 +60,9 @@ pub(crate) struct PathState {
     pub cut_at: Nanos,
     /// Acknowledged packets since the window last grew (congestion avoidance).
     pub acked_since_grow: u32,
+    /// Added to the reorder wait after losses that were not (RACK's reorder window
+    /// grows on spurious retransmissions, RFC 8985 6.2); decays as packets are acked.
+    pub reo_extra: Nanos,
     /// The window before the last cut (0: none to undo).
     pub prior_cwnd: u32,
     /// Losses in the current loss round, and when the last one was found.
@@ -67,6 +70,11 @@ pub(crate) struct PathState {
     pub last_loss_at: Nanos,
     /// Probe outstanding: nonce and when sent.
     pub probe: Option<(u32, Nanos)>,
+    /// The last probe sent, answered or not: a late answer is still a round trip.
+    pub last_probe: (u32, Nanos),
+    /// Round trips measured from data (then probes, which skip the data queues at the
+    /// sender, no longer move the RTT).
+    pub data_rtt: bool,
     /// Probes unanswered in a row.
     pub probe_misses: u8,
     /// When to probe next.
@@ -100,10 +108,13 @@ impl PathState {
             loss_run: 0,
             cut_at: 0,
             acked_since_grow: 0,
+            reo_extra: 0,
             prior_cwnd: 0,
             round_losses: 0,
             last_loss_at: 0,
             probe: None,
+            last_probe: (0, 0),
+            data_rtt: false,
             probe_misses: 0,
             probe_at: now,
             backoff: READMIT_FIRST_NS,
@@ -143,9 +154,9 @@ impl PathState {
     /// [`reorder_floor`]).
     pub fn reorder_wait(&self, floor: Nanos) -> Nanos {
         if self.srtt == 0 {
-            return floor.max(1_000_000);
+            return floor.max(1_000_000) + self.reo_extra;
         }
-        (self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)).max(floor)
+        (self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)).max(floor) + self.reo_extra
     }
 
     pub fn on_rtt(&mut self, sample: Nanos) {
@@ -168,6 +179,7 @@ impl PathState {
         }
         self.loss_run = 0;
         self.alive_at = now;
+        self.reo_extra -= self.reo_extra / 256;
         if self.cwnd < MAX_CWND {
             // One more packet per acknowledged one until the first cut (slow start),
             // one per window after it.
@@ -207,6 +219,8 @@ impl PathState {
     /// ACK, not a full queue; the window cut they made is undone (TCP's undo, RFC 3522).
     pub fn on_spurious(&mut self) {
         self.spurious += 1;
+        let step = (self.srtt / 4).max(100_000);
+        self.reo_extra = (self.reo_extra + step).min((4 * self.srtt).max(4_000_000));
         self.loss_run = self.loss_run.saturating_sub(1);
         if self.prior_cwnd > self.cwnd {
             self.cwnd = self.prior_cwnd;
@@ -216,21 +230,26 @@ impl PathState {
 
     /// A probe answer with this nonce.
     pub fn on_probe_ack(&mut self, nonce: u32, now: Nanos) -> bool {
-        let Some((n, at)) = self.probe else {
+        let (n, at) = self.last_probe;
+        if n != nonce || at == 0 {
             return false;
-        };
-        if n != nonce {
+        }
+        if !self.data_rtt {
+            // A probe jumps the queue of data at the sender (extension packets leave
+            // first), so its round trip stands for the path only until data measures
+            // it; but a responder sends no data, and its probe answers wait behind
+            // the data it receives: their round trips set how long a probe may take.
+            self.on_rtt(now.saturating_sub(at));
+        }
+        self.last_probe = (0, 0);
+        self.alive_at = now;
+        self.probe_acks += 1;
+        if self.probe.is_none_or(|(p, _)| p != nonce) {
+            // Answered after its time: a round trip, not yet a working path again.
             return false;
         }
         self.probe = None;
         self.probe_misses = 0;
-        self.probe_acks += 1;
-        if self.srtt == 0 {
-            // A probe jumps the queue of data (extension packets leave first): its
-            // round trip only seeds a path that has no data samples yet.
-            self.on_rtt(now.saturating_sub(at));
-        }
-        self.alive_at = now;
         self.backoff = READMIT_FIRST_NS;
         true
     }
@@ -238,6 +257,7 @@ impl PathState {
     /// After a probe was sent: when the next one is due.
     pub fn probe_sent(&mut self, nonce: u32, now: Nanos, keepalive: Nanos) {
         self.probe = Some((nonce, now));
+        self.last_probe = (nonce, now);
         self.probes += 1;
         self.probe_at = match self.status {
             PathStatus::Failed => {
