@@ -239,7 +239,9 @@ fn one_qp_over_two_links_survives_a_cut_link() {
     while got < N {
         if got >= N / 4 && cut_at.is_none() {
             net.cut(2, true);
+            // From when the rule is in place (loading it takes a few ms).
             cut_at = Some(Instant::now());
+            last = Instant::now();
         }
         let k = a.cq.wait(&mut wc, Duration::from_secs(10)).unwrap();
         assert!(
