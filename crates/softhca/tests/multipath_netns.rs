@@ -285,7 +285,12 @@ fn one_qp_over_two_links_survives_a_cut_link() {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    eprintln!("A: {}\nB: {}\nB {}", nonzero(&a.ctx), nonzero(&b.ctx), stats(&b.ctx));
+    eprintln!(
+        "A: {}\nB: {}\nB {}",
+        nonzero(&a.ctx),
+        nonzero(&b.ctx),
+        stats(&b.ctx)
+    );
     let on_link2 = |p: &&MpPathStats| {
         p.src.to_string().starts_with("10.61.2.") || p.dst.ip().to_string().starts_with("10.61.2.")
     };

@@ -37,6 +37,18 @@ fn same_family(a: IpAddr, b: IpAddr) -> bool {
     a.is_ipv4() == b.is_ipv4()
 }
 
+/// Whether `a` may join a path set whose address vector goes to `primary`: same family,
+/// a unicast address, and a loopback one only between loopback peers (a device also
+/// serves a loopback address, which means another host's own loopback to the peer).
+fn usable(a: IpAddr, primary: IpAddr) -> bool {
+    same_family(a, primary)
+        && !a.is_unspecified()
+        && !a.is_multicast()
+        && (a.is_loopback() == primary.is_loopback())
+        // A link-local IPv6 address needs the interface, which a GID does not carry.
+        && !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local())
+}
+
 /// What a request-side plan for a resend came to.
 // Returned by value and unpacked at once, as `Option<TxPlan>` is: boxing would allocate
 // per packet.
@@ -78,7 +90,8 @@ impl Qp {
         } else {
             ctx.cfg.mp.addrs.clone()
         };
-        v.retain(|a| !a.is_unspecified() && same_family(*a, self.path.src));
+        let primary = self.path.src;
+        v.retain(|a| usable(*a, primary));
         // The address vector's own source first.
         v.retain(|a| !same_ip(*a, self.path.src));
         v.insert(0, self.path.src);
@@ -127,7 +140,7 @@ impl Qp {
         m.hello_at = None;
         let mut peer: Vec<IpAddr> = vec![primary.dst.ip()];
         for a in addrs {
-            if same_family(*a, primary.dst.ip()) && !peer.iter().any(|p| same_ip(*p, *a)) {
+            if usable(*a, primary.dst.ip()) && !peer.iter().any(|p| same_ip(*p, *a)) {
                 peer.push(*a);
             }
         }
