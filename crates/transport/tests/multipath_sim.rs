@@ -383,3 +383,59 @@ fn every_path_cut_for_good_ends_in_retry_exceeded_without_a_hang() {
     assert!(net.now - start < 60_000_000, "{} ns", net.now - start);
     assert_eq!(state(&net, 0, a), QpState::Err);
 }
+
+#[test]
+fn sends_and_reads_across_a_cut_link() {
+    let (mut net, a, b) = setup(11, 2);
+    settle(&mut net);
+    let n = 64;
+    let len = 16 * 1024;
+    let la = net.reg(0, n * len, full_access());
+    let lb = net.reg(1, n * len, full_access());
+    let back = net.reg(0, n * len, full_access());
+    net.fill_random(&la);
+    net.fill_random(&lb);
+    net.link_ps_per_byte = 800;
+    // SENDs land in node 1's receives, in order; READs fetch node 1's buffer.
+    let rb = net.reg(1, n * len, full_access());
+    for i in 0..n {
+        net.nodes[1]
+            .engine
+            .post_recv(b, recv_wr(i as u64, rb.sges(i * len, len)))
+            .expect("post_recv");
+    }
+    for i in 0..n {
+        let now = net.now;
+        let w = send_wr(i as u64, WrOpcode::Send, la.sges(i * len, len));
+        net.nodes[0].engine.post_send(now, a, w).expect("send");
+        let mut r = send_wr((n + i) as u64, WrOpcode::RdmaRead, back.sges(i * len, len));
+        r.remote_addr = lb.addr + (i * len) as u64;
+        r.rkey = lb.rkey;
+        net.nodes[0].engine.post_send(now, a, r).expect("read");
+    }
+    let until = net.now + 200_000;
+    while net.now < until && net.step() {}
+    net.path_faults
+        .extend([cut(None, Some(ip(1, 1))), cut(None, Some(ip(0, 1)))]);
+    let mut got = net.take_completions(0);
+    let end = net.now + 2_000_000_000;
+    while got.len() < 2 * n && net.now < end && net.step() {
+        got.extend(net.take_completions(0));
+    }
+    assert_eq!(got.len(), 2 * n);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    let want: Vec<u64> = (0..n as u64).flat_map(|i| [i, n as u64 + i]).collect();
+    assert_eq!(ids, want, "completions in posting order");
+    assert_eq!(net.mem(&la), net.mem(&rb), "SENDs");
+    assert_eq!(net.mem(&lb), net.mem(&back), "READs");
+    let recvs = net.take_completions(1);
+    assert_eq!(recvs.len(), n);
+    assert!(recvs.iter().enumerate().all(|(i, c)| c.wr_id == i as u64
+        && c.status == WcStatus::Success
+        && c.byte_len == len as u32));
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_path_failed >= 1, "the cut hit traffic: {c:?}");
+    assert_eq!(c.retry_exceeded_err, 0);
+}
