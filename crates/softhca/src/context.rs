@@ -346,7 +346,9 @@ impl Device {
             let c = s.socket.capabilities();
             (gso && c.gso, gro && c.gro)
         });
-        let ecfg = engine_config(cfg, &served, &gids, mtu);
+        let mut ecfg = engine_config(cfg, &served, &gids, mtu);
+        let (ports, sport_sockets) = addr::sport_sockets(cfg, &served);
+        ecfg.mp.ports = ports;
         let attr = device_attr(&ecfg, &gids);
         let served_addrs: Vec<ServedAddr> = served
             .iter()
@@ -378,6 +380,7 @@ impl Device {
             }),
             epoch: Instant::now(),
             sockets,
+            sport_sockets,
             doorbell: EventFd::new()?,
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),

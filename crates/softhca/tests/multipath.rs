@@ -11,12 +11,17 @@ use common::*;
 use softhca::*;
 
 fn open_on(addrs: &[&str], mp: bool) -> Arc<Context> {
+    open_with(addrs, mp, 1)
+}
+
+fn open_with(addrs: &[&str], mp: bool, sports: u8) -> Arc<Context> {
     let mut cfg = Config {
         addrs: addrs.iter().map(|a| ip(a)).collect(),
         ..Config::default()
     };
     cfg.poll = Config::from_env().unwrap().poll;
     cfg.multipath.enabled = mp;
+    cfg.multipath.sports = sports;
     Context::open(&cfg).unwrap_or_else(|e| panic!("open {addrs:?}: {e}"))
 }
 
@@ -111,4 +116,22 @@ fn multipath_off_on_one_side_is_plain_rc() {
     assert_eq!(counter(&a.ctx, "mp_fallback"), 1);
     assert!(a.ctx.multipath().is_empty());
     assert_eq!(counter(&a.ctx, "mp_sack_rcvd"), 0);
+}
+
+#[test]
+fn source_ports_alone_make_paths() {
+    const LEN: usize = 8 << 20;
+    let a = side(open_with(&["127.0.61.9"], true, 4), QpType::Rc, LEN);
+    let b = side(open_with(&["127.0.61.10"], true, 4), QpType::Rc, LEN);
+    connect(&a, &b);
+    let s = wait_paths(&a.ctx, 4);
+    let mut ports: Vec<u16> = s.paths.iter().map(|p| p.sport).collect();
+    ports.dedup();
+    assert_eq!(ports.len(), 4, "one source port per path: {s}");
+    let data = pattern(LEN, 0x19);
+    a.mr.write(0, &data).unwrap();
+    write_all(&a, &b, 128, LEN / 128);
+    assert!(b.mr.to_vec() == data, "8 MiB arrived intact");
+    let (_, s) = a.ctx.multipath().into_iter().next().expect("multipath QP");
+    assert!(s.paths.iter().filter(|p| p.pkts > 0).count() >= 2, "{s}");
 }

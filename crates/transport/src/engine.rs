@@ -165,6 +165,15 @@ fn reshare(total: usize, old: usize, new: usize) -> usize {
     total.saturating_sub(old).saturating_add(new)
 }
 
+/// The UDP source port a packet planned with `planned` is sealed for: the I/O layer's
+/// one (`set_source_port`), unless it is one of the extra ports multipath may use.
+fn sealed_sport(fixed: Option<u16>, planned: u16, extra: &[u16]) -> u16 {
+    match fixed {
+        Some(p) if !extra.contains(&planned) => p,
+        _ => planned,
+    }
+}
+
 fn same_ip(a: IpAddr, b: IpAddr) -> bool {
     Gid::from_ip(a) == Gid::from_ip(b)
 }
@@ -252,7 +261,7 @@ impl<'p> Batch<'p> {
                 return RunEnd::Drained;
             };
             let wl = plan.wire_len();
-            let sport = source_port.unwrap_or(plan.sport);
+            let sport = sealed_sport(source_port, plan.sport, &ctx.cfg.mp.ports);
             if let Some(f) = &self.flow {
                 if plan.dst != f.dst || plan.src != f.src || sport != f.sport || wl > f.seg {
                     return RunEnd::Ended;
@@ -988,7 +997,7 @@ impl Engine {
         let total = n + wire::ICRC_LEN;
         let pkt = buf.get_mut(..total)?;
         pkt.get_mut(..n)?.copy_from_slice(&p.bytes);
-        let sport = self.source_port.unwrap_or(p.sport);
+        let sport = sealed_sport(self.source_port, p.sport, &self.cfg.mp.ports);
         match pieces {
             Some(list) => {
                 list.clear();

@@ -24,11 +24,15 @@ const BURST: u32 = 16;
 /// Early packets kept between two SACKs at most.
 const SACK_EVERY: u32 = 8;
 
-/// A UDP source port for the `k`-th port of a path set, spread from rxe's per-QP port
-/// within its range (0xC000..=0xFFFF).
-fn nth_sport(base: u16, k: u8) -> u16 {
+/// The UDP source port of the `k`-th port of a path set: the I/O layer's `k`-th extra
+/// port, or, without those, a port spread from rxe's per-QP port within its range
+/// (0xC000..=0xFFFF).
+fn nth_sport(base: u16, k: u8, ports: &[u16]) -> u16 {
     if k == 0 {
         return base;
+    }
+    if let Some(&p) = ports.get(usize::from(k) - 1) {
+        return p;
     }
     0xc000 | (base.wrapping_add(u16::from(k).wrapping_mul(0x0d31)) & 0x3fff)
 }
@@ -146,7 +150,11 @@ impl Qp {
         }
         m.peer_addrs = peer.clone();
         m.peer_sports = sports;
-        let nsports = ctx.cfg.mp.sports.max(1);
+        let ports = &ctx.cfg.mp.ports;
+        let mut nsports = ctx.cfg.mp.sports.max(1);
+        if !ports.is_empty() {
+            nsports = nsports.min(u8::try_from(ports.len() + 1).unwrap_or(u8::MAX));
+        }
         let mut paths = vec![PathState::new(primary, PathStatus::Active, now)];
         'all: for k in 0..nsports {
             for l in &local {
@@ -154,7 +162,7 @@ impl Qp {
                     let p = Path {
                         src: *l,
                         dst: SocketAddr::new(*r, primary.dst.port()),
-                        sport: nth_sport(primary.sport, k),
+                        sport: nth_sport(primary.sport, k, ports),
                     };
                     if paths.iter().any(|q| q.path == p) {
                         continue;

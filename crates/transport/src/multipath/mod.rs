@@ -100,6 +100,12 @@ pub struct MpConfig {
     pub addrs: Vec<IpAddr>,
     /// UDP source ports per address pair (at least 1).
     pub sports: u8,
+    /// The UDP source ports the I/O layer can send from besides the one every packet
+    /// is sealed for ([`crate::Engine::set_source_port`]): the `k`-th source port of a
+    /// path set is `ports[k - 1]`, left as it is in the Transmit for the I/O layer to
+    /// send it from that port. Empty: ports spread from rxe's per-QP port, for an I/O
+    /// layer that sends from any port (the simulator).
+    pub ports: Vec<u16>,
 }
 
 impl Default for MpConfig {
@@ -108,6 +114,7 @@ impl Default for MpConfig {
             enabled: true,
             addrs: Vec::new(),
             sports: 1,
+            ports: Vec::new(),
         }
     }
 }
