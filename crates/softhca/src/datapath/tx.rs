@@ -135,22 +135,10 @@ impl Stepper {
         // Stable: each group keeps its order.
         order.sort_by_key(|&k| self.tx[k].1.only_acks);
         let via = self.route_and_seal(&order, st);
-        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
         // Filled in place: collecting moved the whole inline array per send.
         let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = SmallVec::new();
-        list.extend(order.iter().map(|&k| {
-            let (b, t) = self.tx[k];
-            sio::Transmit {
-                dst: t.dst,
-                src_ip: None,
-                // For a gathered transmit `pieces` has the bytes (`contents` is the
-                // buffer, which starts with its first packet's header all the same).
-                contents: &bufs[b][..t.len.min(TX_BUF)],
-                pieces: &iovs[b],
-                segment_size: (t.segment_size > 0 && t.segment_size < t.len)
-                    .then_some(t.segment_size),
-            }
-        }));
+        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+        list.extend(order.iter().map(|&k| io_transmit(bufs, iovs, self.tx[k])));
         if let Some(impair) = self.impair.as_mut() {
             // No connected sockets under fault injection: everything takes `sock`.
             let mut kept: SmallVec<[(usize, sio::Transmit<'_>); TX_BATCH]> = SmallVec::new();
@@ -202,17 +190,7 @@ impl Stepper {
         let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
         let list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = order
             .iter()
-            .map(|&k| {
-                let (b, t) = self.tx[k];
-                sio::Transmit {
-                    dst: t.dst,
-                    src_ip: None,
-                    contents: &bufs[b][..t.len.min(TX_BUF)],
-                    pieces: &iovs[b],
-                    segment_size: (t.segment_size > 0 && t.segment_size < t.len)
-                        .then_some(t.segment_size),
-                }
-            })
+            .map(|&k| io_transmit(bufs, iovs, self.tx[k]))
             .collect();
         send_all(shared, sock, &list);
     }
@@ -276,6 +254,23 @@ impl Stepper {
                 });
             }
         }
+    }
+}
+
+/// Transmit `t`, in buffer `b`, as the socket layer sends it.
+fn io_transmit<'a>(
+    bufs: &'a [Box<[u8]>],
+    iovs: &'a [Vec<libc::iovec>],
+    (b, t): (usize, Transmit),
+) -> sio::Transmit<'a> {
+    sio::Transmit {
+        dst: t.dst,
+        src_ip: None,
+        // For a gathered transmit `pieces` has the bytes (`contents` is the buffer,
+        // which starts with its first packet's header all the same).
+        contents: &bufs[b][..t.len.min(TX_BUF)],
+        pieces: &iovs[b],
+        segment_size: (t.segment_size > 0 && t.segment_size < t.len).then_some(t.segment_size),
     }
 }
 
