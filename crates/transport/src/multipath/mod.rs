@@ -22,12 +22,14 @@
 //! # Paths
 //! A path is (local IP, remote IP, UDP source port). Candidates: every local address
 //! (`MpConfig::addrs`, default the device's GIDs) × every address the peer advertised,
-//! of the same family, × `MpConfig::sports` source ports (rxe's per-QP port, then ports
-//! spread from it: ECMP entropy), at most [`MAX_PATHS`]. Path 0 is the address vector's
-//! and starts active; the others start `Probing` and carry data only once a probe
-//! (opcode 0xE2, nonce) on that very tuple was answered (0xE3, sent back on the reverse
-//! pair). With one candidate path the extension stays idle: single-path traffic runs
-//! the plain RC code with nothing added per packet.
+//! of the same family (loopback ones only between loopback peers, no link-local IPv6),
+//! × `MpConfig::sports` source ports (ECMP entropy: the I/O layer's extra ports,
+//! `MpConfig::ports`, on a device one send-only socket per port and address), at most
+//! [`MAX_PATHS`]. Path 0 is the address vector's and starts active; the others start
+//! `Probing` and carry data only once a probe (opcode 0xE2, nonce) on that very tuple
+//! was answered (0xE3, sent back on the reverse pair). With one candidate path the
+//! extension stays idle: single-path traffic runs the plain RC code with nothing added
+//! per packet.
 //!
 //! # Wire
 //! Data packets are the standard RC opcodes, unchanged (RDMA WRITEs already go as
@@ -42,34 +44,50 @@
 //! `check_addr` would drop them: another reason the extension needs the peer's "yes").
 //!
 //! # Scheduler
-//! Each path has its own window (packets in flight, additive increase, halved once per
-//! round trip on loss: the role of `cc`'s controllers, kept per path) and a smoothed
-//! RTT. New request packets go in bursts of up to a GSO batch (one batch = one
-//! 5-tuple) to the active path with room and the lowest RTT; a retransmission avoids
-//! the path that lost it. The responder's ACKs, SACKs and READ responses rotate over
-//! its active paths, so an ACK-direction black hole costs redundant ACKs, not progress.
+//! Each path has its own window (packets in flight; one more per acknowledged packet
+//! until the first cut, one per window after; halved when a second loss falls in one
+//! round trip, and the cut undone when the losses prove spurious, RFC 3522) and a
+//! smoothed RTT and variation (RFC 6298). New request packets go in bursts of up to a
+//! GSO batch (one batch = one 5-tuple) to the active path with room and the lowest RTT
+//! (minRTT, as MPTCP's default): a slow or queueing path gets what the others cannot
+//! take. A retransmission avoids the path that lost it. The responder sends each ACK or
+//! SACK back on the reverse of the path the last request came in on, while that path
+//! is active (the requester's RTT samples then belong to one address pair), else on
+//! the next active path; READ responses rotate over the active paths by GSO batches.
+//! ACKs are cumulative, so an ACK lost on a path whose reverse direction died costs
+//! nothing the next ACK does not repair.
 //!
 //! # Loss detection (requester)
 //! A scoreboard keeps, per PSN in flight, the path, per-path sequence number and send
 //! time. A packet is lost when three later packets on its path were acknowledged
-//! (paths are FIFO) or, RACK-style, when a packet sent after it on any path was
-//! acknowledged and it is older than its path's RTT plus a reorder allowance. Lost
-//! packets are resent alone, on another healthy path. A READ or atomic request found
-//! lost is re-requested as plain RC does it (a READ alone), spending no retry.
+//! (paths are FIFO; packets sent twice give no order, Karn) or, RACK-style (RFC 8985),
+//! when a packet sent after it on any path was acknowledged and it is older than its
+//! path's reorder wait: RTT plus the larger of 4 × variation, RTT/4 and 100 µs, never
+//! less than the slowest active path's RTT (all paths share the host's queues), plus
+//! an allowance that grows with every spurious loss and decays with acknowledgements.
+//! With nothing later acknowledged (a lost tail or resend) twice that wait is the
+//! probe timeout. Lost packets are resent alone, on another healthy path, with AckReq.
+//! A READ or atomic request found lost is re-requested as plain RC does it (a READ
+//! alone), spending no retry; READ responses reorder and repair as in plain RC.
 //!
 //! # Failure and readmission
-//! A path fails after [`FAIL_LOSSES`] losses in a row or [`PROBE_MISSES`] unanswered
-//! probes; its in-flight packets move to the other paths at once and the QP stays in
-//! RTS. Active paths are probed every [`KEEPALIVE_NS`] (which is what finds a dead
-//! ACK direction); failed ones are probed from 1 ms, doubling to [`READMIT_MAX_NS`],
-//! and come back on the first answer.
+//! A path fails after [`FAIL_LOSSES`] losses in a row (with another path active) or
+//! [`PROBE_MISSES`] unanswered probes (never the last active path: that one the
+//! retransmit timer judges); its in-flight packets move to the other paths at once and
+//! the QP stays in RTS. Active paths are probed every [`KEEPALIVE_NS`] (which is what
+//! finds a dead ACK direction); a probe may take three smoothed round trips plus
+//! variation, at least 5 ms (a probe answer waits behind the data its sender receives;
+//! probes measure a path until data does, and late answers still count as samples).
+//! Failed paths are probed from 1 ms, doubling to [`READMIT_MAX_NS`], and come back
+//! on the first answer, starting from the slowest path's RTT.
 //!
 //! # Retry budget
 //! The QP's retransmit timer runs as in plain RC: it fires only when nothing was
 //! acknowledged for the Local ACK Timeout, which with multipath means every path
-//! failed. Only that spends `retry_cnt` (go-back-N from the oldest unacknowledged PSN,
-//! tried on every path in turn), so a dead peer still ends in RETRY_EXC_ERR within
-//! timeout × retries, and a path failure alone never does.
+//! failed. Only that spends `retry_cnt`: everything unacknowledged and not SACKed is
+//! resent selectively (go-back-N when a READ or atomic is at the head), on the paths
+//! still active or, with none, on each in turn. So a dead peer still ends in
+//! RETRY_EXC_ERR within timeout × retries, and a path failure alone never does.
 //!
 //! # Reorder memory
 //! The responder keeps early requests in the bounded reorder buffer plain RC already
