@@ -216,6 +216,12 @@ fn bulk_on(
     assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
     assert_eq!(state(&net, 0, a), QpState::Rts);
     assert_eq!(state(&net, 1, b), QpState::Rts);
+    let st = stats(&net, 0, a);
+    let lost: u64 = st.paths.iter().map(|p| p.losses - p.spurious).sum();
+    eprintln!(
+        "seed {seed}: longest gap between completions {gap} ns, resent {} for {lost} lost",
+        st.resends
+    );
     (net, a, gap)
 }
 

@@ -12,7 +12,7 @@
 //! from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic is
 //! untouched), checks that the named QP is an RC QP connected back to the sender, and
 //! answers with its own addresses. Silence is retried at 2, 4, 8, 16 ms, then taken
-//! for "no" ([`HELLO_TRIES`]). A valid request is itself proof that the sender speaks
+//! for "no" (`HELLO_TRIES`). A valid request is itself proof that the sender speaks
 //! the extension, so either side's Get turns both on. The QP runs plain RC until then
 //! and stays plain RC after a "no"; packets sent before the switch are repaired as
 //! plain RC. The 0xE1+ opcodes below are sent only to a peer that said "yes", so rxe
@@ -25,7 +25,7 @@
 //! of the same family (loopback ones only between loopback peers, no link-local IPv6),
 //! × `MpConfig::sports` source ports (ECMP entropy: the I/O layer's extra ports,
 //! `MpConfig::ports`, on a device one send-only socket per port and address), at most
-//! [`MAX_PATHS`]. Path 0 is the address vector's and starts active; the others start
+//! `MAX_PATHS`. Path 0 is the address vector's and starts active; the others start
 //! `Probing` and carry data only once a probe (opcode 0xE2, nonce) on that very tuple
 //! was answered (0xE3, sent back on the reverse pair). With one candidate path the
 //! extension stays idle: single-path traffic runs the plain RC code with nothing added
@@ -71,14 +71,14 @@
 //! alone), spending no retry; READ responses reorder and repair as in plain RC.
 //!
 //! # Failure and readmission
-//! A path fails after [`FAIL_LOSSES`] losses in a row (with another path active) or
-//! [`PROBE_MISSES`] unanswered probes (never the last active path: that one the
+//! A path fails after `FAIL_LOSSES` losses in a row (with another path active) or
+//! `PROBE_MISSES` unanswered probes (never the last active path: that one the
 //! retransmit timer judges); its in-flight packets move to the other paths at once and
-//! the QP stays in RTS. Active paths are probed every [`KEEPALIVE_NS`] (which is what
+//! the QP stays in RTS. Active paths are probed every `KEEPALIVE_NS` (which is what
 //! finds a dead ACK direction); a probe may take three smoothed round trips plus
 //! variation, at least 5 ms (a probe answer waits behind the data its sender receives;
 //! probes measure a path until data does, and late answers still count as samples).
-//! Failed paths are probed from 1 ms, doubling to [`READMIT_MAX_NS`], and come back
+//! Failed paths are probed from 1 ms, doubling to `READMIT_MAX_NS`, and come back
 //! on the first answer, starting from the slowest path's RTT.
 //!
 //! # Retry budget
