@@ -96,6 +96,11 @@ fn print(out: &mut impl Write, ctx: &Context, verbose: bool) -> Result<(), CliEr
         for (qpn, cc) in ctx.congestion() {
             writeln!(out, "\t\tqp {:#08x}:\t{cc}", qpn.value())?;
         }
+        writeln!(out, "\tmultipath per QP:")?;
+        for (qpn, mp) in ctx.multipath() {
+            let text = mp.to_string().replace('\n', "\n\t\t");
+            writeln!(out, "\t\tqp {:#08x}:\t{text}", qpn.value())?;
+        }
     }
     Ok(())
 }

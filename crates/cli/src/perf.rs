@@ -386,4 +386,8 @@ fn print_counters(who: &str, ctx: &Context) {
     for (qpn, cc) in ctx.congestion() {
         eprintln!("{who}: qp {:#x} congestion: {cc}", qpn.value());
     }
+    for (qpn, mp) in ctx.multipath() {
+        let text = mp.to_string().replace('\n', &format!("\n{who}: "));
+        eprintln!("{who}: qp {:#x} {text}", qpn.value());
+    }
 }

@@ -103,6 +103,9 @@ fn print_one(out: &mut impl Write, s: &Snapshot) -> Result<(), CliError> {
             q.recv_posted,
             q.inflight_psns
         )?;
+        for line in &q.multipath {
+            writeln!(out, "    {line}")?;
+        }
     }
     // `rdma statistic`'s line: the counters that moved.
     let moved: Vec<String> = s

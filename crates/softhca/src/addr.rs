@@ -114,6 +114,47 @@ pub(crate) struct Served {
     pub loopback: bool,
 }
 
+/// Sockets for multipath's extra UDP source ports (`SOFTHCA_MP_SPORTS` above 1): for
+/// each port after the first, one socket per served address, all on one port number
+/// the kernel picked for the first address (a port no other address has free is left
+/// out). They only send: a path's packets leave from its own source port, which is
+/// what ECMP hashes. Returns the ports and their sockets.
+pub(crate) fn sport_sockets(
+    cfg: &Config,
+    served: &[Served],
+) -> (Vec<u16>, Vec<(IpAddr, u16, RoceSocket)>) {
+    let (mut ports, mut socks) = (Vec::new(), Vec::new());
+    if !cfg.multipath.enabled {
+        return (ports, socks);
+    }
+    for _ in 1..cfg.multipath.sports {
+        let mut port = 0;
+        let mut these = Vec::new();
+        for s in served {
+            let options = softhca_io::BindOptions {
+                bind_ifindex: s.socket.bound_ifindex(),
+                ..cfg.into()
+            };
+            match RoceSocket::bind_with(SocketAddr::new(s.ip, port), options) {
+                Ok(sock) => {
+                    port = sock.local_addr().port();
+                    these.push((s.ip, port, sock));
+                }
+                Err(e) => {
+                    tracing::debug!("multipath source port {port} on {}: {e}", s.ip);
+                    these.clear();
+                    break;
+                }
+            }
+        }
+        if !these.is_empty() {
+            ports.push(port);
+            socks.extend(these);
+        }
+    }
+    (ports, socks)
+}
+
 fn bind(ip: IpAddr, cfg: &Config) -> Result<RoceSocket, IoError> {
     RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), cfg.into())
 }

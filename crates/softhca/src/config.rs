@@ -135,6 +135,18 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("SOFTHCA_CC", "`1` turns congestion control of RC QPs on (off by default)"),
     (
+        "SOFTHCA_MP",
+        "`0` turns the multipath RC extension off (plain RC always); on by default, negotiated per QP, used only with a softhca peer",
+    ),
+    (
+        "SOFTHCA_MP_ADDRS",
+        "comma-separated local addresses multipath may use (default: every served address)",
+    ),
+    (
+        "SOFTHCA_MP_SPORTS",
+        "UDP source ports per address pair for multipath (ECMP entropy), default 1",
+    ),
+    (
         "SOFTHCA_TX_DROP",
         "fault injection: drop each outgoing packet with this probability",
     ),
@@ -244,6 +256,11 @@ pub struct Config {
     pub gro: bool,
     /// Send and receive buffer bytes asked of each socket (forced when privileged).
     pub sockbuf: usize,
+    /// The multipath RC extension (`SOFTHCA_MP`, `SOFTHCA_MP_ADDRS`,
+    /// `SOFTHCA_MP_SPORTS`): negotiated per RC QP with a softhca peer, which then
+    /// sprays over every usable pair of both sides' addresses (`softhca_transport::
+    /// multipath`); any other peer gets plain RC.
+    pub multipath: softhca_transport::MpConfig,
     /// Reporting switches ([`Diagnostics`]).
     pub diagnostics: Diagnostics,
     /// Where the device publishes its state for other processes (`SOFTHCA_RUN_DIR`).
@@ -272,6 +289,7 @@ impl Default for Config {
             gso: true,
             gro: true,
             sockbuf: DEFAULT_SOCKBUF,
+            multipath: softhca_transport::MpConfig::default(),
             diagnostics: Diagnostics::default(),
             publish: crate::publish::Publish::default(),
         }
@@ -302,6 +320,18 @@ fn not_disabled(v: &str) -> bool {
     )
 }
 
+/// A comma-separated list of IP addresses.
+fn parse_addrs(name: &str, v: &str) -> Result<Vec<IpAddr>, Error> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            a.parse::<IpAddr>()
+                .map_err(|_| Error::Config(format!("{name}: {a:?} is not an IP address")))
+        })
+        .collect()
+}
+
 /// The device's sockets as [`Config`] asks for them.
 impl From<&Config> for softhca_io::BindOptions {
     fn from(cfg: &Config) -> Self {
@@ -326,12 +356,7 @@ impl Config {
     pub fn from_env_with(defaults: Config) -> Result<Config, Error> {
         let mut cfg = defaults;
         if let Some(v) = env("SOFTHCA_ADDR") {
-            for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                let ip = a.parse::<IpAddr>().map_err(|_| {
-                    Error::Config(format!("SOFTHCA_ADDR: {a:?} is not an IP address"))
-                })?;
-                cfg.addrs.push(ip);
-            }
+            cfg.addrs.extend(parse_addrs("SOFTHCA_ADDR", &v)?);
         }
         if let Some(v) = env("SOFTHCA_NETDEV") {
             cfg.netdev = Some(v);
@@ -396,6 +421,23 @@ impl Config {
         // A value that is not a byte count keeps the default, as it always has.
         if let Some(n) = env("SOFTHCA_SOCKBUF").and_then(|v| v.parse::<usize>().ok()) {
             cfg.sockbuf = n;
+        }
+        if let Some(v) = env("SOFTHCA_MP") {
+            cfg.multipath.enabled = zero_or_one("SOFTHCA_MP", &v)?;
+        }
+        if let Some(v) = env("SOFTHCA_MP_ADDRS") {
+            cfg.multipath.addrs = parse_addrs("SOFTHCA_MP_ADDRS", &v)?;
+        }
+        if let Some(v) = env("SOFTHCA_MP_SPORTS") {
+            cfg.multipath.sports = v
+                .parse::<u8>()
+                .ok()
+                .filter(|n| (1..=16).contains(n))
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "SOFTHCA_MP_SPORTS: {v:?} is not a count from 1 to 16"
+                    ))
+                })?;
         }
         if let Some(v) = env("SOFTHCA_RUN_DIR") {
             cfg.publish = crate::publish::Publish::parse(&v);

@@ -188,6 +188,32 @@ fn node_guid(gids: &[Gid]) -> u64 {
     u64::from_be_bytes([0x02, 0x53, 0x48, g[12], 0xfe, g[13], g[14], g[15]])
 }
 
+/// The engine's configuration for a device serving `served` with these GIDs and MTU.
+fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> EngineConfig {
+    let max_gso_segments = served
+        .iter()
+        .map(|s| s.socket.capabilities().max_gso_segments)
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    EngineConfig {
+        gids: gids.to_vec(),
+        udp_port: cfg.udp_port,
+        seed: rand::random(),
+        max_mtu: mtu,
+        max_gso_segments,
+        // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
+        split_rc_writes: cfg.split_writes && max_gso_segments > 1,
+        cc: if cfg.congestion_control {
+            CcAlgorithm::default()
+        } else {
+            CcAlgorithm::Off
+        },
+        mp: cfg.multipath.clone(),
+        ..EngineConfig::default()
+    }
+}
+
 fn device_attr(ecfg: &EngineConfig, gids: &[Gid]) -> DeviceAttr {
     let guid = node_guid(gids);
     // Limits from rxe_param.h where the engine has no say.
@@ -320,27 +346,9 @@ impl Device {
             let c = s.socket.capabilities();
             (gso && c.gso, gro && c.gro)
         });
-        let max_gso_segments = served
-            .iter()
-            .map(|s| s.socket.capabilities().max_gso_segments)
-            .min()
-            .unwrap_or(1)
-            .max(1);
-        let ecfg = EngineConfig {
-            gids: gids.clone(),
-            udp_port: cfg.udp_port,
-            seed: rand::random(),
-            max_mtu: mtu,
-            max_gso_segments,
-            // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
-            split_rc_writes: cfg.split_writes && max_gso_segments > 1,
-            cc: if cfg.congestion_control {
-                CcAlgorithm::default()
-            } else {
-                CcAlgorithm::Off
-            },
-            ..EngineConfig::default()
-        };
+        let mut ecfg = engine_config(cfg, &served, &gids, mtu);
+        let (ports, sport_sockets) = addr::sport_sockets(cfg, &served);
+        ecfg.mp.ports = ports;
         let attr = device_attr(&ecfg, &gids);
         let served_addrs: Vec<ServedAddr> = served
             .iter()
@@ -373,6 +381,7 @@ impl Device {
             }),
             epoch: Instant::now(),
             sockets,
+            sport_sockets,
             doorbell: EventFd::new()?,
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
@@ -630,6 +639,13 @@ impl Context {
     /// events (QPs that have sent nothing yet have none).
     pub fn congestion(&self) -> Vec<(crate::Qpn, softhca_transport::CcStats)> {
         self.dev.shared.engine.lock().engine.cc_stats()
+    }
+
+    /// Each RC QP's multipath extension state: negotiation, and per path its state,
+    /// round trip, window, packets, bytes, losses and state changes (QPs that stayed
+    /// plain RC have none).
+    pub fn multipath(&self) -> Vec<(crate::Qpn, softhca_transport::MpStats)> {
+        self.dev.shared.engine.lock().engine.mp_all()
     }
 
     /// Whether the sockets use GSO and GRO (both probed at open).

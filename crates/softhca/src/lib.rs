@@ -46,7 +46,7 @@ mod turnaround;
 
 pub use smallvec::{smallvec, SmallVec};
 pub use softhca_transport::verbs::*;
-pub use softhca_transport::{CcStats, Counters};
+pub use softhca_transport::{CcStats, Counters, MpConfig, MpPathStats, MpState, MpStats};
 
 pub use addr::{interface_addrs, IfAddr};
 pub use attr::{

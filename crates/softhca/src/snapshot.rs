@@ -97,6 +97,10 @@ pub struct QpSnapshot {
     pub inflight_psns: u32,
     /// READ and atomic requests under way.
     pub rd_atomic_inflight: u32,
+    /// The multipath extension, when the QP negotiated it: a summary line, then one
+    /// line per path (state, round trip, window, packets, bytes, losses, changes).
+    #[serde(default)]
+    pub multipath: Vec<String>,
 }
 
 /// A device's state at one moment, as a reader gets it.
@@ -187,10 +191,11 @@ pub(crate) fn take_snapshot(
     desc: &DeviceSnapshot,
     caps: (bool, bool),
 ) -> Snapshot {
-    let (qps, counters) = {
+    let (qps, mp, counters) = {
         let core = shared.engine.lock();
         (
             core.engine.qp_resources(),
+            core.engine.mp_all(),
             crate::context::counters_of(&core, shared, caps),
         )
     };
@@ -203,7 +208,20 @@ pub(crate) fn take_snapshot(
         key: desc.name.clone(),
         taken_ms,
         device: desc.clone(),
-        qps: qps.iter().map(qp_snapshot).collect(),
+        qps: qps
+            .iter()
+            .map(|q| {
+                let mut s = qp_snapshot(q);
+                if let Some((_, m)) = mp.iter().find(|(n, _)| n.value() == q.qpn) {
+                    s.multipath = m
+                        .to_string()
+                        .lines()
+                        .map(|l| l.trim().to_string())
+                        .collect();
+                }
+                s
+            })
+            .collect(),
         counters: counters
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
@@ -235,5 +253,6 @@ fn qp_snapshot(q: &crate::QpResource) -> QpSnapshot {
         recv_posted: q.recv_posted,
         inflight_psns: q.inflight_psns,
         rd_atomic_inflight: q.rd_atomic_inflight,
+        multipath: Vec::new(),
     }
 }

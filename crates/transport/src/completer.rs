@@ -63,6 +63,7 @@ impl Qp {
                 } else {
                     None
                 };
+            self.mp_progress(ctx);
         }
         self.complete_sends(ctx);
     }
@@ -516,6 +517,7 @@ impl Qp {
     pub fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
         let now = ctx.now;
         self.cc_on_timer(now);
+        self.mp_on_timer(ctx);
         self.on_gap_timer(ctx);
         self.on_read_gap_timer(ctx);
         if self.quiet_deadline().is_some_and(|t| t <= now) {
@@ -561,6 +563,7 @@ impl Qp {
             self.req.read_gap_at,
             self.quiet_deadline(),
             self.cc_deadline(),
+            self.mp_deadline(),
         ]
         .into_iter()
         .flatten()

@@ -1,6 +1,7 @@
 //! The engine's configuration: device limits and the choices that shape its packets.
 
 use crate::cc::CcAlgorithm;
+use crate::multipath::MpConfig;
 use crate::verbs::{Gid, Mtu};
 
 /// Engine configuration.
@@ -43,6 +44,9 @@ pub struct EngineConfig {
     pub first_qpn: Option<u32>,
     /// Congestion control of RC QPs (see `cc`).
     pub cc: CcAlgorithm,
+    /// The multipath extension (see `multipath`). Off by default here (an engine on its
+    /// own sends nothing it was not asked to); softhca's `Config` turns it on.
+    pub mp: MpConfig,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +64,10 @@ impl Default for EngineConfig {
             split_rc_writes: true,
             first_qpn: None,
             cc: CcAlgorithm::default(),
+            mp: MpConfig {
+                enabled: false,
+                ..MpConfig::default()
+            },
         }
     }
 }

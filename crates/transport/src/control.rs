@@ -379,6 +379,7 @@ impl Qp {
                 if s == QpState::Rts && cur != QpState::Rts {
                     self.req.retry_left = self.attr.retry_cnt;
                     self.req.rnr_left = self.attr.rnr_retry;
+                    self.mp_start(ctx);
                 }
                 self.state = s;
             }

@@ -102,4 +102,24 @@ counters! {
     cc_pacing_wait,
     /// Congestion control: READ response rate cuts (a READ asked again).
     cc_response_rate_cut,
+    /// Multipath: negotiation MADs sent.
+    mp_hello_sent,
+    /// Multipath: QPs whose peer speaks the extension.
+    mp_negotiated,
+    /// Multipath: QPs that stayed plain RC (the peer said no or never answered).
+    mp_fallback,
+    /// Multipath: SACKs sent.
+    mp_sack_sent,
+    /// Multipath: SACKs received.
+    mp_sack_rcvd,
+    /// Multipath: packets found lost by the scoreboard.
+    mp_lost,
+    /// Multipath: packets resent selectively.
+    mp_resent,
+    /// Multipath: paths failed.
+    mp_path_failed,
+    /// Multipath: failed paths readmitted.
+    mp_path_readmitted,
+    /// Multipath: path probes sent.
+    mp_probe_sent,
 }

@@ -12,6 +12,8 @@ use crate::counters::Counters;
 use crate::datagram::{seal_packet, DatagramInfo, Transmit, TxPiece};
 use crate::error::TransportError;
 use crate::ipv4_id::{IdCheck, Ipv4IdTracker};
+use crate::multipath::wire::{self as mpw, Hello};
+use crate::multipath::{MpPacket, MpStats, Multipath};
 use crate::qp::{Budget, Ctx, Qp, SendWqe, Srq, DEVICE_MAX_INFLIGHT_PSNS};
 use crate::requester::Built;
 use crate::responder::RxMeta;
@@ -63,6 +65,8 @@ pub struct Engine {
     pub(crate) ip_ids: Ipv4IdTracker,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
+    /// Multipath extension packets waiting to leave (each its own Transmit).
+    mp_out: VecDeque<MpPacket>,
 }
 
 /// What a received segment is, as [`Engine::segment_kind`] reads it.
@@ -126,6 +130,7 @@ pub(crate) fn sync(qp: &mut Qp, ctx: &mut Ctx<'_>, ready: &mut VecDeque<u32>, ti
             ctx.budget.blocked.push_back(qp.qpn);
         }
     }
+    qp.mp_flush(ctx);
     // After planning: a pacer's wait it found is a deadline too.
     let want = qp.deadline();
     qp.timer = want;
@@ -158,6 +163,15 @@ fn report_inflight(qp: &mut Qp, ctx: &mut Ctx<'_>) {
 /// A device-wide sum with one QP's share replaced (`old` by `new`).
 fn reshare(total: usize, old: usize, new: usize) -> usize {
     total.saturating_sub(old).saturating_add(new)
+}
+
+/// The UDP source port a packet planned with `planned` is sealed for: the I/O layer's
+/// one (`set_source_port`), unless it is one of the extra ports multipath may use.
+fn sealed_sport(fixed: Option<u16>, planned: u16, extra: &[u16]) -> u16 {
+    match fixed {
+        Some(p) if !extra.contains(&planned) => p,
+        _ => planned,
+    }
 }
 
 pub(crate) fn same_ip(a: IpAddr, b: IpAddr) -> bool {
@@ -247,7 +261,7 @@ impl<'p> Batch<'p> {
                 return RunEnd::Drained;
             };
             let wl = plan.wire_len();
-            let sport = source_port.unwrap_or(plan.sport);
+            let sport = sealed_sport(source_port, plan.sport, &ctx.cfg.mp.ports);
             if let Some(f) = &self.flow {
                 if plan.dst != f.dst || plan.src != f.src || sport != f.sport || wl > f.seg {
                     return RunEnd::Ended;
@@ -420,6 +434,7 @@ impl Engine {
             source_port: None,
             ip_ids: Ipv4IdTracker::default(),
             budget: Budget::default(),
+            mp_out: VecDeque::new(),
         }
     }
 
@@ -437,6 +452,7 @@ impl Engine {
                 events: &mut self.events,
                 srqs: &mut self.srqs,
                 budget: &mut self.budget,
+                mp_out: &mut self.mp_out,
                 now,
             },
         }
@@ -593,6 +609,10 @@ impl Engine {
                 return;
             }
         }
+        if udp_payload.first().is_some_and(|&op| mpw::is_mp_opcode(op)) {
+            self.on_mp_packet(now, info, udp_payload);
+            return;
+        }
         let Ok((h, range)) = wire::parse(udp_payload) else {
             self.counters.drop_malformed += 1;
             return;
@@ -616,6 +636,12 @@ impl Engine {
             self.counters.drop_bad_pkey += 1;
             return;
         }
+        if h.bth.dest_qp.value() == GSI_QPN && h.bth.opcode == wire::Opcode::UD_SEND_ONLY {
+            if let Some(hello) = udp_payload.get(range.clone()).and_then(Hello::decode) {
+                self.on_hello(now, info, hello);
+                return;
+            }
+        }
         let Parts {
             qps,
             ready,
@@ -635,7 +661,7 @@ impl Engine {
             ctx.counters.drop_bad_state += 1;
             return;
         }
-        if ty != QpType::Ud && !same_ip(src, qp.path.dst.ip()) {
+        if ty != QpType::Ud && !same_ip(src, qp.path.dst.ip()) && !qp.mp_accepts(src) {
             ctx.counters.drop_wrong_peer += 1;
             return;
         }
@@ -745,6 +771,11 @@ impl Engine {
         pieces: Option<&mut Vec<TxPiece>>,
         prev: Option<&Transmit>,
     ) -> Option<Transmit> {
+        if prev.is_none() {
+            if let Some(p) = self.mp_out.pop_front() {
+                return self.emit_mp(p, buf, pieces);
+            }
+        }
         let max_segs = self.cfg.max_gso_segments.max(1);
         self.wake_blocked_qps();
         // One Transmit may take packets from several QPs, one after the other: all
@@ -950,7 +981,158 @@ impl Engine {
 
     /// Is any QP ready to transmit? (Cheap check for the datapath loop.)
     pub fn has_transmit(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || !self.mp_out.is_empty()
+    }
+
+    /// A QP's multipath figures (None: no such QP, or plain RC).
+    pub fn mp_stats(&self, qpn: Qpn) -> Option<MpStats> {
+        self.qps.get(&qpn.value())?.mp_stats()
+    }
+
+    /// Every QP's multipath figures, in QPN order.
+    pub fn mp_all(&self) -> Vec<(Qpn, MpStats)> {
+        let mut v: Vec<_> = self
+            .qps
+            .values()
+            .filter_map(|qp| Some((qp.qpn_t(), qp.mp_stats()?)))
+            .collect();
+        v.sort_by_key(|(q, _)| q.value());
+        v
+    }
+
+    /// An extension packet (its own Transmit, one packet).
+    fn emit_mp(
+        &mut self,
+        p: MpPacket,
+        buf: &mut [u8],
+        pieces: Option<&mut Vec<TxPiece>>,
+    ) -> Option<Transmit> {
+        let n = p.bytes.len();
+        let total = n + wire::ICRC_LEN;
+        let pkt = buf.get_mut(..total)?;
+        pkt.get_mut(..n)?.copy_from_slice(&p.bytes);
+        let sport = sealed_sport(self.source_port, p.sport, &self.cfg.mp.ports);
+        match pieces {
+            Some(list) => {
+                list.clear();
+                pkt.get_mut(n..)?.fill(0);
+                list.push(TxPiece {
+                    start: 0,
+                    head: n,
+                    external: None,
+                    tail: wire::ICRC_LEN,
+                    tail_crc: None,
+                });
+            }
+            None => {
+                let pseudo = UdpPseudo::from_addrs(p.src, p.dst.ip(), sport, p.dst.port(), 0);
+                seal_packet(&pseudo, pkt, n, None)?;
+            }
+        }
+        self.counters.sent_pkts += 1;
+        Some(Transmit {
+            dst: p.dst,
+            src: p.src,
+            len: total,
+            segment_size: total,
+            src_port: sport,
+            only_acks: false,
+        })
+    }
+
+    /// A multipath extension packet (SACK, probe, probe answer) for one of our QPs.
+    fn on_mp_packet(&mut self, now: Nanos, info: &DatagramInfo, udp_payload: &[u8]) {
+        let Ok(bth) = wire::Bth::parse(udp_payload) else {
+            self.counters.drop_malformed += 1;
+            return;
+        };
+        let end = udp_payload.len().saturating_sub(wire::ICRC_LEN);
+        let body = udp_payload.get(wire::BTH_LEN..end).unwrap_or(&[]);
+        let Parts {
+            qps,
+            ready,
+            timers,
+            mut ctx,
+        } = self.parts(now);
+        let Some(qp) = qps.get_mut(&bth.dest_qp.value()).filter(|q| q.mp.is_some()) else {
+            ctx.counters.drop_bad_opcode += 1;
+            return;
+        };
+        ctx.counters.rcvd_pkts += 1;
+        qp.mp_on_packet(&mut ctx, info.src, info.dst, &bth, body);
+        sync(qp, &mut ctx, ready, timers);
+    }
+
+    /// A multipath negotiation MAD: a peer asks about one of our QPs, or answers us.
+    fn on_hello(&mut self, now: Nanos, info: &DatagramInfo, hello: Hello) {
+        let enabled = self.cfg.mp.enabled;
+        let port = self.cfg.udp_port;
+        let Parts {
+            qps,
+            ready,
+            timers,
+            mut ctx,
+        } = self.parts(now);
+        let peer = info.src.ip();
+        if hello.answer {
+            let found = qps.values_mut().find(|q| {
+                q.mp.as_ref().is_some_and(|m| {
+                    m.nonce == hello.nonce && m.state == crate::multipath::MpState::Negotiating
+                }) && same_ip(peer, q.path.dst.ip())
+            });
+            let Some(qp) = found else {
+                return;
+            };
+            if hello.status == 0 && hello.to_qpn == qp.qpn && enabled {
+                let (addrs, sports) = (hello.addrs, hello.sports);
+                qp.mp_turn_on(&mut ctx, &addrs, sports);
+            } else {
+                qp.mp_turn_off(&mut ctx);
+            }
+            sync(qp, &mut ctx, ready, timers);
+            return;
+        }
+        let qp = qps.get_mut(&hello.to_qpn);
+        let qp = qp.filter(|q| q.is_rc() && q.attr.dest_qp_num == hello.from_qpn);
+        let Some(qp) = qp.filter(|_| enabled) else {
+            // Multipath off here: say no at once. No such QP (yet, or connected
+            // elsewhere): silence; a QP not created yet is asked again.
+            if !enabled {
+                let no = Hello {
+                    answer: true,
+                    status: mpw::STATUS_UNSUPPORTED,
+                    from_qpn: hello.to_qpn,
+                    to_qpn: hello.from_qpn,
+                    nonce: hello.nonce,
+                    addrs: Vec::new(),
+                    sports: 1,
+                };
+                if let Some(bytes) = no.encode() {
+                    ctx.mp_out.push_back(MpPacket {
+                        src: info.dst,
+                        dst: SocketAddr::new(peer, port),
+                        sport: info.src.port(),
+                        bytes,
+                    });
+                }
+            }
+            return;
+        };
+        let ready_state = matches!(
+            qp.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        );
+        if !enabled || !ready_state || !same_ip(peer, qp.path.dst.ip()) {
+            return;
+        }
+        if qp.mp.is_none() {
+            qp.mp = Some(Box::new(Multipath::new(now, hello.nonce)));
+        }
+        qp.mp_turn_on(&mut ctx, &hello.addrs, hello.sports);
+        if let Some(pkt) = qp.mp_hello(&ctx, true, 0, hello.nonce) {
+            ctx.mp_out.push_back(pkt);
+        }
+        sync(qp, &mut ctx, ready, timers);
     }
 
     /// Every QP as `rdma res show qp` lists a kernel device's (plus its queues), in QPN

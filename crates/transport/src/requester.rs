@@ -11,6 +11,7 @@ use softhca_wire::{
 
 use crate::config::EngineConfig;
 use crate::datagram::TailCrc;
+use crate::multipath::Resend;
 use crate::path::Path;
 use crate::qp::{Ctx, Qp, RespOut, SendWqe};
 use crate::recovery::{LossCause, LossRecovery};
@@ -67,6 +68,8 @@ pub(crate) struct TxPlan {
     pub src: IpAddr,
     pub dst: SocketAddr,
     pub sport: u16,
+    /// Multipath: the index of the path in the QP's path table (0 otherwise).
+    pub path: u8,
 }
 
 impl TxPlan {
@@ -193,7 +196,11 @@ impl Qp {
                 (h, 0)
             }
         };
-        let path = *self.path.for_psn(hdr.bth.psn);
+        let path = if self.mp_active() {
+            self.mp_response_path(!hdr.bth.opcode.is_read_response())
+        } else {
+            *self.path.for_psn(hdr.bth.psn)
+        };
         Some(TxPlan {
             source: TxSource::Responder,
             hdr,
@@ -201,12 +208,21 @@ impl Qp {
             src: path.src,
             dst: path.dst,
             sport: path.sport,
+            path: 0,
         })
     }
 
     fn plan_request(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_wait.is_some() {
             return None;
+        }
+        self.req.resend_at = None;
+        if self.mp_active() {
+            match self.mp_plan_resend(ctx) {
+                Resend::Plan(p) => return Some(p),
+                Resend::Blocked => return None,
+                Resend::None => {}
+            }
         }
         let idx = self.req.send_idx;
         let next_psn = self.req.next_psn;
@@ -248,6 +264,7 @@ impl Qp {
             psn,
         };
         let (mut hdr, payload_len, last) = w.request_at(&at)?;
+        let mut path_idx = 0;
         let (src, dst, sport) = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
             let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
@@ -263,6 +280,10 @@ impl Qp {
                 src_qp: Qpn::new(self.qpn),
             });
             (path.src, path.dst, path.sport)
+        } else if self.mp_active() {
+            let (i, p) = self.mp_request_path()?;
+            path_idx = i;
+            (p.src, p.dst, p.sport)
         } else {
             let p = self.path.for_psn(psn);
             (p.src, p.dst, p.sport)
@@ -286,7 +307,53 @@ impl Qp {
             src,
             dst,
             sport,
+            path: path_idx,
         })
+    }
+
+    /// A selective resend of `psn`, a packet of WQE `idx` (SEND or WRITE), on path
+    /// `path`: planned like the original, its position kept in `req.resend_at` for the
+    /// build, the send position left where it is.
+    pub(crate) fn plan_at(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        idx: usize,
+        psn: Psn,
+        path: usize,
+    ) -> Option<TxPlan> {
+        let mtu = self.mtu(ctx.cfg);
+        let w = self.req.sq.get(idx)?;
+        let off = u64::from(psn.diff(w.first_psn) as u32) * mtu;
+        let at = PacketAt {
+            tr: self.init.qp_type.transport(),
+            off,
+            mtu,
+            split: ctx.cfg.split_rc_writes,
+            dqpn: self.attr.dest_qp_num,
+            psn,
+        };
+        let (mut hdr, payload_len, _) = w.request_at(&at)?;
+        // Asked for at once: a resend's acknowledgement ends the recovery.
+        hdr.bth.ack_req = true;
+        let p = self.mp.as_deref()?.paths.get(path)?.path;
+        self.req.resend_at = Some((idx, off));
+        Some(TxPlan {
+            source: TxSource::Requester,
+            hdr,
+            payload_len,
+            src: p.src,
+            dst: p.dst,
+            sport: p.sport,
+            path: path as u8,
+        })
+    }
+
+    /// The WQE and byte offset the packet being built comes from: a selective resend's,
+    /// or the send position.
+    fn cursor(&self) -> (usize, u64) {
+        self.req
+            .resend_at
+            .unwrap_or((self.req.send_idx, self.req.send_off))
     }
 
     /// The PSN of WQE `idx`'s next request packet (for one not started: the PSN it
@@ -422,6 +489,9 @@ impl Qp {
                     }
                 }
                 self.advance_response(n as u64);
+                if self.mp_active() {
+                    self.mp_sent(ctx, plan, false);
+                }
                 if plan.hdr.bth.opcode.is_read_response() {
                     self.cc_response_sent(ctx, plan.wire_len() as u64);
                 }
@@ -446,8 +516,9 @@ impl Qp {
     /// `copy_data` completes it with IBV_WC_LOC_PROT_ERR).
     fn payload_in_place(&mut self, ctx: &mut Ctx<'_>, n: usize) -> Option<InPlace> {
         let pd = self.init.pd;
-        let off = self.req.send_off as usize;
-        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        let (idx, off) = self.cursor();
+        let off = off as usize;
+        let w = self.req.sq.get_mut(idx)?;
         let Payload::Sges(sges) = &w.wr.payload else {
             return Some(InPlace::Copy);
         };
@@ -490,8 +561,9 @@ impl Qp {
     /// bad lkey (rxe: IBV_WC_LOC_PROT_ERR on the WQE, recorded here).
     fn copy_request(&mut self, ctx: &Ctx<'_>, payload: &mut [u8]) -> Option<()> {
         let pd = self.init.pd;
-        let off = self.req.send_off as usize;
-        let w = self.req.sq.get_mut(self.req.send_idx)?;
+        let (idx, off) = self.cursor();
+        let off = off as usize;
+        let w = self.req.sq.get_mut(idx)?;
         match &w.wr.payload {
             _ if payload.is_empty() => {}
             Payload::Inline(b) => payload.copy_from_slice(b.get(off..off + payload.len())?),
@@ -532,6 +604,19 @@ impl Qp {
     }
 
     fn advance_request(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan) {
+        if self.req.resend_at.take().is_some() {
+            // A selective resend: the send position stays.
+            self.mp_sent(ctx, plan, true);
+            self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, true);
+            self.req.last_retransmit_at = Some(ctx.now);
+            if self.req.rto.is_none() {
+                self.req.rto = self.rto_deadline(ctx.now);
+            }
+            return;
+        }
+        if self.mp_active() {
+            self.mp_sent(ctx, plan, false);
+        }
         let ty = self.init.qp_type;
         let idx = self.req.send_idx;
         let n = plan.payload_len as u64;
@@ -634,6 +719,20 @@ impl Qp {
             ctx.counters.completer_retry_err += 1;
         }
         self.cc_loss(ctx, cause);
+        if matches!(cause, LossCause::Timeout | LossCause::Quiet) && self.mp_resend_all(from) {
+            // Multipath: everything unacknowledged and not held by the responder goes
+            // again, alone, on the paths that work; the send position stays.
+            if cause == LossCause::Timeout {
+                self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
+            }
+            self.req.rto = self.rto_deadline(ctx.now);
+            self.req.quiet_from = ctx.now;
+            self.req.last_retransmit_at = Some(ctx.now);
+            return true;
+        }
+        if cause == LossCause::Timeout {
+            self.mp_restart();
+        }
         let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self

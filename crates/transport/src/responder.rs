@@ -68,6 +68,10 @@ enum Fail {
 
 impl Qp {
     fn queue_ack(&mut self, psn: Psn, kind: AethKind) {
+        if kind == ACK && self.mp_sack_instead() {
+            // Multipath: with requests held beyond a gap, a SACK says more.
+            return;
+        }
         let aeth = Aeth::from_kind(kind, self.resp.msn);
         // Coalesce: a plain ACK still waiting to go out is superseded by a newer one
         // (ACKs are cumulative, IBTA 9.7.5.1.2).
@@ -121,6 +125,9 @@ impl Qp {
 
     /// A request packet (anything but a response) for this QP.
     pub fn on_request(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8], meta: &RxMeta) {
+        if let Some(m) = self.mp.as_deref_mut() {
+            m.last_rx = Some((meta.dst, meta.src));
+        }
         if !matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
@@ -200,6 +207,7 @@ impl Qp {
                     self.resp.ooo.insert(i, (*h, payload.to_vec()));
                     self.resp.ooo_bytes += payload.len();
                     ctx.counters.ooo_buffered += 1;
+                    self.mp_kept(h.bth.ack_req);
                     true
                 }
             };
@@ -264,6 +272,10 @@ impl Qp {
         } else {
             None
         };
+        if self.mp_sack_instead() {
+            // Multipath: the requester resends only what the SACK shows missing.
+            return;
+        }
         ctx.counters.seq_err_naks += 1;
         let e = self.resp.epsn;
         self.queue_ack(e, AethKind::Nak(NakCode::PsnSequenceError));

@@ -23,6 +23,8 @@ pub(crate) struct DatapathShared {
     /// When the device opened: time zero of the engine's clock.
     pub epoch: Instant,
     pub sockets: Vec<RoceSocket>,
+    /// Multipath's extra source ports: (address, port, socket), send only.
+    pub sport_sockets: Vec<(std::net::IpAddr, u16, RoceSocket)>,
     pub doorbell: EventFd,
     /// Set by the datapath just before it sleeps in epoll: posters ring the doorbell only
     /// then, so a busy datapath costs posters no syscall.

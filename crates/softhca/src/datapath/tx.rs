@@ -10,6 +10,7 @@
 //! ([`Stepper::send`]).
 
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -91,6 +92,9 @@ impl Stepper {
         for (si, sock) in shared.sockets.iter().enumerate() {
             self.send_from(shared, si, sock);
         }
+        for (ip, port, sock) in &shared.sport_sockets {
+            self.send_from_port(shared, (*ip, *port), sock);
+        }
         let unmatched = self
             .tx
             .iter()
@@ -116,29 +120,25 @@ impl Stepper {
         let st = &shared.stats;
         let ip = self.local_ips[si];
         let mut order: SmallVec<[usize; TX_BATCH]> = SmallVec::new();
-        order.extend((0..self.tx.len()).filter(|&k| self.tx[k].1.src == ip));
+        let extra = |t: &Transmit| {
+            shared
+                .sport_sockets
+                .iter()
+                .any(|(a, p, _)| *a == t.src && *p == t.src_port)
+        };
+        order.extend(
+            (0..self.tx.len()).filter(|&k| self.tx[k].1.src == ip && !extra(&self.tx[k].1)),
+        );
         if order.is_empty() {
             return;
         }
         // Stable: each group keeps its order.
         order.sort_by_key(|&k| self.tx[k].1.only_acks);
         let via = self.route_and_seal(&order, st);
-        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
         // Filled in place: collecting moved the whole inline array per send.
         let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = SmallVec::new();
-        list.extend(order.iter().map(|&k| {
-            let (b, t) = self.tx[k];
-            sio::Transmit {
-                dst: t.dst,
-                src_ip: None,
-                // For a gathered transmit `pieces` has the bytes (`contents` is the
-                // buffer, which starts with its first packet's header all the same).
-                contents: &bufs[b][..t.len.min(TX_BUF)],
-                pieces: &iovs[b],
-                segment_size: (t.segment_size > 0 && t.segment_size < t.len)
-                    .then_some(t.segment_size),
-            }
-        }));
+        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+        list.extend(order.iter().map(|&k| io_transmit(bufs, iovs, self.tx[k])));
         if let Some(impair) = self.impair.as_mut() {
             // No connected sockets under fault injection: everything takes `sock`.
             let mut kept: SmallVec<[(usize, sio::Transmit<'_>); TX_BATCH]> = SmallVec::new();
@@ -164,6 +164,35 @@ impl Stepper {
             }
             i += run;
         }
+    }
+
+    /// Sends the transmits of a multipath extra source port from its socket, in order,
+    /// sealed for that port (no connected sockets: their ports are others).
+    fn send_from_port(
+        &mut self,
+        shared: &DatapathShared,
+        (ip, port): (IpAddr, u16),
+        sock: &sio::RoceSocket,
+    ) {
+        let order: SmallVec<[usize; TX_BATCH]> = (0..self.tx.len())
+            .filter(|&k| self.tx[k].1.src == ip && self.tx[k].1.src_port == port)
+            .collect();
+        if order.is_empty() {
+            return;
+        }
+        for &k in &order {
+            let (b, t) = self.tx[k];
+            let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
+            if in_buffer(pieces) {
+                seal(&t, buf, pieces, 0, (port, 0), None);
+            }
+        }
+        let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
+        let list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = order
+            .iter()
+            .map(|&k| io_transmit(bufs, iovs, self.tx[k]))
+            .collect();
+        send_all(shared, sock, &list);
     }
 
     /// The way each transmit of `order` leaves, in send order (the slot of a connected
@@ -225,6 +254,23 @@ impl Stepper {
                 });
             }
         }
+    }
+}
+
+/// Transmit `t`, in buffer `b`, as the socket layer sends it.
+fn io_transmit<'a>(
+    bufs: &'a [Box<[u8]>],
+    iovs: &'a [Vec<libc::iovec>],
+    (b, t): (usize, Transmit),
+) -> sio::Transmit<'a> {
+    sio::Transmit {
+        dst: t.dst,
+        src_ip: None,
+        // For a gathered transmit `pieces` has the bytes (`contents` is the buffer,
+        // which starts with its first packet's header all the same).
+        contents: &bufs[b][..t.len.min(TX_BUF)],
+        pieces: &iovs[b],
+        segment_size: (t.segment_size > 0 && t.segment_size < t.len).then_some(t.segment_size),
     }
 }
 

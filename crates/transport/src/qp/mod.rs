@@ -11,6 +11,7 @@ use softhca_wire::{Aeth, Headers};
 use crate::cc::QpCc;
 use crate::config::EngineConfig;
 use crate::counters::Counters;
+use crate::multipath::{MpPacket, Multipath};
 use crate::path::Path;
 use crate::recovery::GoBackN;
 use crate::verbs::*;
@@ -24,6 +25,8 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a mut VecDeque<AsyncEvent>,
     pub srqs: &'a mut HashMap<u32, Srq>,
     pub budget: &'a mut Budget,
+    /// Multipath extension packets for the engine to send.
+    pub mp_out: &'a mut VecDeque<MpPacket>,
     pub now: Nanos,
 }
 
@@ -188,6 +191,9 @@ pub(crate) struct Requester {
     pub read_gap_at: Option<Nanos>,
     /// SQD: notify when drained.
     pub sqd_notify: bool,
+    /// Multipath: the packet being planned is a selective resend of this WQE (index in
+    /// `sq`) at this byte offset, not the next one at the send position.
+    pub resend_at: Option<(usize, u64)>,
 }
 
 /// In-progress inbound message on the responder.
@@ -301,6 +307,8 @@ pub(crate) struct Qp {
     pub timer_gen: u64,
     /// Congestion control: window, pacing, round-trip samples.
     pub cc: QpCc,
+    /// The multipath extension (None: plain RC).
+    pub mp: Option<Box<Multipath>>,
 }
 
 impl Qp {
@@ -327,6 +335,7 @@ impl Qp {
             armed: None,
             timer_gen: 0,
             cc: QpCc::default(),
+            mp: None,
         }
     }
 
@@ -364,6 +373,7 @@ impl Qp {
         }
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
+        self.mp = None;
         // Kept early requests will never execute now.
         self.resp.ooo = VecDeque::new();
         self.resp.ooo_bytes = 0;
@@ -421,6 +431,7 @@ impl Qp {
         self.req = Requester::default();
         self.resp = Responder::default();
         self.cc = QpCc::default();
+        self.mp = None;
         self.state = QpState::Reset;
         self.timer = None;
     }

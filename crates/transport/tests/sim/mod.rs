@@ -65,6 +65,8 @@ impl Mr {
 pub struct Node {
     pub engine: Engine,
     pub ip: IpAddr,
+    /// More addresses this node serves (a multi-homed node: one per link).
+    pub extra_ips: Vec<IpAddr>,
     pub pd: PdId,
     pub cq: CqId,
     bufs: Vec<Box<[u8]>>,
@@ -155,6 +157,26 @@ impl Bottleneck {
 /// Drops a packet (from node, UDP payload) when it returns true.
 pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 
+/// What happens on one direction of one link: packets from `src` to `dst` (an address
+/// None matches any).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PathFault {
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    /// Drop every packet (a silent black hole).
+    pub cut: bool,
+    /// Drop this share at random.
+    pub loss: f64,
+    /// Added one-way delay.
+    pub delay_ns: u64,
+}
+
+impl PathFault {
+    fn matches(&self, src: IpAddr, dst: IpAddr) -> bool {
+        self.src.is_none_or(|a| a == src) && self.dst.is_none_or(|a| a == dst)
+    }
+}
+
 pub struct SimNet {
     pub nodes: Vec<Node>,
     pub rng: ChaCha8Rng,
@@ -181,6 +203,10 @@ pub struct SimNet {
     pub bottleneck: Option<Bottleneck>,
     /// Receive as the device's direct receive does (see [`SimNet::deliver_run`]).
     pub direct: bool,
+    /// Faults of single paths (multipath tests), applied in order.
+    pub path_faults: Vec<PathFault>,
+    /// Packets put on the wire, by (source, destination) address.
+    pub per_link: std::collections::HashMap<(IpAddr, IpAddr), u64>,
 }
 
 pub fn cfg_for(ip: IpAddr, mtu: Mtu) -> EngineConfig {
@@ -210,6 +236,7 @@ impl SimNet {
             nodes.push(Node {
                 engine,
                 ip,
+                extra_ips: Vec::new(),
                 pd,
                 cq,
                 bufs: Vec::new(),
@@ -235,7 +262,28 @@ impl SimNet {
             link_free_at: vec![0; n],
             bottleneck: None,
             direct: false,
+            path_faults: Vec::new(),
+            per_link: std::collections::HashMap::new(),
         }
+    }
+
+    /// Two nodes joined by `links` links: node i has address 10.0.k.(i+1) on link k,
+    /// and serves them all; each engine runs `tweak` on its configuration last.
+    pub fn multihomed(seed: u64, links: u8, mtu: Mtu, tweak: impl Fn(&mut EngineConfig)) -> SimNet {
+        let ip = |node: u8, link: u8| IpAddr::V4(Ipv4Addr::new(10, 0, link, node + 1));
+        let mut net = SimNet::with_config(seed, 2, mtu, |cfg| {
+            // Which node: its first GID (set by `with_config`).
+            let node = match cfg.gids[0].to_ip() {
+                IpAddr::V4(v4) => v4.octets()[3] - 1,
+                IpAddr::V6(_) => 0,
+            };
+            cfg.gids = (0..links).map(|k| Gid::from_ip(ip(node, k))).collect();
+            tweak(cfg);
+        });
+        for (i, n) in net.nodes.iter_mut().enumerate() {
+            n.extra_ips = (1..links).map(|k| ip(i as u8, k)).collect();
+        }
+        net
     }
 
     /// Register a zeroed buffer of `len` bytes on `node`.
@@ -289,7 +337,9 @@ impl SimNet {
     }
 
     fn node_of(&self, ip: IpAddr) -> Option<usize> {
-        self.nodes.iter().position(|n| n.ip == ip)
+        self.nodes
+            .iter()
+            .position(|n| n.ip == ip || n.extra_ips.contains(&ip))
     }
 
     fn collect(&mut self) {
@@ -366,6 +416,16 @@ impl SimNet {
         if f.loss > 0.0 && self.rng.gen_bool(f.loss) {
             return;
         }
+        *self.per_link.entry((t.src, t.dst.ip())).or_default() += 1;
+        let mut path_delay = 0;
+        for pf in &self.path_faults {
+            if pf.matches(t.src, t.dst.ip()) {
+                if pf.cut || (pf.loss > 0.0 && self.rng.gen_bool(pf.loss)) {
+                    return;
+                }
+                path_delay += pf.delay_ns;
+            }
+        }
         let copies = if f.duplicate > 0.0 && self.rng.gen_bool(f.duplicate) {
             2
         } else {
@@ -391,7 +451,7 @@ impl SimNet {
                 },
                 _ => depart,
             };
-            let mut at = depart + f.delay_ns;
+            let mut at = depart + f.delay_ns + path_delay;
             if f.reorder > 0.0 && self.rng.gen_bool(f.reorder) {
                 at += self.rng.gen_range(0..=f.jitter_ns);
             }

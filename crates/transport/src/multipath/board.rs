@@ -1,0 +1,312 @@
+//! The requester's scoreboard: per request PSN in flight, where and when it went and
+//! whether the responder holds it; and loss detection over it.
+
+use std::collections::VecDeque;
+
+use crate::verbs::{Nanos, Psn};
+
+use super::paths::PathState;
+
+/// What became of a PSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// Not a packet of its own (a READ's response PSNs), or sent before multipath
+    /// started: plain RC recovers it.
+    Untracked,
+    /// Sent, no news.
+    Out,
+    /// Held by the responder (SACKed).
+    Sacked,
+    /// Found lost, queued for a resend.
+    Lost,
+}
+
+/// One PSN's record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent {
+    pub mark: Mark,
+    pub path: u8,
+    /// Sequence number on its path.
+    pub seq: u32,
+    pub at: Nanos,
+    /// Resent at least once (no RTT sample from it: Karn).
+    pub resent: bool,
+}
+
+const UNTRACKED: Sent = Sent {
+    mark: Mark::Untracked,
+    path: 0,
+    seq: 0,
+    at: 0,
+    resent: false,
+};
+
+/// Records from `base` (the oldest unacknowledged PSN) on.
+#[derive(Debug, Default)]
+pub(crate) struct Board {
+    pub base: Psn,
+    pub sent: VecDeque<Sent>,
+    /// The latest send time of any acknowledged or SACKed packet (RACK's reference).
+    pub newest_acked_at: Nanos,
+}
+
+/// What acknowledging or marking did, for the caller's bookkeeping.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    /// Lost PSNs to resend, in PSN order.
+    pub lost: Vec<Psn>,
+    /// When the next packet may be declared lost by time.
+    pub next_check: Option<Nanos>,
+}
+
+impl Board {
+    fn index(&self, psn: Psn) -> Option<usize> {
+        usize::try_from(psn.diff(self.base)).ok()
+    }
+
+    pub fn get(&self, psn: Psn) -> Option<&Sent> {
+        self.sent.get(self.index(psn)?)
+    }
+
+    /// Record that `psn` left on `path` at `now` as its `seq`-th packet there: None if
+    /// it lies before the records (sent before multipath started), else the path of
+    /// its previous transmission if that one was still counted in flight.
+    pub fn record(&mut self, psn: Psn, path: u8, seq: u32, now: Nanos) -> Option<Option<u8>> {
+        if self.sent.is_empty() {
+            self.base = psn;
+        }
+        let i = self.index(psn)?;
+        while self.sent.len() <= i {
+            self.sent.push_back(UNTRACKED);
+        }
+        let s = self.sent.get_mut(i)?;
+        let prev = (s.mark == Mark::Out).then_some(s.path);
+        let prev = Some(prev);
+        let resent = s.mark != Mark::Untracked || s.resent;
+        *s = Sent {
+            mark: Mark::Out,
+            path,
+            seq,
+            at: now,
+            resent,
+        };
+        prev
+    }
+
+    /// Everything before `una` is acknowledged: drop those records, crediting their
+    /// paths (RTT samples from packets sent once).
+    pub fn ack_to(&mut self, una: Psn, paths: &mut [PathState], now: Nanos) {
+        if self.sent.is_empty() {
+            self.base = una;
+            return;
+        }
+        while self.base.is_before(una) {
+            let Some(s) = self.sent.pop_front() else {
+                self.base = una;
+                break;
+            };
+            self.base = self.base.next();
+            if s.mark == Mark::Out || s.mark == Mark::Sacked {
+                credit(&s, paths, now, s.mark == Mark::Out);
+                self.newest_acked_at = self.newest_acked_at.max(s.at);
+            } else if s.mark == Mark::Lost {
+                late(&s, paths, now);
+            }
+        }
+    }
+
+    /// The responder holds `first..=last`.
+    pub fn sack(&mut self, first: Psn, last: Psn, paths: &mut [PathState], now: Nanos) {
+        let mut p = if first.is_before(self.base) {
+            self.base
+        } else {
+            first
+        };
+        while !p.is_after(last) {
+            let Some(i) = self.index(p) else { break };
+            let Some(s) = self.sent.get_mut(i) else { break };
+            if s.mark == Mark::Out {
+                s.mark = Mark::Sacked;
+                let s = *s;
+                credit(&s, paths, now, true);
+                self.newest_acked_at = self.newest_acked_at.max(s.at);
+            } else if s.mark == Mark::Lost {
+                // Arrived after all (late, not lost): no resend needed.
+                s.mark = Mark::Sacked;
+                late(s, paths, now);
+            }
+            p = p.next();
+        }
+    }
+
+    /// Find packets lost: three later packets on their path acknowledged, or, with a
+    /// later-sent packet acknowledged, older than their path's reorder wait; or, with
+    /// nothing sent after them acknowledged (a lost tail, a lost resend), older than
+    /// twice that (the probe timeout of RACK-TLP, RFC 8985).
+    pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
+        let mut f = Found::default();
+        let newest = self.newest_acked_at;
+        let floor = super::paths::reorder_floor(paths);
+        let mut psn = self.base;
+        for s in self.sent.iter_mut() {
+            let this = psn;
+            psn = psn.next();
+            if s.mark != Mark::Out {
+                continue;
+            }
+            let Some(p) = paths.get_mut(usize::from(s.path)) else {
+                continue;
+            };
+            let later_acked = s.at < newest;
+            let by_seq = later_acked && p.acked_seq >= s.seq + 3;
+            let wait = p.reorder_wait(floor);
+            let due = s.at + if later_acked { wait } else { 2 * wait };
+            if by_seq || due <= now {
+                s.mark = Mark::Lost;
+                p.on_lost(s.at, now);
+                f.lost.push(this);
+            } else {
+                f.next_check = Some(f.next_check.map_or(due, |t: Nanos| t.min(due)));
+            }
+        }
+        f
+    }
+
+    /// Mark every packet in flight on `path` lost (the path failed).
+    pub fn fail_path(&mut self, path: u8, paths: &mut [PathState]) -> Vec<Psn> {
+        let mut lost = Vec::new();
+        let mut psn = self.base;
+        for s in self.sent.iter_mut() {
+            if s.mark == Mark::Out && s.path == path {
+                s.mark = Mark::Lost;
+                if let Some(p) = paths.get_mut(usize::from(path)) {
+                    p.inflight = p.inflight.saturating_sub(1);
+                    p.losses += 1;
+                }
+                lost.push(psn);
+            }
+            psn = psn.next();
+        }
+        lost
+    }
+
+    /// Mark every packet from `from` on that the responder does not hold as lost (a
+    /// retransmit timeout): returns those to resend, lost before or now, in order.
+    pub fn all_lost(&mut self, from: Psn, paths: &mut [PathState]) -> Vec<Psn> {
+        let mut lost = Vec::new();
+        let mut psn = self.base;
+        for s in self.sent.iter_mut() {
+            if !psn.is_before(from) {
+                if s.mark == Mark::Out {
+                    s.mark = Mark::Lost;
+                    if let Some(p) = paths.get_mut(usize::from(s.path)) {
+                        p.inflight = p.inflight.saturating_sub(1);
+                    }
+                }
+                if s.mark == Mark::Lost {
+                    lost.push(psn);
+                }
+            }
+            psn = psn.next();
+        }
+        lost
+    }
+
+    /// Whether `psn` still needs a resend (lost, not since SACKed or acknowledged).
+    pub fn needs_resend(&self, psn: Psn) -> bool {
+        self.get(psn).is_some_and(|s| s.mark == Mark::Lost)
+    }
+
+    /// Forget everything (a go-back-N restart resends it all).
+    pub fn clear(&mut self, paths: &mut [PathState]) {
+        self.sent.clear();
+        for p in paths {
+            p.inflight = 0;
+        }
+    }
+}
+
+/// A packet taken for lost arrived before its resend left: its path is slower than
+/// its round trip said (a delay that grew). Its send time is still the original one:
+/// a round-trip sample, and the losses in a row that could fail the path are undone.
+fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
+    if let Some(p) = paths.get_mut(usize::from(s.path)) {
+        if !s.resent {
+            p.on_rtt(now.saturating_sub(s.at));
+        }
+        p.on_spurious();
+    }
+}
+
+fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
+    if let Some(p) = paths.get_mut(usize::from(s.path)) {
+        if in_flight && !s.resent {
+            p.on_rtt(now.saturating_sub(s.at));
+            p.data_rtt = true;
+        }
+        if in_flight {
+            p.on_acked((!s.resent).then_some(s.seq), now);
+        } else {
+            p.alive_at = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::paths::PathStatus;
+    use super::*;
+    use crate::path::Path;
+
+    fn paths(n: usize) -> Vec<PathState> {
+        (0..n)
+            .map(|_| {
+                let mut p = PathState::new(Path::default(), PathStatus::Active, 0);
+                p.srtt = 10_000;
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn later_packets_on_a_path_make_an_older_one_lost() {
+        let mut ps = paths(2);
+        let mut b = Board::default();
+        for i in 0..5u32 {
+            b.record(Psn::new(100 + i), 0, i + 1, 1000 + u64::from(i));
+            ps[0].inflight += 1;
+        }
+        // 101..=104 held: 100 has three later packets on its path acknowledged.
+        b.sack(Psn::new(101), Psn::new(104), &mut ps, 2000);
+        let f = b.detect(&mut ps, 2000);
+        assert_eq!(f.lost, vec![Psn::new(100)]);
+        assert!(b.needs_resend(Psn::new(100)));
+        assert_eq!(ps[0].inflight, 0);
+        // It arrives late after all: no resend.
+        b.sack(Psn::new(100), Psn::new(100), &mut ps, 2100);
+        assert!(!b.needs_resend(Psn::new(100)));
+        b.ack_to(Psn::new(105), &mut ps, 2200);
+        assert!(b.sent.is_empty());
+    }
+
+    #[test]
+    fn a_silent_path_loses_by_time_and_failing_it_moves_its_packets() {
+        let mut ps = paths(2);
+        let mut b = Board::default();
+        b.record(Psn::new(0), 1, 1, 0);
+        b.record(Psn::new(1), 1, 2, 0);
+        b.record(Psn::new(2), 0, 1, 10);
+        ps[1].inflight = 2;
+        ps[0].inflight = 1;
+        b.sack(Psn::new(2), Psn::new(2), &mut ps, 20_000);
+        let f = b.detect(&mut ps, 20_000);
+        assert!(f.lost.is_empty());
+        let wait = ps[1].reorder_wait(0);
+        assert_eq!(f.next_check, Some(wait));
+        let f = b.detect(&mut ps, wait);
+        assert_eq!(f.lost, vec![Psn::new(0), Psn::new(1)]);
+        assert_eq!(ps[1].loss_run, 2);
+        b.record(Psn::new(0), 0, 2, wait);
+        assert!(b.fail_path(0, &mut ps).contains(&Psn::new(0)));
+    }
+}

@@ -1,0 +1,353 @@
+//! Multipath RC: one RC QP between two softhca devices sprays its packets over several
+//! network paths, repairs loss by selective acknowledgement and retransmission, and
+//! survives the failure of any path while another works. A negotiated extension: with
+//! any other peer (kernel rxe, hardware) the QP is plain RoCEv2 RC, byte for byte.
+//!
+//! # Negotiation
+//! When an RC QP enters RTS the engine sends one MAD to the peer's QP 1 (a UD SEND with
+//! the GSI Q_Key): a Get of a vendor class (range 1, 0x0A) carrying a magic, the
+//! sender's QPN, the QPN it talks to, its addresses and its source-port count. Linux
+//! ib_mad answers a Get of a class nobody registered with status
+//! UNSUPPORTED_METHOD_ATTRIB (`generate_unmatched_resp`): a "no" within a round trip
+//! from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic is
+//! untouched), checks that the named QP is an RC QP connected back to the sender, and
+//! answers with its own addresses. Silence is retried at 2, 4, 8, 16 ms, then taken
+//! for "no" (`HELLO_TRIES`). A valid request is itself proof that the sender speaks
+//! the extension, so either side's Get turns both on. The QP runs plain RC until then
+//! and stays plain RC after a "no"; packets sent before the switch are repaired as
+//! plain RC. The 0xE1+ opcodes below are sent only to a peer that said "yes", so rxe
+//! never sees one (rxe before 2021 did not reject non-RC opcodes on RC QPs). The MAD is
+//! the one packet a softhca QP adds towards rxe; the QP's own packets are unchanged.
+//!
+//! # Paths
+//! A path is (local IP, remote IP, UDP source port). Candidates: every local address
+//! (`MpConfig::addrs`, default the device's GIDs) × every address the peer advertised,
+//! of the same family (loopback ones only between loopback peers, no link-local IPv6),
+//! × `MpConfig::sports` source ports (ECMP entropy: the I/O layer's extra ports,
+//! `MpConfig::ports`, on a device one send-only socket per port and address), at most
+//! `MAX_PATHS`. Path 0 is the address vector's and starts active; the others start
+//! `Probing` and carry data only once a probe (opcode 0xE2, nonce) on that very tuple
+//! was answered (0xE3, sent back on the reverse pair). With one candidate path the
+//! extension stays idle: single-path traffic runs the plain RC code with nothing added
+//! per packet.
+//!
+//! # Wire
+//! Data packets are the standard RC opcodes, unchanged (RDMA WRITEs already go as
+//! self-describing WRITE Only packets, `EngineConfig::split_rc_writes`). The extension
+//! adds three opcodes, each a BTH, a short body and the ICRC (tshark shows a RoCE BTH):
+//! - 0xE1 SACK: BTH PSN = cumulative ACK, then the MSN and up to 32 PSN ranges the
+//!   responder holds beyond it (ranges rather than a bitmap: a window of 1024 PSNs
+//!   with few holes is a few ranges).
+//! - 0xE2 PROBE / 0xE3 PROBE_ACK: nonce and the prober's path index.
+//!
+//! The responder accepts requests from any address the peer advertised (rxe's
+//! `check_addr` would drop them: another reason the extension needs the peer's "yes").
+//!
+//! # Scheduler
+//! Each path has its own window (packets in flight; one more per acknowledged packet
+//! until the first cut, one per window after; halved when a second loss falls in one
+//! round trip, and the cut undone when the losses prove spurious, RFC 3522) and a
+//! smoothed RTT and variation (RFC 6298). New request packets go in bursts of up to a
+//! GSO batch (one batch = one 5-tuple) to the active path with room and the lowest RTT
+//! (minRTT, as MPTCP's default): a slow or queueing path gets what the others cannot
+//! take. A retransmission avoids the path that lost it. The responder sends each ACK or
+//! SACK back on the reverse of the path the last request came in on, while that path
+//! is active (the requester's RTT samples then belong to one address pair), else on
+//! the next active path; READ responses rotate over the active paths by GSO batches.
+//! ACKs are cumulative, so an ACK lost on a path whose reverse direction died costs
+//! nothing the next ACK does not repair.
+//!
+//! # Loss detection (requester)
+//! A scoreboard keeps, per PSN in flight, the path, per-path sequence number and send
+//! time. A packet is lost when three later packets on its path were acknowledged
+//! (paths are FIFO; packets sent twice give no order, Karn) or, RACK-style (RFC 8985),
+//! when a packet sent after it on any path was acknowledged and it is older than its
+//! path's reorder wait: RTT plus the larger of 4 × variation, RTT/4 and 100 µs, never
+//! less than the slowest active path's RTT (all paths share the host's queues), plus
+//! an allowance that grows with every spurious loss and decays with acknowledgements.
+//! With nothing later acknowledged (a lost tail or resend) twice that wait is the
+//! probe timeout. Lost packets are resent alone, on another healthy path, with AckReq.
+//! A READ or atomic request found lost is re-requested as plain RC does it (a READ
+//! alone), spending no retry; READ responses reorder and repair as in plain RC.
+//!
+//! # Failure and readmission
+//! A path fails after `FAIL_LOSSES` losses in a row (with another path active) or
+//! `PROBE_MISSES` unanswered probes (never the last active path: that one the
+//! retransmit timer judges); its in-flight packets move to the other paths at once and
+//! the QP stays in RTS. Active paths are probed every `KEEPALIVE_NS` (which is what
+//! finds a dead ACK direction); a probe may take three smoothed round trips plus
+//! variation, at least 5 ms (a probe answer waits behind the data its sender receives;
+//! probes measure a path until data does, and late answers still count as samples).
+//! Failed paths are probed from 1 ms, doubling to `READMIT_MAX_NS`, and come back
+//! on the first answer, starting from the slowest path's RTT.
+//!
+//! # Retry budget
+//! The QP's retransmit timer runs as in plain RC: it fires only when nothing was
+//! acknowledged for the Local ACK Timeout, which with multipath means every path
+//! failed. Only that spends `retry_cnt`: everything unacknowledged and not SACKed is
+//! resent selectively (go-back-N when a READ or atomic is at the head), on the paths
+//! still active or, with none, on each in turn. So a dead peer still ends in
+//! RETRY_EXC_ERR within timeout × retries, and a path failure alone never does.
+//!
+//! # Reorder memory
+//! The responder keeps early requests in the bounded reorder buffer plain RC already
+//! has (`responder::OOO_MAX` packets and `OOO_WINDOW` PSNs per QP,
+//! `DEVICE_OOO_BYTES` per device); the requester never has more than
+//! `requester::MAX_UNACKED_PSNS` in flight, so everything in flight can be kept.
+
+mod board;
+mod glue;
+mod paths;
+pub(crate) mod wire;
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::verbs::{Nanos, Psn};
+
+pub(crate) use board::Board;
+pub(crate) use glue::Resend;
+pub(crate) use paths::{PathState, PathStatus};
+
+/// Multipath configuration (softhca's `SOFTHCA_MP*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpConfig {
+    /// Negotiate the extension (false: plain RC always, no MAD sent).
+    pub enabled: bool,
+    /// Local addresses multipath may use; empty: every address in the GID table.
+    pub addrs: Vec<IpAddr>,
+    /// UDP source ports per address pair (at least 1).
+    pub sports: u8,
+    /// The UDP source ports the I/O layer can send from besides the one every packet
+    /// is sealed for ([`crate::Engine::set_source_port`]): the `k`-th source port of a
+    /// path set is `ports[k - 1]`, left as it is in the Transmit for the I/O layer to
+    /// send it from that port. Empty: ports spread from rxe's per-QP port, for an I/O
+    /// layer that sends from any port (the simulator).
+    pub ports: Vec<u16>,
+}
+
+impl Default for MpConfig {
+    fn default() -> Self {
+        MpConfig {
+            enabled: true,
+            addrs: Vec::new(),
+            sports: 1,
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// Most paths per QP.
+pub(crate) const MAX_PATHS: usize = 16;
+/// Negotiation MADs sent before silence means "no".
+pub(crate) const HELLO_TRIES: u8 = 5;
+/// The first negotiation retry; doubles.
+const HELLO_RETRY_NS: Nanos = 2_000_000;
+/// Losses in a row that fail a path.
+pub(crate) const FAIL_LOSSES: u32 = 3;
+/// Unanswered probes that fail a path.
+pub(crate) const PROBE_MISSES: u8 = 2;
+/// An active path is probed this often (ACK direction liveness).
+pub(crate) const KEEPALIVE_NS: Nanos = 20_000_000;
+/// Longest wait between probes of a failed path.
+pub(crate) const READMIT_MAX_NS: Nanos = 500_000_000;
+
+/// Where a QP's negotiation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpState {
+    /// Asking the peer (plain RC meanwhile).
+    Negotiating,
+    /// The peer speaks the extension.
+    On,
+    /// Plain RC for the life of the QP.
+    Off,
+}
+
+/// An extension packet waiting to leave (built whole, sealed by the engine).
+#[derive(Debug, Clone)]
+pub(crate) struct MpPacket {
+    pub src: IpAddr,
+    pub dst: SocketAddr,
+    pub sport: u16,
+    pub bytes: Vec<u8>,
+}
+
+/// A QP's multipath state.
+#[derive(Debug)]
+pub(crate) struct Multipath {
+    pub state: MpState,
+    pub hello_tries: u8,
+    pub hello_at: Option<Nanos>,
+    pub nonce: u32,
+    /// The peer's advertised addresses (the AV's first).
+    pub peer_addrs: Vec<IpAddr>,
+    pub peer_sports: u8,
+    pub paths: Vec<PathState>,
+    /// Whether data uses the paths (On with more than one candidate path).
+    pub active: bool,
+    pub board: Board,
+    /// PSNs found lost, to resend alone.
+    pub resend: VecDeque<Psn>,
+    /// The path of the burst under way, and packets left in it.
+    pub cur: Option<usize>,
+    pub burst_left: u32,
+    /// Round robin over paths for responder output.
+    pub resp_rr: usize,
+    /// Responder: the (local, remote) addresses the last request came in on; ACKs go
+    /// back the same way while that path is active.
+    pub last_rx: Option<(IpAddr, IpAddr)>,
+    /// Responder: a SACK is owed.
+    pub sack_due: bool,
+    /// Responder: early packets kept since the last SACK.
+    pub kept_since_sack: u32,
+    /// When a loss may be declared by time (RACK timer).
+    pub loss_at: Option<Nanos>,
+    /// Extension packets built and waiting for the engine to send.
+    pub out: Vec<MpPacket>,
+    pub sacks_sent: u64,
+    pub sacks_rcvd: u64,
+    pub resends: u64,
+}
+
+impl Multipath {
+    pub fn new(now: Nanos, nonce: u32) -> Multipath {
+        Multipath {
+            state: MpState::Negotiating,
+            hello_tries: 0,
+            hello_at: Some(now),
+            nonce,
+            peer_addrs: Vec::new(),
+            peer_sports: 1,
+            paths: Vec::new(),
+            active: false,
+            board: Board::default(),
+            resend: VecDeque::new(),
+            cur: None,
+            burst_left: 0,
+            resp_rr: 0,
+            last_rx: None,
+            sack_due: false,
+            kept_since_sack: 0,
+            loss_at: None,
+            out: Vec::new(),
+            sacks_sent: 0,
+            sacks_rcvd: 0,
+            resends: 0,
+        }
+    }
+
+    /// The next negotiation retry after `tries` MADs.
+    pub fn hello_wait(tries: u8) -> Nanos {
+        HELLO_RETRY_NS << tries.saturating_sub(1).min(8)
+    }
+}
+
+/// One path's figures, for `softhca devinfo -v` and the perf counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpPathStats {
+    /// Local address.
+    pub src: IpAddr,
+    /// Remote address and UDP port.
+    pub dst: SocketAddr,
+    /// UDP source port.
+    pub sport: u16,
+    /// probing, active or failed.
+    pub state: &'static str,
+    /// Smoothed round trip (0: none yet).
+    pub srtt_ns: u64,
+    /// Window in packets.
+    pub cwnd: u32,
+    /// Packets in flight.
+    pub inflight: u32,
+    /// Request packets sent (first transmissions and retransmissions).
+    pub pkts: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Packets found lost on this path.
+    pub losses: u64,
+    /// Of those, packets that arrived after all (late, not lost).
+    pub spurious: u64,
+    /// Retransmissions sent on this path.
+    pub retransmits: u64,
+    /// State changes (probing/active/failed).
+    pub state_changes: u64,
+    /// Probes sent and answered.
+    pub probes: u64,
+    /// Probes answered.
+    pub probe_acks: u64,
+}
+
+/// A QP's multipath figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpStats {
+    /// Negotiation state.
+    pub state: MpState,
+    /// Whether data uses several paths.
+    pub active: bool,
+    /// Every path.
+    pub paths: Vec<MpPathStats>,
+    /// SACKs sent and received.
+    pub sacks_sent: u64,
+    /// SACKs received.
+    pub sacks_rcvd: u64,
+    /// Packets resent selectively.
+    pub resends: u64,
+}
+
+impl MpState {
+    /// `negotiating`, `on` or `off`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MpState::Negotiating => "negotiating",
+            MpState::On => "on",
+            MpState::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for MpPathStats {
+    /// One line: `10.0.0.1 -> 10.0.1.2:4791 sport 49901 active srtt 84us cwnd 96
+    /// inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 changes 1 probes 4/4`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} -> {} sport {} {} srtt {}us cwnd {} inflight {} pkts {} bytes {} lost {} (late {}) resent {} changes {} probes {}/{}",
+            self.src,
+            self.dst,
+            self.sport,
+            self.state,
+            self.srtt_ns / 1000,
+            self.cwnd,
+            self.inflight,
+            self.pkts,
+            self.bytes,
+            self.losses,
+            self.spurious,
+            self.retransmits,
+            self.state_changes,
+            self.probe_acks,
+            self.probes,
+        )
+    }
+}
+
+impl std::fmt::Display for MpStats {
+    /// A header line (`multipath on, 4 paths, sacks sent 3 received 12, resent 9`),
+    /// then one line per path, indented by a tab.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "multipath {}, {} paths{}, sacks sent {} received {}, resent {}",
+            self.state.name(),
+            self.paths.len(),
+            if self.active { "" } else { " (idle)" },
+            self.sacks_sent,
+            self.sacks_rcvd,
+            self.resends,
+        )?;
+        for (i, p) in self.paths.iter().enumerate() {
+            write!(f, "\n\tpath {i}: {p}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,447 @@
+//! Multipath RC over a simulated network of several links, in virtual time: the
+//! negotiation and its fallback, spraying, a path cut, one-way black holes, asymmetric
+//! delay and loss, and a cut of every path shorter and longer than the retry budget.
+//! Every test checks every byte and every completion.
+
+mod sim;
+
+use std::cell::RefCell;
+use std::net::{IpAddr, Ipv4Addr};
+use std::rc::Rc;
+
+use sim::*;
+use softhca_transport::*;
+
+const MIB: usize = 1 << 20;
+
+fn ip(node: u8, link: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, link, node + 1))
+}
+
+fn mp_on(cfg: &mut EngineConfig) {
+    cfg.mp = MpConfig {
+        enabled: true,
+        ..MpConfig::default()
+    };
+}
+
+/// Two nodes on `links` links, both with multipath on, and a connected RC pair with
+/// a Local ACK Timeout of 16.8 ms (12): above the queueing delay of a full window at
+/// 10 Gb/s (0.8 ms), as real timeouts are (67 ms at perftest's 14).
+fn setup(seed: u64, links: u8) -> (SimNet, Qpn, Qpn) {
+    setup_with(seed, links, 12)
+}
+
+fn setup_with(seed: u64, links: u8, timeout: u8) -> (SimNet, Qpn, Qpn) {
+    let mut net = SimNet::multihomed(seed, links, Mtu::M1024, mp_on);
+    let o = RcOpts {
+        timeout,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    (net, a, b)
+}
+
+/// Every packet's opcode seen on the wire, from either node.
+fn watch_opcodes(net: &mut SimNet) -> Rc<RefCell<Vec<u8>>> {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let s = seen.clone();
+    net.filter = Some(Box::new(move |_, pkt| {
+        s.borrow_mut().push(pkt[0]);
+        false
+    }));
+    seen
+}
+
+/// Post `n` RDMA WRITEs of `len` bytes each from `la` to `rb` (same offsets).
+fn post_writes(net: &mut SimNet, a: Qpn, la: &Mr, rb: &Mr, n: usize, len: usize) {
+    for i in 0..n {
+        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * len, len));
+        w.remote_addr = rb.addr + (i * len) as u64;
+        w.rkey = rb.rkey;
+        let now = net.now;
+        net.nodes[0].engine.post_send(now, a, w).expect("post");
+    }
+}
+
+/// Run until `n` completions arrived on node 0 (or `max_ns`); every one a success,
+/// in order. Returns the longest virtual time between two completions.
+fn finish(net: &mut SimNet, n: usize, max_ns: u64) -> u64 {
+    let mut last = net.now;
+    let mut gap = 0;
+    let mut got = Vec::new();
+    let end = net.now + max_ns;
+    while got.len() < n && net.now < end {
+        if !net.step() {
+            break;
+        }
+        for c in net.take_completions(0) {
+            gap = gap.max(net.now - last);
+            last = net.now;
+            got.push(c);
+        }
+    }
+    assert_eq!(got.len(), n, "completions by {} ns", net.now);
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!(c.status, WcStatus::Success, "WR {i}");
+        assert_eq!(c.wr_id, i as u64, "in order");
+    }
+    gap
+}
+
+fn stats(net: &SimNet, node: usize, q: Qpn) -> MpStats {
+    net.nodes[node].engine.mp_stats(q).expect("multipath state")
+}
+
+/// Run the negotiation and path validation (a few ms of virtual time).
+fn settle(net: &mut SimNet) {
+    let until = net.now + 10_000_000;
+    while net.now < until && net.step() {}
+}
+
+fn state(net: &SimNet, node: usize, q: Qpn) -> QpState {
+    net.nodes[node].engine.query_qp(q).expect("qp").0.qp_state
+}
+
+#[test]
+fn negotiates_validates_every_address_pair_and_sprays() {
+    let (mut net, a, b) = setup(1, 2);
+    let seen = watch_opcodes(&mut net);
+    settle(&mut net);
+    for (node, q) in [(0, a), (1, b)] {
+        let s = stats(&net, node, q);
+        assert_eq!(s.state, MpState::On);
+        assert!(s.active);
+        // 2 local × 2 remote addresses.
+        assert_eq!(s.paths.len(), 4);
+        assert!(s.paths.iter().all(|p| p.state == "active"), "{s:?}");
+    }
+    let la = net.reg(0, 8 * MIB, full_access());
+    let rb = net.reg(1, 8 * MIB, full_access());
+    net.fill_random(&la);
+    post_writes(&mut net, a, &la, &rb, 128, 64 * 1024);
+    finish(&mut net, 128, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb));
+    let s = stats(&net, 0, a);
+    let used = s.paths.iter().filter(|p| p.pkts > 100).count();
+    assert!(used >= 2, "data on several paths: {s:?}");
+    // The negotiation MAD went first, extension opcodes only after it.
+    let ops = seen.borrow();
+    let first_mp = ops
+        .iter()
+        .position(|&o| o >= 0xe0)
+        .expect("extension packets");
+    let first_mad = ops
+        .iter()
+        .position(|&o| o == 0x64)
+        .expect("negotiation MAD");
+    assert!(first_mad < first_mp);
+}
+
+#[test]
+fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
+    let mut net = SimNet::multihomed(2, 2, Mtu::M1024, mp_on);
+    net.nodes[1].engine = {
+        let mut cfg = net.nodes[1].engine.config().clone();
+        cfg.mp.enabled = false;
+        Engine::new(cfg)
+    };
+    let pd = net.nodes[1].engine.memory_mut().alloc_pd();
+    let cq = net.nodes[1].engine.create_cq();
+    net.nodes[1].pd = pd;
+    net.nodes[1].cq = cq;
+    let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());
+    let seen = watch_opcodes(&mut net);
+    settle(&mut net);
+    assert!(net.nodes[0].engine.mp_stats(a).is_none(), "fell back");
+    assert!(net.nodes[1].engine.mp_stats(b).is_none());
+    assert_eq!(net.nodes[0].engine.counters().mp_fallback, 1);
+    let la = net.reg(0, MIB, full_access());
+    let rb = net.reg(1, MIB, full_access());
+    net.fill_random(&la);
+    post_writes(&mut net, a, &la, &rb, 16, 64 * 1024);
+    finish(&mut net, 16, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb));
+    assert!(
+        seen.borrow().iter().all(|&o| o < 0xe0),
+        "no extension opcode"
+    );
+}
+
+#[test]
+fn a_silent_peer_means_plain_rc_after_the_tries() {
+    let (mut net, a, _b) = setup(3, 2);
+    // Every negotiation MAD vanishes (a peer whose QP 1 never answers).
+    net.filter = Some(Box::new(|_, pkt| pkt[0] == 0x64));
+    let seen_before = net.nodes[0].engine.counters().mp_hello_sent;
+    assert_eq!(seen_before, 0);
+    let until = net.now + 200_000_000;
+    while net.now < until && net.step() {}
+    assert!(net.nodes[0].engine.mp_stats(a).is_none());
+    assert_eq!(net.nodes[0].engine.counters().mp_hello_sent, 5);
+}
+
+/// A bulk transfer with `fault` applied after `at_ns`; returns the longest gap between
+/// completions. Every byte is checked and the QP must stay in RTS.
+fn bulk_with_fault(seed: u64, links: u8, at_ns: u64, faults: &[PathFault]) -> (SimNet, Qpn, u64) {
+    bulk_on(seed, links, &[], at_ns, faults)
+}
+
+/// [`bulk_with_fault`] on paths with `fixed` faults from the start.
+fn bulk_on(
+    seed: u64,
+    links: u8,
+    fixed: &[PathFault],
+    at_ns: u64,
+    faults: &[PathFault],
+) -> (SimNet, Qpn, u64) {
+    let (mut net, a, b) = setup(seed, links);
+    net.path_faults.extend_from_slice(fixed);
+    settle(&mut net);
+    let n = 256;
+    let len = 32 * 1024;
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    net.link_ps_per_byte = 800; // 10 Gb/s per node
+    post_writes(&mut net, a, &la, &rb, n, len);
+    let until = net.now + at_ns;
+    while net.now < until && net.step() {}
+    net.path_faults.extend_from_slice(faults);
+    let done = net.count_completions(0);
+    let got: Vec<Completion> = net.take_completions(0);
+    assert_eq!(got.len(), done);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success));
+    let gap = finish_rest(&mut net, got.len(), n, 2_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    assert_eq!(state(&net, 1, b), QpState::Rts);
+    let st = stats(&net, 0, a);
+    let lost: u64 = st.paths.iter().map(|p| p.losses - p.spurious).sum();
+    eprintln!(
+        "seed {seed}: longest gap between completions {gap} ns, resent {} for {lost} lost",
+        st.resends
+    );
+    (net, a, gap)
+}
+
+/// [`finish`] for WRs `from..n` (those before completed already).
+fn finish_rest(net: &mut SimNet, from: usize, n: usize, max_ns: u64) -> u64 {
+    let mut last = net.now;
+    let mut gap = 0;
+    let mut next = from;
+    let end = net.now + max_ns;
+    while next < n && net.now < end {
+        if !net.step() {
+            break;
+        }
+        for c in net.take_completions(0) {
+            gap = gap.max(net.now - last);
+            last = net.now;
+            assert_eq!(c.status, WcStatus::Success, "WR {}", c.wr_id);
+            assert_eq!(c.wr_id, next as u64, "in order");
+            next += 1;
+        }
+    }
+    assert_eq!(next, n, "completions by {} ns", net.now);
+    gap
+}
+
+fn cut(src: Option<IpAddr>, dst: Option<IpAddr>) -> PathFault {
+    PathFault {
+        src,
+        dst,
+        cut: true,
+        ..PathFault::default()
+    }
+}
+
+#[test]
+fn a_cut_link_fails_its_paths_and_nothing_is_lost() {
+    // Link 1 goes dark both ways mid-transfer.
+    let faults = [cut(None, Some(ip(1, 1))), cut(None, Some(ip(0, 1)))];
+    let (net, a, gap) = bulk_with_fault(4, 2, 300_000, &faults);
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_path_failed >= 2, "{c:?}");
+    assert!(c.mp_resent > 0);
+    // No retransmit timeout: the retry budget was never touched.
+    assert_eq!(c.local_ack_timeout_err, 0);
+    assert_eq!(c.retry_exceeded_err, 0);
+    let s = stats(&net, 0, a);
+    // Every path with an end on link 1: from or to its addresses (a probe answer comes
+    // back on the reverse pair).
+    let to_cut = |p: &&MpPathStats| p.dst.ip() == ip(1, 1);
+    assert!(
+        s.paths.iter().filter(to_cut).all(|p| p.state == "failed"),
+        "{s:?}"
+    );
+    // The longest stall is a few round trips (0.9 ms with the queue), far below the
+    // timeout.
+    assert!(gap < 5_000_000, "gap {gap} ns");
+}
+
+#[test]
+fn one_way_black_holes_in_either_direction() {
+    // Data direction only (A → B on link 1).
+    let (net, _a, gap) = bulk_with_fault(5, 2, 300_000, &[cut(None, Some(ip(1, 1)))]);
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.retry_exceeded_err, 0);
+    assert!(c.mp_path_failed >= 1);
+    assert!(
+        gap < 5_000_000,
+        "data-direction gap {gap} ns: {c:?} {:?}",
+        stats(&net, 0, _a)
+    );
+    // ACK direction only (B → A on link 1).
+    let (net, _a, gap) = bulk_with_fault(6, 2, 300_000, &[cut(None, Some(ip(0, 1)))]);
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.retry_exceeded_err, 0);
+    assert!(gap < 5_000_000, "ACK-direction gap {gap} ns");
+}
+
+#[test]
+fn asymmetric_delay_and_loss() {
+    let faults = [
+        PathFault {
+            dst: Some(ip(1, 1)),
+            delay_ns: 400_000,
+            ..PathFault::default()
+        },
+        PathFault {
+            dst: Some(ip(1, 0)),
+            loss: 0.01,
+            ..PathFault::default()
+        },
+        PathFault {
+            dst: Some(ip(0, 0)),
+            delay_ns: 50_000,
+            ..PathFault::default()
+        },
+    ];
+    let (net, a, _gap) = bulk_on(7, 2, &faults, 0, &[]);
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.retry_exceeded_err, 0);
+    let s = stats(&net, 0, a);
+    let lost: u64 = s.paths.iter().map(|p| p.losses - p.spurious).sum();
+    assert!(lost > 0, "{s:?}");
+    // Selective: resends stay near the losses (not a window per loss).
+    assert!(
+        s.resends <= 3 * lost + 8,
+        "resent {} for {lost} lost: {s:?}",
+        s.resends
+    );
+}
+
+#[test]
+fn four_links_one_cut_and_restored_is_readmitted() {
+    let faults = [cut(None, Some(ip(1, 2))), cut(None, Some(ip(0, 2)))];
+    let (mut net, a, _gap) = bulk_with_fault(8, 4, 200_000, &faults);
+    assert!(stats(&net, 0, a).paths.iter().any(|p| p.state == "failed"));
+    net.path_faults.clear();
+    let until = net.now + 1_000_000_000;
+    while net.now < until && net.step() {}
+    let s = stats(&net, 0, a);
+    assert!(s.paths.iter().all(|p| p.state == "active"), "{s:?}");
+    assert!(net.nodes[0].engine.counters().mp_path_readmitted >= 1);
+}
+
+#[test]
+fn every_path_cut_shorter_than_the_retry_budget_resumes() {
+    let (mut net, a, _b) = setup_with(9, 2, 8);
+    settle(&mut net);
+    let la = net.reg(0, 4 * MIB, full_access());
+    let rb = net.reg(1, 4 * MIB, full_access());
+    net.fill_random(&la);
+    post_writes(&mut net, a, &la, &rb, 64, 64 * 1024);
+    let until = net.now + 100_000;
+    while net.now < until && net.step() {}
+    net.path_faults.push(cut(None, None));
+    // 3 ms of silence: less than 1 + 2 + 4 + 8 ... timeouts of 1 ms.
+    let until = net.now + 3_000_000;
+    while net.now < until && net.step() {}
+    net.path_faults.clear();
+    let done: Vec<_> = net.take_completions(0);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    finish_rest(&mut net, done.len(), 64, 2_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb));
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+}
+
+#[test]
+fn every_path_cut_for_good_ends_in_retry_exceeded_without_a_hang() {
+    let (mut net, a, _b) = setup_with(10, 2, 8);
+    settle(&mut net);
+    let la = net.reg(0, MIB, full_access());
+    let rb = net.reg(1, MIB, full_access());
+    post_writes(&mut net, a, &la, &rb, 8, 64 * 1024);
+    let until = net.now + 20_000;
+    while net.now < until && net.step() {}
+    net.path_faults.push(cut(None, None));
+    let start = net.now;
+    let ok = net.run_until(2_000_000_000, |n| {
+        n.nodes[0]
+            .completions
+            .iter()
+            .any(|(_, c)| c.status == WcStatus::RetryExcErr)
+    });
+    assert!(ok, "RETRY_EXC_ERR");
+    // Within timeout × retries with the capped backoff: (1+2+4+8×5) × 1.05 ms.
+    assert!(net.now - start < 60_000_000, "{} ns", net.now - start);
+    assert_eq!(state(&net, 0, a), QpState::Err);
+}
+
+#[test]
+fn sends_and_reads_across_a_cut_link() {
+    let (mut net, a, b) = setup(11, 2);
+    settle(&mut net);
+    let n = 64;
+    let len = 16 * 1024;
+    let la = net.reg(0, n * len, full_access());
+    let lb = net.reg(1, n * len, full_access());
+    let back = net.reg(0, n * len, full_access());
+    net.fill_random(&la);
+    net.fill_random(&lb);
+    net.link_ps_per_byte = 800;
+    // SENDs land in node 1's receives, in order; READs fetch node 1's buffer.
+    let rb = net.reg(1, n * len, full_access());
+    for i in 0..n {
+        net.nodes[1]
+            .engine
+            .post_recv(b, recv_wr(i as u64, rb.sges(i * len, len)))
+            .expect("post_recv");
+    }
+    for i in 0..n {
+        let now = net.now;
+        let w = send_wr(i as u64, WrOpcode::Send, la.sges(i * len, len));
+        net.nodes[0].engine.post_send(now, a, w).expect("send");
+        let mut r = send_wr((n + i) as u64, WrOpcode::RdmaRead, back.sges(i * len, len));
+        r.remote_addr = lb.addr + (i * len) as u64;
+        r.rkey = lb.rkey;
+        net.nodes[0].engine.post_send(now, a, r).expect("read");
+    }
+    let until = net.now + 200_000;
+    while net.now < until && net.step() {}
+    net.path_faults
+        .extend([cut(None, Some(ip(1, 1))), cut(None, Some(ip(0, 1)))]);
+    let mut got = net.take_completions(0);
+    let end = net.now + 2_000_000_000;
+    while got.len() < 2 * n && net.now < end && net.step() {
+        got.extend(net.take_completions(0));
+    }
+    assert_eq!(got.len(), 2 * n);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    let want: Vec<u64> = (0..n as u64).flat_map(|i| [i, n as u64 + i]).collect();
+    assert_eq!(ids, want, "completions in posting order");
+    assert_eq!(net.mem(&la), net.mem(&rb), "SENDs");
+    assert_eq!(net.mem(&lb), net.mem(&back), "READs");
+    let recvs = net.take_completions(1);
+    assert_eq!(recvs.len(), n);
+    assert!(recvs.iter().enumerate().all(|(i, c)| c.wr_id == i as u64
+        && c.status == WcStatus::Success
+        && c.byte_len == len as u32));
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_path_failed >= 1, "the cut hit traffic: {c:?}");
+    assert_eq!(c.retry_exceeded_err, 0);
+}
