@@ -1,7 +1,7 @@
 //! The live progress line on stderr (only on a terminal, only for runs past ~2 s).
 
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Draws `\r`-updated status on stderr.
 pub struct ProgressLine {
@@ -13,6 +13,52 @@ pub struct ProgressLine {
     /// Interval reports: their length, when the current one began and the messages
     /// done then.
     interval: Option<(Duration, Instant, u64)>,
+    /// The `progress <unix time> <bytes>` log.
+    log: Option<ProgressLog>,
+}
+
+/// The `progress` lines (see `PerfArgs::progress`): at most one per `every`, plus the
+/// last completion before any pause longer than `every`, so pauses show exactly.
+struct ProgressLog {
+    every: Duration,
+    /// An instant and the wall clock then, to print instants as Unix time.
+    origin: (Instant, SystemTime),
+    /// When the last line was printed.
+    printed: Instant,
+    /// The last update: when, bytes done then, and whether it was printed.
+    last: (Instant, u64, bool),
+}
+
+impl ProgressLog {
+    fn print(&mut self, at: Instant, bytes: u64) {
+        let unix = self.origin.1 + at.duration_since(self.origin.0);
+        let secs = unix
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        eprintln!("progress {secs:.6} {bytes}");
+        self.printed = at;
+    }
+
+    fn update(&mut self, now: Instant, bytes: u64) {
+        let (t, b, printed) = self.last;
+        if !printed && now.duration_since(t) >= self.every {
+            self.print(t, b);
+        }
+        let print_now = now.duration_since(self.printed) >= self.every;
+        if print_now {
+            self.print(now, bytes);
+        }
+        self.last = (now, bytes, print_now);
+    }
+
+    fn finish(&mut self) {
+        let (t, b, printed) = self.last;
+        if !printed {
+            self.print(t, b);
+            self.last.2 = true;
+        }
+    }
 }
 
 /// Runs shorter than this never show a progress line.
@@ -30,7 +76,20 @@ impl ProgressLine {
             drawn: false,
             label,
             interval: None,
+            log: None,
         }
+    }
+
+    /// Also prints `progress` lines at most every `every` (see `PerfArgs::progress`).
+    pub fn with_log(mut self, every: Option<Duration>) -> ProgressLine {
+        let now = Instant::now();
+        self.log = every.map(|every| ProgressLog {
+            every,
+            origin: (now, SystemTime::now()),
+            printed: now,
+            last: (now, 0, true),
+        });
+        self
     }
 
     /// Also prints one line per `every` (see `PerfArgs::interval`).
@@ -98,15 +157,28 @@ impl softhca_perf::Progress for ProgressLine {
         if let Some((every, _, _)) = self.interval {
             self.interval = Some((every, now, 0));
         }
+        if let Some(l) = &mut self.log {
+            l.print(now, 0);
+            l.last = (now, 0, true);
+        }
     }
 
     fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
         self.report_interval(now, done, bytes_per_msg);
+        if self.log.is_some() {
+            self.erase();
+        }
+        if let Some(l) = &mut self.log {
+            l.update(now, done * bytes_per_msg);
+        }
         self.draw(now, done, total, bytes_per_msg);
     }
 
     fn finish(&mut self) {
         self.erase();
+        if let Some(l) = &mut self.log {
+            l.finish();
+        }
     }
 }
 

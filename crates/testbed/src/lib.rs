@@ -30,6 +30,7 @@
 
 pub mod capture;
 mod forward;
+pub mod paths;
 pub mod shaped;
 mod tap;
 mod veth;
@@ -46,6 +47,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use forward::{corrupt_frame, DirectionStats};
+pub use paths::{Direction, Fault, PathStats, Paths};
 pub use shaped::{QdiscStats, Shape, ShapedLink};
 pub use veth::{Veth, VethLayout};
 
