@@ -30,6 +30,7 @@
 
 pub mod capture;
 mod forward;
+pub mod mptcp;
 pub mod paths;
 pub mod shaped;
 mod tap;

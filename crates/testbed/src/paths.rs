@@ -149,6 +149,16 @@ impl Paths {
             )?;
             for end in [End::A, End::B] {
                 p.tbf("add", end, i, rates[i])?;
+                let a2 = format!("{}/24", p.addr2(end, i));
+                ip(&[
+                    "-n",
+                    &p.netns(end),
+                    "addr",
+                    "add",
+                    &a2,
+                    "dev",
+                    &p.dev(end, i),
+                ])?;
             }
         }
         let (ma, mb) = (p.mgmt(End::A), p.mgmt(End::B));
@@ -247,17 +257,22 @@ impl Paths {
     fn routes(&self, end: End) -> Result<(), TestbedError> {
         let ns = self.netns(end);
         let (me, peer) = (self.loopback(end), self.loopback(end.other()));
-        ip(&["-n", &ns, "addr", "add", &format!("{me}/32"), "dev", "lo"])?;
-        let mut args: Vec<String> = ["-n", &ns, "route", "add", &format!("{peer}/32")]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(["src".into(), me.to_string()]);
-        for i in 0..self.len() {
-            let via = self.addr(end.other(), i).to_string();
-            args.extend(["nexthop", "via", &via, "dev", &self.dev(end, i)].map(String::from));
+        for (me, peer) in [
+            (me, peer),
+            (self.loopback2(end), self.loopback2(end.other())),
+        ] {
+            ip(&["-n", &ns, "addr", "add", &format!("{me}/32"), "dev", "lo"])?;
+            let mut args: Vec<String> = ["-n", &ns, "route", "add", &format!("{peer}/32")]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.extend(["src".into(), me.to_string()]);
+            for i in 0..self.len() {
+                let via = self.addr(end.other(), i).to_string();
+                args.extend(["nexthop", "via", &via, "dev", &self.dev(end, i)].map(String::from));
+            }
+            ip(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         }
-        ip(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         let gw = match end {
             End::A => "10.62.255.2",
             End::B => "10.62.255.1",
@@ -499,6 +514,17 @@ impl Paths {
     /// Path `i`'s address at `end`: 10.62.i.1 (A) or 10.62.i.2 (B).
     pub fn addr(&self, end: End, i: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 62, i as u8, end.host())
+    }
+
+    /// Path `i`'s second address at `end` (10.62.i.11 or .12), for a second device in
+    /// the namespace (each device binds UDP 4791 on its own addresses).
+    pub fn addr2(&self, end: End, i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 62, i as u8, 10 + end.host())
+    }
+
+    /// The second loopback address of `end` (10.63.0.11 or .12).
+    pub fn loopback2(&self, end: End) -> Ipv4Addr {
+        Ipv4Addr::new(10, 63, 0, 10 + end.host())
     }
 
     /// Every path address of `end`.
