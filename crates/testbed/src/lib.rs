@@ -393,6 +393,16 @@ impl Ends for ShapedLink {
     }
 }
 
+/// Path 0's addresses: where a single-path client reaches the other end.
+impl Ends for Paths {
+    fn command_in(&self, end: End, program: &OsStr) -> Command {
+        self.command(end, program)
+    }
+    fn addr_of(&self, end: End) -> IpAddr {
+        IpAddr::V4(self.addr(end, 0))
+    }
+}
+
 /// `ip netns exec <ns> <program>`.
 pub(crate) fn netns_command(ns: &str, program: &OsStr) -> Command {
     let mut c = Command::new("ip");

@@ -318,7 +318,8 @@ impl Paths {
     fn nft_table(&self) -> String {
         let mut t = String::from("table inet mpb {\n");
         for i in 0..self.len() {
-            t += &format!("  chain p{i} {{ }}\n");
+            // A named counter outlives the rules that change with each fault.
+            t += &format!("  counter c{i} {{ }}\n  chain p{i} {{ }}\n");
         }
         t += "  chain pre { type filter hook prerouting priority raw; policy accept;\n";
         for i in 0..self.len() {
@@ -360,10 +361,10 @@ impl Paths {
         self.check_index(i)?;
         let rule = match fault {
             Fault::Clear => String::new(),
-            Fault::Cut => "counter drop".to_string(),
+            Fault::Cut => format!("counter name c{i} drop"),
             Fault::Loss(p) => {
                 let per_million = (p.clamp(0.0, 1.0) * 1e6).round() as u64;
-                format!("numgen random mod 1000000 < {per_million} counter drop")
+                format!("numgen random mod 1000000 < {per_million} counter name c{i} drop")
             }
         };
         let text = if rule.is_empty() {
@@ -673,17 +674,22 @@ fn qdisc_of(text: &str, dev: &str) -> crate::QdiscStats {
     crate::shaped::parse_qdisc(&block)
 }
 
-/// Packets dropped by each path chain's rule (`chain p<i> { ... counter packets N ...`).
+/// Packets dropped by each path's faults: the named counters `c<i>` (`counter c1 {
+/// packets N bytes M }` in `nft list table`).
 fn parse_nft_counters(text: &str) -> BTreeMap<usize, u64> {
     let mut out = BTreeMap::new();
     let mut chain = None;
     for line in text.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
-        if w.first() == Some(&"chain") {
-            chain = w
-                .get(1)
-                .and_then(|c| c.strip_prefix('p'))
-                .and_then(|n| n.parse::<usize>().ok());
+        match w.first() {
+            Some(&"counter") => {
+                chain = w
+                    .get(1)
+                    .and_then(|c| c.strip_prefix('c'))
+                    .and_then(|n| n.parse::<usize>().ok());
+            }
+            Some(&"chain") => chain = None,
+            _ => {}
         }
         let pkts = w
             .windows(2)
@@ -711,10 +717,11 @@ mod tests {
 
     #[test]
     fn nft_counters_per_chain() {
-        let text = "table inet mpb {\n\tchain p0 {\n\t}\n\n\tchain p1 {\n\t\tcounter packets 12 bytes 4000 drop\n\t}\n\
-                    \tchain p2 {\n\t\tnumgen random mod 1000000 < 10000 counter packets 3 bytes 9 drop\n\t}\n}\n";
+        let text = "table inet mpb {\n\tcounter c0 {\n\t\tpackets 0 bytes 0\n\t}\n\
+                    \tcounter c1 {\n\t\tpackets 12 bytes 4000\n\t}\n\tchain p1 {\n\t\tcounter name \"c1\" drop\n\t}\n\
+                    \tcounter c2 {\n\t\tpackets 3 bytes 9\n\t}\n}\n";
         let c = parse_nft_counters(text);
-        assert_eq!(c.get(&0), None);
+        assert_eq!(c.get(&0), Some(&0));
         assert_eq!(c.get(&1), Some(&12));
         assert_eq!(c.get(&2), Some(&3));
     }
