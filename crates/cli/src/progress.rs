@@ -1,7 +1,9 @@
 //! The live progress line on stderr (only on a terminal, only for runs past ~2 s).
 
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
+
+use softhca_perf::ProgressLog;
 
 /// Draws `\r`-updated status on stderr.
 pub struct ProgressLine {
@@ -13,52 +15,8 @@ pub struct ProgressLine {
     /// Interval reports: their length, when the current one began and the messages
     /// done then.
     interval: Option<(Duration, Instant, u64)>,
-    /// The `progress <unix time> <bytes>` log.
-    log: Option<ProgressLog>,
-}
-
-/// The `progress` lines (see `PerfArgs::progress`): at most one per `every`, plus the
-/// last completion before any pause longer than `every`, so pauses show exactly.
-struct ProgressLog {
-    every: Duration,
-    /// An instant and the wall clock then, to print instants as Unix time.
-    origin: (Instant, SystemTime),
-    /// When the last line was printed.
-    printed: Instant,
-    /// The last update: when, bytes done then, and whether it was printed.
-    last: (Instant, u64, bool),
-}
-
-impl ProgressLog {
-    fn print(&mut self, at: Instant, bytes: u64) {
-        let unix = self.origin.1 + at.duration_since(self.origin.0);
-        let secs = unix
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        eprintln!("progress {secs:.6} {bytes}");
-        self.printed = at;
-    }
-
-    fn update(&mut self, now: Instant, bytes: u64) {
-        let (t, b, printed) = self.last;
-        if !printed && now.duration_since(t) >= self.every {
-            self.print(t, b);
-        }
-        let print_now = now.duration_since(self.printed) >= self.every;
-        if print_now {
-            self.print(now, bytes);
-        }
-        self.last = (now, bytes, print_now);
-    }
-
-    fn finish(&mut self) {
-        let (t, b, printed) = self.last;
-        if !printed {
-            self.print(t, b);
-            self.last.2 = true;
-        }
-    }
+    /// The `progress <unix time> <bytes>` log (see `PerfArgs::progress`).
+    log: Option<(Duration, Option<ProgressLog<std::io::Stderr>>)>,
 }
 
 /// Runs shorter than this never show a progress line.
@@ -80,15 +38,10 @@ impl ProgressLine {
         }
     }
 
-    /// Also prints `progress` lines at most every `every` (see `PerfArgs::progress`).
+    /// Also prints `progress` lines at most every `every` (see `PerfArgs::progress`),
+    /// from the start of the measured part.
     pub fn with_log(mut self, every: Option<Duration>) -> ProgressLine {
-        let now = Instant::now();
-        self.log = every.map(|every| ProgressLog {
-            every,
-            origin: (now, SystemTime::now()),
-            printed: now,
-            last: (now, 0, true),
-        });
+        self.log = every.map(|every| (every, None));
         self
     }
 
@@ -157,9 +110,8 @@ impl softhca_perf::Progress for ProgressLine {
         if let Some((every, _, _)) = self.interval {
             self.interval = Some((every, now, 0));
         }
-        if let Some(l) = &mut self.log {
-            l.print(now, 0);
-            l.last = (now, 0, true);
+        if let Some((every, log)) = &mut self.log {
+            *log = Some(ProgressLog::new(std::io::stderr(), *every, now));
         }
     }
 
@@ -168,7 +120,7 @@ impl softhca_perf::Progress for ProgressLine {
         if self.log.is_some() {
             self.erase();
         }
-        if let Some(l) = &mut self.log {
+        if let Some((_, Some(l))) = &mut self.log {
             l.update(now, done * bytes_per_msg);
         }
         self.draw(now, done, total, bytes_per_msg);
@@ -176,7 +128,7 @@ impl softhca_perf::Progress for ProgressLine {
 
     fn finish(&mut self) {
         self.erase();
-        if let Some(l) = &mut self.log {
+        if let Some((_, Some(l))) = &mut self.log {
             l.finish();
         }
     }

@@ -4,8 +4,9 @@
 //! reports at most every 0.1 s; pauses after a cut need finer times than that.
 
 use std::io::{self, Read, Write};
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -90,66 +91,11 @@ pub fn send(mut s: TcpStream, secs: f64) -> io::Result<u64> {
     Ok(off)
 }
 
-/// The `progress <unix time> <bytes>` log of the table: at most one line per `every`,
-/// plus the last update before any pause longer than `every`, so pauses show exactly
-/// (the same rule as `softhca perf --progress`).
-pub struct ProgressLog<W: Write> {
-    out: W,
-    every: Duration,
-    origin: (Instant, SystemTime),
-    printed: Instant,
-    last: (Instant, u64, bool),
-}
-
-impl<W: Write> ProgressLog<W> {
-    /// A log to `out`; bytes 0 at `now`.
-    pub fn new(out: W, every: Duration, now: Instant) -> ProgressLog<W> {
-        let mut l = ProgressLog {
-            out,
-            every,
-            origin: (now, SystemTime::now()),
-            printed: now,
-            last: (now, 0, true),
-        };
-        l.print(now, 0);
-        l
-    }
-
-    fn print(&mut self, at: Instant, bytes: u64) {
-        let unix = self.origin.1 + at.duration_since(self.origin.0);
-        let secs = unix
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let _ = writeln!(self.out, "progress {secs:.6} {bytes}");
-        self.printed = at;
-    }
-
-    /// `bytes` done at `now`.
-    pub fn update(&mut self, now: Instant, bytes: u64) {
-        let (t, b, printed) = self.last;
-        if !printed && now.duration_since(t) >= self.every {
-            self.print(t, b);
-        }
-        let print_now = now.duration_since(self.printed) >= self.every;
-        if print_now {
-            self.print(now, bytes);
-        }
-        self.last = (now, bytes, print_now);
-    }
-
-    /// Prints the last update if it was not.
-    pub fn finish(&mut self) {
-        let (t, b, printed) = self.last;
-        if !printed {
-            self.print(t, b);
-            self.last.2 = true;
-        }
-    }
-}
-
 /// Receives one stream to its end, checking the pattern and logging progress.
-pub fn receive<W: Write>(mut s: TcpStream, log: &mut ProgressLog<W>) -> io::Result<Received> {
+pub fn receive<W: Write>(
+    mut s: TcpStream,
+    log: &mut softhca_perf::ProgressLog<W>,
+) -> io::Result<Received> {
     let start = Instant::now();
     let mut buf = vec![0u8; 256 * 1024];
     let mut bytes = 0u64;
@@ -217,27 +163,5 @@ mod tests {
         buf[21] ^= 1;
         assert!(!check(&buf[3..40], 803));
         assert!(check(&buf[22..40], 822));
-    }
-
-    #[test]
-    fn progress_brackets_pauses() {
-        let mut out = Vec::new();
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        {
-            let mut l = ProgressLog::new(&mut out, ms(10), t0);
-            for (t, b) in [(2, 10), (11, 20), (13, 30), (70, 40), (72, 50)] {
-                l.update(t0 + ms(t), b);
-            }
-            l.finish();
-        }
-        let text = String::from_utf8(out).unwrap();
-        let bytes: Vec<&str> = text
-            .lines()
-            .map(|l| l.split_whitespace().nth(2).unwrap())
-            .collect();
-        // 0 at the start, 20 at 11 ms, 30 (the last before the pause) and 40 after it,
-        // then 50 at the end.
-        assert_eq!(bytes, ["0", "20", "30", "40", "50"]);
     }
 }

@@ -140,7 +140,7 @@ impl Paths {
             ip(&["netns", "add", &p.netns(end)])?;
             p.sysctls(end)?;
         }
-        for i in 0..rates.len() {
+        for (i, &rate) in rates.iter().enumerate() {
             p.pair(
                 &p.dev(End::A, i),
                 &p.dev(End::B, i),
@@ -148,7 +148,7 @@ impl Paths {
                 p.addr(End::B, i),
             )?;
             for end in [End::A, End::B] {
-                p.tbf("add", end, i, rates[i])?;
+                p.tbf("add", end, i, rate)?;
                 let a2 = format!("{}/24", p.addr2(end, i));
                 ip(&[
                     "-n",

@@ -254,7 +254,7 @@ fn stats(p: &Paths) -> Result<(), String> {
 fn mptcp_recv(m: &MptcpArgs) -> Result<(), String> {
     let l = mptcp::listen(SocketAddr::new(m.addr, m.port)).map_err(e)?;
     let (s, _) = l.accept().map_err(e)?;
-    let mut log = mptcp::ProgressLog::new(
+    let mut log = softhca_perf::ProgressLog::new(
         std::io::stderr().lock(),
         Duration::from_secs_f64(m.progress),
         Instant::now(),
