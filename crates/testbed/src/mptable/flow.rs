@@ -81,6 +81,8 @@ pub struct Running {
     client: Child,
     client_out: [JoinHandle<String>; 2],
     server_out: [JoinHandle<String>; 2],
+    /// When the client was first seen to have exited (Unix seconds).
+    exited: Option<f64>,
 }
 
 /// What one flow measured.
@@ -223,6 +225,7 @@ impl Bed<'_> {
             client,
             client_out,
             server_out,
+            exited: None,
         })
     }
 
@@ -265,10 +268,18 @@ fn first_error(text: &str) -> Option<String> {
 }
 
 impl Running {
+    /// Notes the time the client exited, if it did (faults are applied meanwhile).
+    fn poll(&mut self) {
+        if self.exited.is_none() && matches!(self.client.try_wait(), Ok(Some(_))) {
+            self.exited = Some(unix_now());
+        }
+    }
+
     /// Waits for the flow (killing it after `limit`) and collects what it measured.
     pub fn finish(mut self, limit: Duration) -> FlowResult {
         let deadline = Instant::now() + limit;
-        let (client_done, exited_at) = wait_until(&mut self.client, deadline);
+        let (client_done, waited) = wait_until(&mut self.client, deadline);
+        let exited_at = self.exited.unwrap_or(waited);
         let client_ok = client_done && self.client.wait().is_ok_and(|s| s.success());
         // A server whose client died waits for nothing: give it a moment, then stop it.
         let (server_done, _) =
@@ -367,7 +378,7 @@ pub fn run(
 ) -> Result<(Timeline, Option<FlowResult>), String> {
     let cpu0 = children_cpu();
     let mut stats = vec![(unix_now(), stats_now(paths))];
-    let flow = bed.start(t, Kind::Bulk, secs)?;
+    let mut flow = bed.start(t, Kind::Bulk, secs)?;
     let t0 = Instant::now();
     let lat = if with_lat {
         std::thread::sleep(Duration::from_millis(500));
@@ -378,8 +389,9 @@ pub fn run(
     let mut applied = Vec::new();
     for &(at, e) in events {
         let when = t0 + Duration::from_secs_f64(at);
-        if let Some(d) = when.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
+        while Instant::now() < when {
+            flow.poll();
+            std::thread::sleep(Duration::from_millis(1));
         }
         bed.apply(paths, e)?;
         // From here on the rule is in place in both namespaces (applying takes ~10 ms).
