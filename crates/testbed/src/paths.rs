@@ -129,6 +129,13 @@ impl Paths {
                 stderr: format!("1 to 16 paths of non-zero rate, not {rates:?}"),
             });
         }
+        let nft = Command::new("nft").arg("--version").output();
+        if !nft.is_ok_and(|o| o.status.success()) {
+            return Err(TestbedError::Command {
+                cmd: "nft --version".into(),
+                stderr: "nftables is missing (apt-get install nftables)".into(),
+            });
+        }
         crate::remove_namespaces(name);
         let p = Paths {
             name: name.to_owned(),
@@ -383,7 +390,13 @@ impl Paths {
             })
             .collect();
         for c in children {
-            c?.wait()?;
+            let st = c?.wait()?;
+            if !st.success() {
+                return Err(TestbedError::Command {
+                    cmd: format!("nft -f - <<< {text:?}"),
+                    stderr: format!("exited with {st}"),
+                });
+            }
         }
         Ok(())
     }

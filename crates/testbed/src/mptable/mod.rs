@@ -666,7 +666,9 @@ fn to_json(a: &MpTableArgs, rows: &[Row]) -> Value {
             json!({ "key": r.key, "title": r.title, "goal": r.goal, "results": results })
         })
         .collect();
+    let command: Vec<String> = std::env::args().collect();
     json!({
+        "command": command.join(" "),
         "paths": "tbf rate R burst 256kb latency 5ms on both ends of each veth pair",
         "mode": if a.ecmp { "ecmp" } else { "address pairs" },
         "congestion_control": !a.no_cc,
