@@ -195,7 +195,13 @@ impl Paths {
             rates: Vec::new(),
             keep: true,
         };
-        let text = p.run(End::A, "tc", ["qdisc", "show"], None)?;
+        let missing = || TestbedError::Command {
+            cmd: format!("paths {name}"),
+            stderr: format!("no paths named {name} (run `softhca-impair paths up --name {name}`)"),
+        };
+        let text = p
+            .run(End::A, "tc", ["qdisc", "show"], None)
+            .map_err(|_| missing())?;
         let mut rates = BTreeMap::new();
         for line in text.lines() {
             let w: Vec<&str> = line.split_whitespace().collect();
@@ -213,10 +219,7 @@ impl Paths {
             }
         }
         if rates.is_empty() {
-            return Err(TestbedError::Command {
-                cmd: format!("tc -n {} qdisc show", p.netns(End::A)),
-                stderr: format!("no paths named {name} (run `softhca-impair paths up` first)"),
-            });
+            return Err(missing());
         }
         p.rates = rates.into_values().collect();
         Ok(p)

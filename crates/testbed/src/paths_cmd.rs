@@ -228,7 +228,17 @@ fn up(u: UpArgs) -> Result<(), String> {
 fn fault(f: &FaultArgs, fault: Fault) -> Result<(), String> {
     let p = Paths::attach(&f.name.name).map_err(e)?;
     p.set_fault(f.path, f.dir.into(), fault).map_err(e)?;
-    println!("path {} ({:?}): {fault:?}", f.path, f.dir);
+    let dir = match f.dir {
+        Dir::Ab => "A→B",
+        Dir::Ba => "B→A",
+        Dir::Both => "both directions",
+    };
+    let what = match fault {
+        Fault::Clear => "delivered".to_string(),
+        Fault::Cut => "black-holed".to_string(),
+        Fault::Loss(p) => format!("{} % random loss", p * 100.0),
+    };
+    println!("path {} ({dir}): {what}", f.path);
     Ok(())
 }
 
