@@ -1,11 +1,12 @@
 //! Two shaped paths between two namespaces (`softhca-impair paths`): a UDP probe shows
 //! that a cut black-holes exactly the path and direction it names and that a restore
 //! brings it back, and a softhca WRITE with the multipath extension on moves verified
-//! data over both paths. Needs root, iproute2, tc and nft; skipped with a message
+//! data over both paths; ECMP spreads source ports over both. Needs root, iproute2, tc and nft; skipped with a message
 //! otherwise. The full table is `softhca-impair paths table`.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 use std::time::Duration;
@@ -75,6 +76,12 @@ fn cut_restore_and_a_verified_transfer_over_two_paths() {
         probe(&p, 1, End::A) && probe(&p, 1, End::B),
         "path 1 restored"
     );
+
+    // ECMP between the loopback addresses hashes source ports over both paths.
+    let ecmp: BTreeSet<usize> = (49152..49152 + 16)
+        .map(|sport| p.ecmp_path(sport, 4791).expect("ip route get"))
+        .collect();
+    assert_eq!(ecmp.len(), 2, "16 source ports take both paths: {ecmp:?}");
 
     // The softhca processes inherit this; each device serves its end's addresses.
     std::env::set_var("SOFTHCA_MP", "1");
