@@ -27,8 +27,11 @@ impl Progress for () {
 pub struct ProgressLog<W: Write> {
     out: W,
     every: Duration,
+    /// An instant and the wall clock then, to print instants as Unix time.
     origin: (Instant, SystemTime),
+    /// When the last line was printed.
     printed: Instant,
+    /// The last update: when, bytes done then, and whether it was printed.
     last: (Instant, u64, bool),
 }
 
