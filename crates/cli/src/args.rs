@@ -255,6 +255,11 @@ pub struct PerfArgs {
     /// as `iperf3 -i` does.
     #[arg(long, value_name = "SECONDS")]
     pub interval: Option<f64>,
+    /// Client: also print `progress <unix time> <bytes>` to stderr (bytes completed so
+    /// far) at most every this many seconds, and at both ends of every longer pause
+    /// between completions, so pauses are measured exactly (`softhca-impair paths`).
+    #[arg(long, value_name = "SECONDS")]
+    pub progress: Option<f64>,
     /// Server: keep serving clients after the first test.
     #[arg(long)]
     pub forever: bool,

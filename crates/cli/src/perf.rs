@@ -171,6 +171,11 @@ fn client(
                 a.interval
                     .filter(|s| *s > 0.0)
                     .map(std::time::Duration::from_secs_f64),
+            )
+            .with_log(
+                a.progress
+                    .filter(|s| *s > 0.0)
+                    .map(std::time::Duration::from_secs_f64),
             );
         let r = softhca_perf::run_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, &mut progress)?;
         if a.json {

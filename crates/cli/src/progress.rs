@@ -3,6 +3,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use softhca_perf::ProgressLog;
+
 /// Draws `\r`-updated status on stderr.
 pub struct ProgressLine {
     enabled: bool,
@@ -13,6 +15,8 @@ pub struct ProgressLine {
     /// Interval reports: their length, when the current one began and the messages
     /// done then.
     interval: Option<(Duration, Instant, u64)>,
+    /// The `progress <unix time> <bytes>` log (see `PerfArgs::progress`).
+    log: Option<(Duration, Option<ProgressLog<std::io::Stderr>>)>,
 }
 
 /// Runs shorter than this never show a progress line.
@@ -30,7 +34,15 @@ impl ProgressLine {
             drawn: false,
             label,
             interval: None,
+            log: None,
         }
+    }
+
+    /// Also prints `progress` lines at most every `every` (see `PerfArgs::progress`),
+    /// from the start of the measured part.
+    pub fn with_log(mut self, every: Option<Duration>) -> ProgressLine {
+        self.log = every.map(|every| (every, None));
+        self
     }
 
     /// Also prints one line per `every` (see `PerfArgs::interval`).
@@ -98,15 +110,27 @@ impl softhca_perf::Progress for ProgressLine {
         if let Some((every, _, _)) = self.interval {
             self.interval = Some((every, now, 0));
         }
+        if let Some((every, log)) = &mut self.log {
+            *log = Some(ProgressLog::new(std::io::stderr(), *every, now));
+        }
     }
 
     fn update(&mut self, now: Instant, done: u64, total: u64, bytes_per_msg: u64) {
         self.report_interval(now, done, bytes_per_msg);
+        if self.log.is_some() {
+            self.erase();
+        }
+        if let Some((_, Some(l))) = &mut self.log {
+            l.update(now, done * bytes_per_msg);
+        }
         self.draw(now, done, total, bytes_per_msg);
     }
 
     fn finish(&mut self) {
         self.erase();
+        if let Some((_, Some(l))) = &mut self.log {
+            l.finish();
+        }
     }
 }
 

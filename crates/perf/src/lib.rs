@@ -31,7 +31,7 @@ use std::time::Duration;
 pub use client::{params, run_bw, run_lat, run_test, TestOptions};
 pub use error::{io_msg, PerfError};
 pub use exchange::{Control, TestParams, DEFAULT_PORT};
-pub use progress::Progress;
+pub use progress::{Progress, ProgressLog};
 pub use result::{LatStats, Mode, PerfResult};
 pub use server::{serve_test, Served};
 

@@ -30,6 +30,8 @@
 
 pub mod capture;
 mod forward;
+pub mod mptcp;
+pub mod paths;
 pub mod shaped;
 mod tap;
 mod veth;
@@ -46,6 +48,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use forward::{corrupt_frame, DirectionStats};
+pub use paths::{Direction, Fault, PathStats, Paths};
 pub use shaped::{QdiscStats, Shape, ShapedLink};
 pub use veth::{Veth, VethLayout};
 
@@ -387,6 +390,16 @@ impl Ends for ShapedLink {
     }
     fn addr_of(&self, end: End) -> IpAddr {
         self.addr(end)
+    }
+}
+
+/// Path 0's addresses: where a single-path client reaches the other end.
+impl Ends for Paths {
+    fn command_in(&self, end: End, program: &OsStr) -> Command {
+        self.command(end, program)
+    }
+    fn addr_of(&self, end: End) -> IpAddr {
+        IpAddr::V4(self.addr(end, 0))
     }
 }
 

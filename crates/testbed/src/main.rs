@@ -5,6 +5,8 @@
 //! between them until interrupted (SIGINT/SIGTERM), then removes them; `softhca-impair
 //! down` stops a running `up` of the same name and removes leftovers.
 
+mod mptable;
+mod paths_cmd;
 mod table;
 
 use std::path::PathBuf;
@@ -31,6 +33,10 @@ enum Cmd {
     /// The shaped-link table: softhca SEND/WRITE/READ and TCP (iperf3) over tbf at
     /// 1 Gb/s, 100 Mb/s and 1 Gb/s + 5 ms, with shaper drops, then fairness rows.
     Shaped(table::TableArgs),
+    /// N parallel paths (veth pairs shaped by tbf) between two namespaces: build them,
+    /// cut / restore / slow / make lossy one path while traffic runs, and the
+    /// multipath table (softhca multipath, single-path RC and MPTCP side by side).
+    Paths(paths_cmd::PathsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +188,7 @@ fn main() -> ExitCode {
         Cmd::Up(a) => up(a),
         Cmd::Down(a) => down(a),
         Cmd::Shaped(a) => table::run(a),
+        Cmd::Paths(a) => paths_cmd::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -100,15 +100,8 @@ impl ShapedLink {
         ip(&["netns", "add", &na])?;
         ip(&["netns", "add", &nb])?;
         let (va, vb) = (self.dev(End::A), self.dev(End::B));
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        for (ns, dev, end) in [(&na, &va, End::A), (&nb, &vb, End::B)] {
-            let addr = format!("{}/24", self.addr(end));
-            ip(&["link", "set", dev, "netns", ns])?;
-            ip(&["-n", ns, "link", "set", dev, "mtu", "9000", "up"])?;
-            ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(())
+        let (aa, ab) = (Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 2));
+        crate::veth::veth_pair([(&na, &va, aa), (&nb, &vb, ab)])
     }
 
     /// Adds `addr` (on the link's /24) to end `end`'s device: a second softhca device

@@ -317,7 +317,7 @@ fn fairness_row(
 }
 
 /// The binary `softhca` next to this one.
-fn default_softhca() -> PathBuf {
+pub fn default_softhca() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("softhca")))

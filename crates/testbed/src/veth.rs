@@ -49,16 +49,8 @@ impl Veth {
             ip(&["netns", "add", &nb])?;
         }
         let (ia, ib) = (v.ifname(End::A), v.ifname(End::B));
-        ip(&[
-            "-n", &na, "link", "add", &ia, "mtu", "9000", "type", "veth", "peer", "name", &ib,
-            "mtu", "9000", "netns", &nb,
-        ])?;
-        for (ns, ifname, end) in [(&na, &ia, End::A), (&nb, &ib, End::B)] {
-            let addr = format!("{}/24", v.addr(end));
-            ip(&["-n", ns, "addr", "add", &addr, "dev", ifname])?;
-            ip(&["-n", ns, "link", "set", ifname, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
+        let (aa, ab) = (Ipv4Addr::new(10, 98, 0, 1), Ipv4Addr::new(10, 98, 0, 2));
+        veth_pair([(&na, &ia, aa), (&nb, &ib, ab)])?;
         Ok(v)
     }
 
@@ -90,6 +82,23 @@ impl Veth {
     pub fn command(&self, end: End, program: impl AsRef<OsStr>) -> Command {
         netns_command(&self.netns(end), program.as_ref())
     }
+}
+
+/// A veth pair between two namespaces (or within one): each `(namespace, device,
+/// address)` gets its end, MTU 9000 (RoCE's 4096-byte path MTU), the address on a /24,
+/// and the namespace's loopback up.
+pub(crate) fn veth_pair(ends: [(&str, &str, Ipv4Addr); 2]) -> Result<(), TestbedError> {
+    let [(na, da, _), (nb, db, _)] = ends;
+    ip(&[
+        "-n", na, "link", "add", da, "mtu", "9000", "type", "veth", "peer", "name", db, "mtu",
+        "9000", "netns", nb,
+    ])?;
+    for (ns, dev, addr) in ends {
+        ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+        ip(&["-n", ns, "link", "set", dev, "up"])?;
+        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    }
+    Ok(())
 }
 
 impl Drop for Veth {
