@@ -123,7 +123,9 @@ impl Qp {
         // A round-trip sample: a first transmission that asks for an ACK (Karn).
         let sample = ack_req && !psn.is_before(self.req.max_sent);
         if sample {
-            self.cc.rtt.on_sent(psn, now);
+            // Nothing posted after this packet (`req.send_idx` moved past it already).
+            let app_limited = self.req.send_idx >= self.req.sq.len();
+            self.cc.rtt.on_sent(psn, now, app_limited);
         }
         if let Some(rate) = ctl.pacing_rate() {
             self.cc.pacer.on_sent(now, bytes, rate);

@@ -25,6 +25,12 @@
 //! - The delay signal is the least sample of a round trip, not each sample: a
 //!   descheduled receiver or a coalesced ACK inflates single samples, the standing
 //!   queue inflates all of them (Copa's "standing RTT").
+//! - A sample of a packet after which the application had posted nothing more (a
+//!   ping-pong's every message) only lowers the base: its ACK may wait on the peer's
+//!   host (an ACK held for the application's answer, a descheduled process), and an
+//!   application-limited flow cannot build a queue (BBR's app-limited samples; RFC
+//!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
+//!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
 //! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
 //!   the first delay excess or loss: the target window on a 5 ms path is 100 times that
 //!   of a veth. Additive increase is one packet per millisecond of smoothed round trip,
@@ -98,10 +104,23 @@ pub(crate) enum Congestion {
     Timeout,
 }
 
+/// A round trip measured from an ACK (or READ response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RttSample {
+    /// From the packet's send to its answer, ns.
+    pub rtt: Nanos,
+    /// The packet was the last the requester had to send (the application posted
+    /// nothing after it yet: a ping-pong's every message). Its ACK may include the
+    /// peer's host delay, not the network's: a receiver that holds the ACK for its
+    /// application's answer (softhca's datapath does, up to its polling window), a
+    /// descheduled peer, a delayed ACK. BBR marks such samples the same way.
+    pub app_limited: bool,
+}
+
 /// What a congestion controller decides for one QP's requests.
 pub(crate) trait CongestionControl: std::fmt::Debug + Send {
-    /// An RTT sample (ns) and `acked` bytes newly acknowledged, at `now`.
-    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>);
+    /// A round-trip sample and `acked` bytes newly acknowledged, at `now`.
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>);
     /// A loss or a timeout at `now`.
     fn on_congestion(&mut self, now: Nanos, what: Congestion);
     /// Bytes allowed in flight.
