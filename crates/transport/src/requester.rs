@@ -422,8 +422,9 @@ impl Qp {
                     }
                 }
                 self.advance_response(n as u64);
-                if plan.hdr.bth.opcode.is_read_response() {
-                    self.cc_response_sent(ctx, plan.wire_len() as u64);
+                let op = plan.hdr.bth.opcode;
+                if op.is_read_response() {
+                    self.cc_response_sent(ctx, plan.wire_len() as u64, op.starts_message());
                 }
             }
             TxSource::Requester => {

@@ -35,8 +35,13 @@ fn tbf_queue(rate: u64) -> u64 {
 /// `n` sender/receiver node pairs (flow i: node i to node n + i), a bottleneck of
 /// `rate` bits/s with a tbf's queue in front of the data's receivers.
 fn net_with_flows(n: usize, rate: u64, op: WrOpcode) -> (SimNet, Vec<Flow>) {
+    net_with_flows_cc(n, rate, op, CcAlgorithm::default())
+}
+
+/// [`net_with_flows`] with congestion control `cc`.
+fn net_with_flows_cc(n: usize, rate: u64, op: WrOpcode, cc: CcAlgorithm) -> (SimNet, Vec<Flow>) {
     let queue = tbf_queue(rate);
-    let mut net = SimNet::new(7, 2 * n, Mtu::M4096);
+    let mut net = SimNet::with_config(7, 2 * n, Mtu::M4096, |c| c.cc = cc);
     net.faults.delay_ns = 20_000;
     let o = RcOpts {
         max_rd_atomic: 16,
@@ -389,5 +394,50 @@ fn a_ping_pong_with_a_stalling_peer_keeps_its_speed() {
         );
         assert!(m_on <= 1.2 * m_off, "{m_on} vs {m_off}");
         assert_eq!(cc.delay_decreases, 0, "{cc:?}");
+    }
+}
+
+/// Bits/s one 64 KiB `op` flow completes over 1 % random loss each way on 2 Gb/s links
+/// (no shared queue: nothing congests, the hosts' links limit), with or without
+/// congestion control.
+fn rate_at_random_loss(op: WrOpcode, cc: bool) -> (f64, Vec<CcStats>) {
+    let alg = if cc {
+        CcAlgorithm::default()
+    } else {
+        CcAlgorithm::Off
+    };
+    let (mut net, mut flows) = net_with_flows_cc(1, 2 * GBIT, op, alg);
+    net.bottleneck = None;
+    net.link_ps_per_byte = 4000;
+    net.faults.loss = 0.01;
+    net.faults.reorder = 0.0;
+    flows[0].started = true;
+    run_for(&mut net, &mut flows, 100 * MS);
+    let done = flows[0].done;
+    run_for(&mut net, &mut flows, 500 * MS);
+    let r = ((flows[0].done - done) * MSG) as f64 * 8.0 / 0.5;
+    let cc = net
+        .nodes
+        .iter()
+        .flat_map(|n| n.engine.cc_stats())
+        .map(|(_, s)| s)
+        .collect();
+    finish_and_verify(&mut net, &mut flows);
+    (r, cc)
+}
+
+/// Random loss with no queue is not congestion: neither the requester's window nor the
+/// responder's READ response rate falls for it.
+#[test]
+fn random_loss_keeps_the_rate() {
+    for op in [WrOpcode::RdmaWrite, WrOpcode::RdmaRead] {
+        let (off, _) = rate_at_random_loss(op, false);
+        let (on, cc) = rate_at_random_loss(op, true);
+        eprintln!(
+            "{op:?} at 1 % loss: {:.0} Mb/s without, {:.0} Mb/s with congestion control; {cc:?}",
+            off / 1e6,
+            on / 1e6
+        );
+        assert!(on >= 0.9 * off, "{on} vs {off}");
     }
 }

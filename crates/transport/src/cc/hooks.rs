@@ -5,7 +5,7 @@ use super::{new_controller, CcAlgorithm, CcStats, Congestion, CongestionControl}
 use super::{Pacer, ResponseRate, RttSampler};
 use crate::config::EngineConfig;
 use crate::qp::{Ctx, Qp};
-use crate::recovery::LossCause;
+use crate::recovery::{LossCause, LossRecovery};
 use crate::verbs::{Nanos, Psn, QpType};
 
 /// Fewest request packets between ACK requests that [`Qp::cc_ack_every`] asks for.
@@ -120,8 +120,12 @@ impl Qp {
         if ack_req {
             self.cc.last_ack_req = Some(psn);
         }
-        // A round-trip sample: a first transmission that asks for an ACK (Karn).
-        let sample = ack_req && !psn.is_before(self.req.max_sent);
+        // A round-trip sample: a first transmission that asks for an ACK (Karn), not
+        // while a retransmission is under way: its ACK (or a READ's first response)
+        // moves the oldest unacknowledged PSN only once the hole before it is filled,
+        // and the repair's round trips inflated the READ samples at 1 % loss tenfold.
+        let sample =
+            ack_req && !psn.is_before(self.req.max_sent) && !self.req.recovery.in_progress();
         if sample {
             // Nothing posted after this packet (`req.send_idx` moved past it already).
             let app_limited = self.req.send_idx >= self.req.sq.len();
@@ -180,10 +184,10 @@ impl Qp {
         }
     }
 
-    /// A READ response packet of `bytes` on the wire left.
-    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64) {
+    /// A READ response packet of `bytes` on the wire left; `first`: a READ's first.
+    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64, first: bool) {
         if self.cc_on(ctx) {
-            self.cc.resp.on_sent(ctx.now, bytes);
+            self.cc.resp.on_sent(ctx.now, bytes, first);
         }
     }
 
@@ -215,15 +219,20 @@ impl Qp {
         }
     }
 
-    /// The congestion figures of this QP (None: no controller).
+    /// The congestion figures of this QP (None: nothing congestion controlled). A QP
+    /// that only answers READs has no controller, but may have a response rate.
     pub(crate) fn cc_stats(&self) -> Option<CcStats> {
-        let ctl = self.cc.ctl.as_ref()?;
+        let base = match self.cc.ctl.as_ref() {
+            Some(ctl) => ctl.stats(),
+            None if self.cc.resp.cuts > 0 => CcStats::default(),
+            None => return None,
+        };
         Some(CcStats {
             window_limited: self.cc.window_limited,
             pacing_waits: self.cc.pacing_waits,
             response_rate: self.cc.resp.rate().unwrap_or(0),
             response_cuts: self.cc.resp.cuts,
-            ..ctl.stats()
+            ..base
         })
     }
 }

@@ -12,6 +12,9 @@
 //!   retransmitted is sampled);
 //! - **loss**: a PSN sequence NAK, a gap in READ responses, a retransmit timeout.
 //!
+//! Nothing sent while a retransmission is under way is sampled: its ACK moves the
+//! oldest unacknowledged PSN only once the hole before it is filled.
+//!
 //! The algorithm (`DelayAimd`) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
 //! control of Google's Falcon): additive increase while the delay is under a target,
 //! a multiplicative decrease proportional to the excess above it at most once per round
@@ -49,9 +52,10 @@
 //! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
 //! its responses, so a requester's window bounds the READ data coming back too. A
 //! responder has no ACK for its READ responses: `ResponseRate` paces them at a rate
-//! that grows while no READ is asked again and falls on a burst of repeated READs (a
-//! requester's retransmission is the only loss signal it gets from any peer, kernel rxe
-//! included). Responses placed ahead of a hole leave the requester's window (the SACK
+//! that grows while no READ is asked again and falls when most recent READs are asked
+//! again for PSNs that had left (a requester's retransmission is the only loss signal it
+//! gets from any peer, kernel rxe included; random loss brings back a few READs, a full
+//! queue's run of drops most). Responses placed ahead of a hole leave the requester's window (the SACK
 //! that READ responses give for free).
 //!
 //! UC and UD have no ACKs and so no signal: they send at the rate the application
