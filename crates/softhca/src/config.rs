@@ -129,7 +129,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_WRITE_SPLIT",
         "send a multi-packet RC RDMA WRITE as one WRITE Only per packet",
     ),
-    ("SOFTHCA_CC", "`1` turns congestion control of RC QPs on (off by default)"),
+    ("SOFTHCA_CC", "`0` turns congestion control of RC QPs off"),
     (
         "SOFTHCA_TX_DROP",
         "fault injection: drop each outgoing packet with this probability",
@@ -257,7 +257,7 @@ impl Default for Config {
             name: "softhca0".to_string(),
             tx_drop_ppm: 0,
             split_writes: true,
-            congestion_control: false,
+            congestion_control: true,
             connected_senders: true,
             gso: true,
             gro: true,
