@@ -326,21 +326,7 @@ impl Device {
             .min()
             .unwrap_or(1)
             .max(1);
-        let ecfg = EngineConfig {
-            gids: gids.clone(),
-            udp_port: cfg.udp_port,
-            seed: rand::random(),
-            max_mtu: mtu,
-            max_gso_segments,
-            // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
-            split_rc_writes: cfg.split_writes && max_gso_segments > 1,
-            cc: if cfg.congestion_control {
-                CcAlgorithm::default()
-            } else {
-                CcAlgorithm::Off
-            },
-            ..EngineConfig::default()
-        };
+        let ecfg = engine_config(cfg, gids.clone(), mtu, max_gso_segments);
         let attr = device_attr(&ecfg, &gids);
         let served_addrs: Vec<ServedAddr> = served
             .iter()
@@ -773,4 +759,24 @@ pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
         udp_port: cfg.udp_port,
         active_mtu: mtu,
     }])
+}
+
+/// The transport's configuration of a device serving `gids` at `mtu`.
+fn engine_config(cfg: &Config, gids: Vec<Gid>, mtu: Mtu, max_gso_segments: usize) -> EngineConfig {
+    EngineConfig {
+        gids,
+        udp_port: cfg.udp_port,
+        seed: rand::random(),
+        max_mtu: mtu,
+        max_gso_segments,
+        // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
+        split_rc_writes: cfg.split_writes && max_gso_segments > 1,
+        cc: if cfg.congestion_control {
+            CcAlgorithm::default()
+        } else {
+            CcAlgorithm::Off
+        },
+        unacked_rate: cfg.uc_ud_rate.map(|bits| (bits / 8).max(1)),
+        ..EngineConfig::default()
+    }
 }

@@ -43,6 +43,10 @@ pub struct EngineConfig {
     pub first_qpn: Option<u32>,
     /// Congestion control of RC QPs (see `cc`).
     pub cc: CcAlgorithm,
+    /// The most each UC and UD QP sends, bytes per second on the wire; None: as fast as
+    /// the application posts. They have no ACKs and so no congestion signal (see
+    /// `cc`): an application on a shared or slow link sets its rate here.
+    pub unacked_rate: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +64,7 @@ impl Default for EngineConfig {
             split_rc_writes: true,
             first_qpn: None,
             cc: CcAlgorithm::default(),
+            unacked_rate: None,
         }
     }
 }

@@ -574,7 +574,8 @@ impl Qp {
             }
         }
         let ack_req = ty == QpType::Rc && plan.hdr.bth.ack_req;
-        self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
+        let sent = (plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
+        self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }

@@ -50,6 +50,9 @@ impl Qp {
     /// Whether the request packet `psn`, which takes the PSNs up to `last`, may leave
     /// now: within the window (at least one packet always may) and the pacer's time.
     pub(crate) fn cc_allows_request(&mut self, ctx: &mut Ctx<'_>, psn: Psn, last: Psn) -> bool {
+        if let Some(rate) = self.unacked_rate(ctx.cfg) {
+            return self.cc_pace(ctx, rate);
+        }
         if !self.cc_on(ctx) {
             return true;
         }
@@ -80,13 +83,29 @@ impl Qp {
             return false;
         }
         cc.window_blocked = false;
-        if let (Some(t), Some(_)) = (cc.pacer.wait_until(ctx.now), ctl.pacing_rate()) {
-            if cc.pace_at.is_none() {
-                cc.pacing_waits += 1;
-                ctx.counters.cc_pacing_wait += 1;
+        // Not paced before the first round trip is measured (rate 0).
+        let rate = ctl.pacing_rate().unwrap_or(0);
+        self.cc_pace(ctx, rate)
+    }
+
+    /// The rate a UC or UD QP is held to, if any.
+    fn unacked_rate(&self, cfg: &EngineConfig) -> Option<u64> {
+        cfg.unacked_rate
+            .filter(|_| matches!(self.init.qp_type, QpType::Uc | QpType::Ud))
+    }
+
+    /// Whether the pacer, at `rate` (0: not paced), lets the next packet leave now.
+    fn cc_pace(&mut self, ctx: &mut Ctx<'_>, rate: u64) -> bool {
+        let cc = &mut self.cc;
+        if rate > 0 {
+            if let Some(t) = cc.pacer.wait_until(ctx.now) {
+                if cc.pace_at.is_none() {
+                    cc.pacing_waits += 1;
+                    ctx.counters.cc_pacing_wait += 1;
+                }
+                cc.pace_at = Some(t);
+                return false;
             }
-            cc.pace_at = Some(t);
-            return false;
         }
         cc.pace_at = None;
         true
@@ -113,7 +132,16 @@ impl Qp {
 
     /// A request packet of `bytes` on the wire with PSN `psn` left, `ack_req`: asking
     /// for an ACK (before `req.max_sent` moves past it).
-    pub(crate) fn cc_request_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, ack_req: bool) {
+    pub(crate) fn cc_request_sent(
+        &mut self,
+        cfg: &EngineConfig,
+        now: Nanos,
+        (psn, bytes, ack_req): (Psn, u64, bool),
+    ) {
+        if let Some(rate) = self.unacked_rate(cfg) {
+            self.cc.pacer.on_sent(now, bytes, rate);
+            return;
+        }
         let Some(ctl) = self.cc.ctl.as_ref() else {
             return;
         };

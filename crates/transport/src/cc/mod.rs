@@ -59,7 +59,8 @@
 //! that READ responses give for free).
 //!
 //! UC and UD have no ACKs and so no signal: they send at the rate the application
-//! posts, as rxe does (an application needing a limit paces its posts).
+//! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
+//! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
 //! Known limits: a base taken while another flow's queue stands makes a flow's target
 //! higher (Vegas' and LEDBAT's latecomer bias; flow scaling bounds it); on a 10 ms path
