@@ -133,7 +133,11 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_DIRECT_RX",
         "`1` receives in-order SEND and WRITE payload straight into registered memory",
     ),
-    ("SOFTHCA_CC", "`1` turns congestion control of RC QPs on (off by default)"),
+    ("SOFTHCA_CC", "`0` turns congestion control of RC QPs off"),
+    (
+        "SOFTHCA_UC_UD_RATE",
+        "the most each UC and UD QP sends, bits per second (`100M`, `1G`)",
+    ),
     (
         "SOFTHCA_MP",
         "`0` turns the multipath RC extension off (plain RC always); on by default, negotiated per QP, used only with a softhca peer",
@@ -243,6 +247,10 @@ pub struct Config {
     /// sender alone (`softhca_transport::cc`); `false` sends as fast as the window
     /// of 1024 PSNs allows, as rxe does.
     pub congestion_control: bool,
+    /// The most each UC and UD QP sends, bits per second on the wire; None: as fast as
+    /// the application posts, as rxe does. They have no ACKs, so nothing else slows
+    /// them down on a slow or shared link.
+    pub uc_ud_rate: Option<u64>,
     /// Send transmits built wholly in the transmit buffer (small messages, an answer and
     /// its ACK, ACKs, READ requests and responses) through a UDP socket connected to
     /// their peer, one per peer, which spares the kernel a route
@@ -284,7 +292,8 @@ impl Default for Config {
             tx_drop_ppm: 0,
             split_writes: true,
             direct_rx: false,
-            congestion_control: false,
+            congestion_control: true,
+            uc_ud_rate: None,
             connected_senders: true,
             gso: true,
             gro: true,
@@ -304,6 +313,19 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// A switch given as `0` or `1`.
+/// `1000000`, `100k`, `100M`, `2.5G`: bits per second, more than zero.
+fn bits_per_second(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, scale) = match v.char_indices().last()? {
+        (i, 'k' | 'K') => (&v[..i], 1e3),
+        (i, 'm' | 'M') => (&v[..i], 1e6),
+        (i, 'g' | 'G') => (&v[..i], 1e9),
+        _ => (v, 1.0),
+    };
+    let bits = num.parse::<f64>().ok()? * scale;
+    (bits.is_finite() && bits >= 1.0).then_some(bits as u64)
+}
+
 fn zero_or_one(name: &str, v: &str) -> Result<bool, Error> {
     match v {
         "1" => Ok(true),
@@ -403,6 +425,13 @@ impl Config {
         if let Some(v) = env("SOFTHCA_CC") {
             cfg.congestion_control = zero_or_one("SOFTHCA_CC", &v)?;
         }
+        if let Some(v) = env("SOFTHCA_UC_UD_RATE") {
+            cfg.uc_ud_rate = Some(bits_per_second(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "SOFTHCA_UC_UD_RATE: {v:?} is not a rate in bits per second (100M, 1G)"
+                ))
+            })?);
+        }
         if let Some(v) = env("SOFTHCA_WRITE_SPLIT") {
             cfg.split_writes = zero_or_one("SOFTHCA_WRITE_SPLIT", &v)?;
         }
@@ -458,6 +487,17 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_in_bits_per_second() {
+        assert_eq!(bits_per_second("100M"), Some(100_000_000));
+        assert_eq!(bits_per_second("2.5G"), Some(2_500_000_000));
+        assert_eq!(bits_per_second("64k"), Some(64_000));
+        assert_eq!(bits_per_second("1000"), Some(1000));
+        assert_eq!(bits_per_second("0"), None);
+        assert_eq!(bits_per_second("fast"), None);
+        assert_eq!(bits_per_second("G"), None);
+    }
 
     #[test]
     fn poll_mode_parse() {

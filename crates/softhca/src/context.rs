@@ -209,6 +209,7 @@ fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> Eng
         } else {
             CcAlgorithm::Off
         },
+        unacked_rate: cfg.uc_ud_rate.map(|bits| (bits / 8).max(1)),
         mp: cfg.multipath.clone(),
         ..EngineConfig::default()
     }

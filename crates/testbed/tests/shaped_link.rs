@@ -17,8 +17,6 @@ fn a_shaped_link_is_filled_with_verified_data() {
         eprintln!("skipped: needs root and ip netns ({e})");
         return;
     }
-    // Congestion control is off by default; the devices started below inherit this.
-    std::env::set_var("SOFTHCA_CC", "1");
     let rate = 1_000_000_000;
     let link = ShapedLink::up(Shape {
         rate,

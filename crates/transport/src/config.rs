@@ -47,6 +47,10 @@ pub struct EngineConfig {
     /// The multipath extension (see `multipath`). Off by default here (an engine on its
     /// own sends nothing it was not asked to); softhca's `Config` turns it on.
     pub mp: MpConfig,
+    /// The most each UC and UD QP sends, bytes per second on the wire; None: as fast as
+    /// the application posts. They have no ACKs and so no congestion signal (see
+    /// `cc`): an application on a shared or slow link sets its rate here.
+    pub unacked_rate: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +72,7 @@ impl Default for EngineConfig {
                 enabled: false,
                 ..MpConfig::default()
             },
+            unacked_rate: None,
         }
     }
 }

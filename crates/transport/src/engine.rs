@@ -637,7 +637,7 @@ impl Engine {
             return;
         }
         if h.bth.dest_qp.value() == GSI_QPN && h.bth.opcode == wire::Opcode::UD_SEND_ONLY {
-            if let Some(hello) = udp_payload.get(range.clone()).and_then(Hello::decode) {
+            if let Some(hello) = Hello::decode(payload) {
                 self.on_hello(now, info, hello);
                 return;
             }

@@ -492,8 +492,9 @@ impl Qp {
                 if self.mp_active() {
                     self.mp_sent(ctx, plan, false);
                 }
-                if plan.hdr.bth.opcode.is_read_response() {
-                    self.cc_response_sent(ctx, plan.wire_len() as u64);
+                let op = plan.hdr.bth.opcode;
+                if op.is_read_response() {
+                    self.cc_response_sent(ctx, plan.wire_len() as u64, op.starts_message());
                 }
             }
             TxSource::Requester => {
@@ -607,7 +608,8 @@ impl Qp {
         if self.req.resend_at.take().is_some() {
             // A selective resend: the send position stays.
             self.mp_sent(ctx, plan, true);
-            self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, true);
+            let resent = (plan.hdr.bth.psn, plan.wire_len() as u64, true);
+            self.cc_request_sent(ctx.cfg, ctx.now, resent);
             self.req.last_retransmit_at = Some(ctx.now);
             if self.req.rto.is_none() {
                 self.req.rto = self.rto_deadline(ctx.now);
@@ -658,7 +660,8 @@ impl Qp {
             }
         }
         let ack_req = ty == QpType::Rc && plan.hdr.bth.ack_req;
-        self.cc_request_sent(ctx.now, plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
+        let sent = (plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
+        self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
         }

@@ -388,7 +388,16 @@ impl Qp {
             return;
         };
         let Some((first, last)) = range else { return };
-        self.cc_read_repeated(ctx);
+        // Asked again for a PSN not sent yet (its responses still queued behind others):
+        // the requester resent its requests (go-back-N after a lost request), nothing of
+        // this READ was lost. Only a PSN that left is a loss signal.
+        let queued_from = self.resp.out.iter().find_map(|o| match o {
+            RespOut::Read { psn: p, .. } if !p.is_before(first) && !p.is_after(last) => Some(*p),
+            _ => None,
+        });
+        if queued_from.is_none_or(|p| psn.is_before(p)) {
+            self.cc_read_repeated(ctx);
+        }
         let len = u64::from(reth.dma_len);
         if self
             .check_rkey(ctx, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)

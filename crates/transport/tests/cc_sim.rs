@@ -35,8 +35,13 @@ fn tbf_queue(rate: u64) -> u64 {
 /// `n` sender/receiver node pairs (flow i: node i to node n + i), a bottleneck of
 /// `rate` bits/s with a tbf's queue in front of the data's receivers.
 fn net_with_flows(n: usize, rate: u64, op: WrOpcode) -> (SimNet, Vec<Flow>) {
+    net_with_flows_cc(n, rate, op, CcAlgorithm::default())
+}
+
+/// [`net_with_flows`] with congestion control `cc`.
+fn net_with_flows_cc(n: usize, rate: u64, op: WrOpcode, cc: CcAlgorithm) -> (SimNet, Vec<Flow>) {
     let queue = tbf_queue(rate);
-    let mut net = SimNet::new(7, 2 * n, Mtu::M4096);
+    let mut net = SimNet::with_config(7, 2 * n, Mtu::M4096, |c| c.cc = cc);
     net.faults.delay_ns = 20_000;
     let o = RcOpts {
         max_rd_atomic: 16,
@@ -277,4 +282,162 @@ fn recovers_after_the_link_rate_changes() {
     eprintln!("back to 1 Gb/s: {:.0} Mb/s", r / 1e6);
     assert!(r >= 0.9 * GBIT as f64, "{r}");
     finish_and_verify(&mut net, &mut flows);
+}
+
+/// A ping-pong of `size`-byte SENDs between nodes 0 and 1 (no bottleneck: nothing can
+/// queue), `iters` round trips; before every `stall_every`-th answer the answering host
+/// stalls for `stall_ns` (descheduled, or holding its ACK for the application's answer
+/// as softhca's datapath does), which delays the ACK of the message it just received.
+/// Returns each round trip's virtual time and node 0's congestion figures.
+fn ping_pong(
+    cc: bool,
+    size: usize,
+    iters: usize,
+    stall_every: usize,
+    stall_ns: u64,
+) -> (Vec<u64>, Option<CcStats>) {
+    let mut net = SimNet::with_config(11, 2, Mtu::M4096, |c| {
+        if !cc {
+            c.cc = CcAlgorithm::Off;
+        }
+    });
+    net.faults.delay_ns = 20_000;
+    // 10 Gb/s hosts: what a stalled host sends waits for it.
+    net.link_ps_per_byte = 800;
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let qps = [a, b];
+    let bufs: Vec<(Mr, Mr)> = (0..2)
+        .map(|n| {
+            let src = net.reg(n, size, full_access());
+            net.fill_random(&src);
+            (src, net.reg(n, size, full_access()))
+        })
+        .collect();
+    for n in 0..2 {
+        for i in 0..4 {
+            let wr = recv_wr(i, bufs[n].1.sges(0, size));
+            net.nodes[n].engine.post_recv(qps[n], wr).unwrap();
+        }
+    }
+    let mut times = Vec::new();
+    for i in 0..iters {
+        let t0 = net.now;
+        for (from, to) in [(0, 1), (1, 0)] {
+            let wr = send_wr(i as u64, WrOpcode::Send, bufs[from].0.sges(0, size));
+            let now = net.now;
+            net.nodes[from]
+                .engine
+                .post_send(now, qps[from], wr)
+                .unwrap();
+            let mut got = false;
+            let end = net.now + 10_000 * MS;
+            while !got && net.now < end {
+                assert!(net.step(), "nothing left to do");
+                for n in 0..2 {
+                    for c in net.take_completions(n) {
+                        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                        if c.opcode == WcOpcode::Recv {
+                            assert_eq!(n, to);
+                            assert_eq!(c.byte_len as usize, size);
+                            let wr = recv_wr(c.wr_id, bufs[n].1.sges(0, size));
+                            net.nodes[n].engine.post_recv(qps[n], wr).unwrap();
+                            got = true;
+                        }
+                    }
+                }
+            }
+            assert!(got, "message {i} from node {from} arrived");
+            assert!(
+                net.mem(&bufs[to].1) == net.mem(&bufs[from].0),
+                "data verified"
+            );
+            if from == 0 && stall_every > 0 && i % stall_every == stall_every - 1 {
+                net.stall(1, stall_ns);
+            }
+        }
+        times.push(net.now - t0);
+    }
+    (times, net.nodes[0].engine.qp_cc_stats(a))
+}
+
+fn mean(x: &[u64]) -> f64 {
+    x.iter().sum::<u64>() as f64 / x.len().max(1) as f64
+}
+
+/// A ping-pong cannot fill a queue: a stalling peer (a host delay in the round trip,
+/// the ACK of a message held for the application's answer) is not congestion, and the
+/// round trips between stalls stay as fast as without congestion control.
+#[test]
+fn a_ping_pong_with_a_stalling_peer_keeps_its_speed() {
+    for size in [4096, MSG] {
+        let (off, _) = ping_pong(false, size, 200, 4, 3 * MS);
+        let (on, cc) = ping_pong(true, size, 200, 4, 3 * MS);
+        let cc = cc.expect("a controller");
+        // The round trips without a stall: the last 100, every 4th left out.
+        let quiet = |t: &[u64]| -> Vec<u64> {
+            t.iter()
+                .enumerate()
+                .skip(100)
+                .filter(|(i, _)| i % 4 != 3)
+                .map(|(_, &v)| v)
+                .collect()
+        };
+        let (m_off, m_on) = (mean(&quiet(&off)), mean(&quiet(&on)));
+        eprintln!(
+            "{size} B ping-pong, stall 3 ms every 4th: {:.0} us without, {:.0} us with congestion control; {cc:?}",
+            m_off / 1e3,
+            m_on / 1e3
+        );
+        assert!(m_on <= 1.2 * m_off, "{m_on} vs {m_off}");
+        assert_eq!(cc.delay_decreases, 0, "{cc:?}");
+    }
+}
+
+/// Bits/s one 64 KiB `op` flow completes over 1 % random loss each way on 2 Gb/s links
+/// (no shared queue: nothing congests, the hosts' links limit), with or without
+/// congestion control.
+fn rate_at_random_loss(op: WrOpcode, cc: bool) -> (f64, Vec<CcStats>) {
+    let alg = if cc {
+        CcAlgorithm::default()
+    } else {
+        CcAlgorithm::Off
+    };
+    let (mut net, mut flows) = net_with_flows_cc(1, 2 * GBIT, op, alg);
+    net.bottleneck = None;
+    net.link_ps_per_byte = 4000;
+    net.faults.loss = 0.01;
+    net.faults.reorder = 0.0;
+    flows[0].started = true;
+    run_for(&mut net, &mut flows, 100 * MS);
+    let done = flows[0].done;
+    run_for(&mut net, &mut flows, 500 * MS);
+    let r = ((flows[0].done - done) * MSG) as f64 * 8.0 / 0.5;
+    let cc = net
+        .nodes
+        .iter()
+        .flat_map(|n| n.engine.cc_stats())
+        .map(|(_, s)| s)
+        .collect();
+    finish_and_verify(&mut net, &mut flows);
+    (r, cc)
+}
+
+/// Random loss with no queue is not congestion: neither the requester's window nor the
+/// responder's READ response rate falls for it.
+#[test]
+fn random_loss_keeps_the_rate() {
+    for op in [WrOpcode::RdmaWrite, WrOpcode::RdmaRead] {
+        let (off, _) = rate_at_random_loss(op, false);
+        let (on, cc) = rate_at_random_loss(op, true);
+        eprintln!(
+            "{op:?} at 1 % loss: {:.0} Mb/s without, {:.0} Mb/s with congestion control; {cc:?}",
+            off / 1e6,
+            on / 1e6
+        );
+        assert!(on >= 0.9 * off, "{on} vs {off}");
+    }
 }

@@ -333,3 +333,57 @@ fn wrong_peer_unknown_qpn_bad_pkey() {
     assert!(net.nodes[1].engine.counters().drop_unknown_qpn >= 1);
     let _ = a;
 }
+
+/// UD has no ACKs and so no congestion control; `unacked_rate` holds each UC and UD QP
+/// to a rate: 1000 sends of 4 KiB posted at once leave at 100 Mb/s, in virtual time.
+#[test]
+fn ud_sends_keep_to_the_configured_rate() {
+    const N: u64 = 1000;
+    const RATE: u64 = 12_500_000; // 100 Mb/s
+    for limit in [None, Some(RATE)] {
+        let mut net = SimNet::with_config(5, 2, Mtu::M4096, |c| c.unacked_rate = limit);
+        let a = ud_qp(&mut net, 0, 0x1111);
+        let b = ud_qp(&mut net, 1, 0x1111);
+        let la = net.reg(0, 4096, full_access());
+        let rb = net.reg(1, 4096 + 40, full_access());
+        net.fill_random(&la);
+        for i in 0..N {
+            let wr = recv_wr(i, rb.sges(0, 4096 + 40));
+            net.nodes[1].engine.post_recv(b, wr).unwrap();
+        }
+        for i in 0..N {
+            let mut w = send_wr(i, WrOpcode::Send, la.sges(0, 4096));
+            w.ud = Some(UdDest {
+                av: AddressVector {
+                    dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
+                    ..AddressVector::default()
+                },
+                remote_qpn: qpn_u32(b),
+                remote_qkey: 0x1111,
+            });
+            net.nodes[0].engine.post_send(0, a, w).unwrap();
+        }
+        let mut got = 0;
+        net.run_until(10_000_000_000, |n| n.count_completions(1) >= N as usize);
+        for c in net.take_completions(1) {
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, 4096 + 40));
+            got += 1;
+        }
+        assert_eq!(
+            got, N,
+            "every datagram arrived (no loss in the simulated network)"
+        );
+        assert_eq!(&net.mem(&rb)[40..], net.mem(&la), "data verified");
+        // The payload's rate (the limit counts headers too: a little under it).
+        let rate = (N * 4096) as f64 * 1e9 / net.now as f64;
+        eprintln!(
+            "UD limit {limit:?}: {:.2} MB/s of payload over {} us",
+            rate / 1e6,
+            net.now / 1000
+        );
+        match limit {
+            Some(r) => assert!((0.9 * r as f64..1.01 * r as f64).contains(&rate), "{rate}"),
+            None => assert!(net.now < 1_000_000, "unpaced: {} ns", net.now),
+        }
+    }
+}

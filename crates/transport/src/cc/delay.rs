@@ -1,6 +1,6 @@
 //! Swift-style delay AIMD (see the module documentation of `cc` for the why).
 
-use super::{CcStats, Congestion, CongestionControl};
+use super::{CcStats, Congestion, CongestionControl, RttSample};
 use crate::verbs::Nanos;
 
 /// Tuning of `DelayAimd`.
@@ -164,7 +164,7 @@ impl DelayAimd {
 }
 
 impl CongestionControl for DelayAimd {
-    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>) {
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>) {
         if self.slow_start {
             self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
             self.clamp();
@@ -172,9 +172,21 @@ impl CongestionControl for DelayAimd {
                 self.slow_start = false;
             }
         }
-        let Some(rtt) = rtt else {
+        let Some(RttSample { rtt, app_limited }) = rtt else {
             return;
         };
+        if app_limited {
+            // An application-limited flow cannot have built the queue its sample would
+            // show, and the sample may hold the peer's host delay (see `RttSample`):
+            // it may only lower the base. Taken as queueing, a ping-pong whose peer
+            // answered late cut its window and paced at a round trip of the peer's
+            // scheduling.
+            if rtt > 0 && rtt < self.min_rtt {
+                self.min_rtt = rtt;
+                self.min_rtt_at = now;
+            }
+            return;
+        }
         self.sample(now, rtt);
         if now.saturating_sub(self.round_start) >= self.srtt.max(MIN_ROUND_NS) {
             self.end_round(now);
@@ -251,12 +263,20 @@ mod tests {
 
     const MTU: u64 = 4096;
 
+    /// A sample of a flow with more to send.
+    fn busy(rtt: Nanos) -> Option<RttSample> {
+        Some(RttSample {
+            rtt,
+            app_limited: false,
+        })
+    }
+
     fn run_rounds(c: &mut DelayAimd, from: Nanos, rounds: u64, rtt: Nanos) -> Nanos {
         let mut now = from;
         for _ in 0..rounds {
             now += rtt.max(MIN_ROUND_NS);
             // The whole window acknowledged in the round.
-            c.on_ack(now, c.window(), Some(rtt));
+            c.on_ack(now, c.window(), busy(rtt));
         }
         now
     }
@@ -274,7 +294,7 @@ mod tests {
         assert!((2_200_000..3_200_000).contains(&target), "{target}");
         let before = c.window();
         // A round whose least sample is 5.6 ms (nothing more acknowledged in it).
-        c.on_ack(now + 5_600_000, 0, Some(5_600_000));
+        c.on_ack(now + 5_600_000, 0, busy(5_600_000));
         assert!(!c.stats().slow_start);
         // The relative excess times β 0.8.
         let cut = 0.8 * (5_600_000 - target) as f64 / 5_600_000.0;
@@ -317,5 +337,30 @@ mod tests {
         run_rounds(&mut c, 10_000_000, 100, 50_000_000);
         assert_eq!(c.window(), 2 * MTU);
         assert!(c.pacing_rate().is_some_and(|r| r > 0));
+    }
+
+    #[test]
+    fn an_application_limited_sample_only_lowers_the_base() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        let now = run_rounds(&mut c, 0, 6, 200_000);
+        let before = c.stats();
+        // A ping-pong's message whose ACK the peer held for 30 ms.
+        let late = Some(RttSample {
+            rtt: 30_000_000,
+            app_limited: true,
+        });
+        c.on_ack(now + 30_000_000, MTU, late);
+        let after = c.stats();
+        assert_eq!(after.srtt, before.srtt);
+        assert_eq!(after.delay_decreases, 0);
+        assert!(after.window >= before.window);
+        // One under the base lowers it.
+        let fast = Some(RttSample {
+            rtt: 150_000,
+            app_limited: true,
+        });
+        c.on_ack(now + 30_200_000, MTU, fast);
+        assert_eq!(c.stats().min_rtt, 150_000);
+        assert_eq!(c.stats().srtt, before.srtt);
     }
 }

@@ -5,7 +5,7 @@ use super::{new_controller, CcAlgorithm, CcStats, Congestion, CongestionControl}
 use super::{Pacer, ResponseRate, RttSampler};
 use crate::config::EngineConfig;
 use crate::qp::{Ctx, Qp};
-use crate::recovery::LossCause;
+use crate::recovery::{LossCause, LossRecovery};
 use crate::verbs::{Nanos, Psn, QpType};
 
 /// Fewest request packets between ACK requests that [`Qp::cc_ack_every`] asks for.
@@ -50,6 +50,9 @@ impl Qp {
     /// Whether the request packet `psn`, which takes the PSNs up to `last`, may leave
     /// now: within the window (at least one packet always may) and the pacer's time.
     pub(crate) fn cc_allows_request(&mut self, ctx: &mut Ctx<'_>, psn: Psn, last: Psn) -> bool {
+        if let Some(rate) = self.unacked_rate(ctx.cfg) {
+            return self.cc_pace(ctx, rate);
+        }
         if !self.cc_on(ctx) {
             return true;
         }
@@ -80,13 +83,29 @@ impl Qp {
             return false;
         }
         cc.window_blocked = false;
-        if let (Some(t), Some(_)) = (cc.pacer.wait_until(ctx.now), ctl.pacing_rate()) {
-            if cc.pace_at.is_none() {
-                cc.pacing_waits += 1;
-                ctx.counters.cc_pacing_wait += 1;
+        // Not paced before the first round trip is measured (rate 0).
+        let rate = ctl.pacing_rate().unwrap_or(0);
+        self.cc_pace(ctx, rate)
+    }
+
+    /// The rate a UC or UD QP is held to, if any.
+    fn unacked_rate(&self, cfg: &EngineConfig) -> Option<u64> {
+        cfg.unacked_rate
+            .filter(|_| matches!(self.init.qp_type, QpType::Uc | QpType::Ud))
+    }
+
+    /// Whether the pacer, at `rate` (0: not paced), lets the next packet leave now.
+    fn cc_pace(&mut self, ctx: &mut Ctx<'_>, rate: u64) -> bool {
+        let cc = &mut self.cc;
+        if rate > 0 {
+            if let Some(t) = cc.pacer.wait_until(ctx.now) {
+                if cc.pace_at.is_none() {
+                    cc.pacing_waits += 1;
+                    ctx.counters.cc_pacing_wait += 1;
+                }
+                cc.pace_at = Some(t);
+                return false;
             }
-            cc.pace_at = Some(t);
-            return false;
         }
         cc.pace_at = None;
         true
@@ -113,17 +132,32 @@ impl Qp {
 
     /// A request packet of `bytes` on the wire with PSN `psn` left, `ack_req`: asking
     /// for an ACK (before `req.max_sent` moves past it).
-    pub(crate) fn cc_request_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, ack_req: bool) {
+    pub(crate) fn cc_request_sent(
+        &mut self,
+        cfg: &EngineConfig,
+        now: Nanos,
+        (psn, bytes, ack_req): (Psn, u64, bool),
+    ) {
+        if let Some(rate) = self.unacked_rate(cfg) {
+            self.cc.pacer.on_sent(now, bytes, rate);
+            return;
+        }
         let Some(ctl) = self.cc.ctl.as_ref() else {
             return;
         };
         if ack_req {
             self.cc.last_ack_req = Some(psn);
         }
-        // A round-trip sample: a first transmission that asks for an ACK (Karn).
-        let sample = ack_req && !psn.is_before(self.req.max_sent);
+        // A round-trip sample: a first transmission that asks for an ACK (Karn), not
+        // while a retransmission is under way: its ACK (or a READ's first response)
+        // moves the oldest unacknowledged PSN only once the hole before it is filled,
+        // and the repair's round trips inflated the READ samples at 1 % loss tenfold.
+        let sample =
+            ack_req && !psn.is_before(self.req.max_sent) && !self.req.recovery.in_progress();
         if sample {
-            self.cc.rtt.on_sent(psn, now);
+            // Nothing posted after this packet (`req.send_idx` moved past it already).
+            let app_limited = self.req.send_idx >= self.req.sq.len();
+            self.cc.rtt.on_sent(psn, now, app_limited);
         }
         if let Some(rate) = ctl.pacing_rate() {
             self.cc.pacer.on_sent(now, bytes, rate);
@@ -178,10 +212,10 @@ impl Qp {
         }
     }
 
-    /// A READ response packet of `bytes` on the wire left.
-    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64) {
+    /// A READ response packet of `bytes` on the wire left; `first`: a READ's first.
+    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64, first: bool) {
         if self.cc_on(ctx) {
-            self.cc.resp.on_sent(ctx.now, bytes);
+            self.cc.resp.on_sent(ctx.now, bytes, first);
         }
     }
 
@@ -213,15 +247,20 @@ impl Qp {
         }
     }
 
-    /// The congestion figures of this QP (None: no controller).
+    /// The congestion figures of this QP (None: nothing congestion controlled). A QP
+    /// that only answers READs has no controller, but may have a response rate.
     pub(crate) fn cc_stats(&self) -> Option<CcStats> {
-        let ctl = self.cc.ctl.as_ref()?;
+        let base = match self.cc.ctl.as_ref() {
+            Some(ctl) => ctl.stats(),
+            None if self.cc.resp.cuts > 0 => CcStats::default(),
+            None => return None,
+        };
         Some(CcStats {
             window_limited: self.cc.window_limited,
             pacing_waits: self.cc.pacing_waits,
             response_rate: self.cc.resp.rate().unwrap_or(0),
             response_cuts: self.cc.resp.cuts,
-            ..ctl.stats()
+            ..base
         })
     }
 }

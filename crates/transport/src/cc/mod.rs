@@ -12,6 +12,9 @@
 //!   retransmitted is sampled);
 //! - **loss**: a PSN sequence NAK, a gap in READ responses, a retransmit timeout.
 //!
+//! Nothing sent while a retransmission is under way is sampled: its ACK moves the
+//! oldest unacknowledged PSN only once the hole before it is filled.
+//!
 //! The algorithm (`DelayAimd`) is Swift's (Kumar et al., SIGCOMM 2020; the congestion
 //! control of Google's Falcon): additive increase while the delay is under a target,
 //! a multiplicative decrease proportional to the excess above it at most once per round
@@ -25,6 +28,12 @@
 //! - The delay signal is the least sample of a round trip, not each sample: a
 //!   descheduled receiver or a coalesced ACK inflates single samples, the standing
 //!   queue inflates all of them (Copa's "standing RTT").
+//! - A sample of a packet after which the application had posted nothing more (a
+//!   ping-pong's every message) only lowers the base: its ACK may wait on the peer's
+//!   host (an ACK held for the application's answer, a descheduled process), and an
+//!   application-limited flow cannot build a queue (BBR's app-limited samples; RFC
+//!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
+//!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
 //! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
 //!   the first delay excess or loss: the target window on a 5 ms path is 100 times that
 //!   of a veth. Additive increase is one packet per millisecond of smoothed round trip,
@@ -43,13 +52,15 @@
 //! A window counts request PSNs at the path MTU; a READ request counts the PSNs of all
 //! its responses, so a requester's window bounds the READ data coming back too. A
 //! responder has no ACK for its READ responses: `ResponseRate` paces them at a rate
-//! that grows while no READ is asked again and falls on a burst of repeated READs (a
-//! requester's retransmission is the only loss signal it gets from any peer, kernel rxe
-//! included). Responses placed ahead of a hole leave the requester's window (the SACK
+//! that grows while no READ is asked again and falls when most recent READs are asked
+//! again for PSNs that had left (a requester's retransmission is the only loss signal it
+//! gets from any peer, kernel rxe included; random loss brings back a few READs, a full
+//! queue's run of drops most). Responses placed ahead of a hole leave the requester's window (the SACK
 //! that READ responses give for free).
 //!
 //! UC and UD have no ACKs and so no signal: they send at the rate the application
-//! posts, as rxe does (an application needing a limit paces its posts).
+//! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
+//! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
 //! Known limits: a base taken while another flow's queue stands makes a flow's target
 //! higher (Vegas' and LEDBAT's latecomer bias; flow scaling bounds it); on a 10 ms path
@@ -98,10 +109,23 @@ pub(crate) enum Congestion {
     Timeout,
 }
 
+/// A round trip measured from an ACK (or READ response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RttSample {
+    /// From the packet's send to its answer, ns.
+    pub rtt: Nanos,
+    /// The packet was the last the requester had to send (the application posted
+    /// nothing after it yet: a ping-pong's every message). Its ACK may include the
+    /// peer's host delay, not the network's: a receiver that holds the ACK for its
+    /// application's answer (softhca's datapath does, up to its polling window), a
+    /// descheduled peer, a delayed ACK. BBR marks such samples the same way.
+    pub app_limited: bool,
+}
+
 /// What a congestion controller decides for one QP's requests.
 pub(crate) trait CongestionControl: std::fmt::Debug + Send {
-    /// An RTT sample (ns) and `acked` bytes newly acknowledged, at `now`.
-    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<Nanos>);
+    /// A round-trip sample and `acked` bytes newly acknowledged, at `now`.
+    fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>);
     /// A loss or a timeout at `now`.
     fn on_congestion(&mut self, now: Nanos, what: Congestion);
     /// Bytes allowed in flight.

@@ -35,24 +35,30 @@ impl Pacer {
 
 /// How often [`ResponseRate`] measures its send rate and may grow.
 const INTERVAL_NS: Nanos = 1_000_000;
+/// How many READs answered [`ResponseRate`] judges its repeats against.
+const READS_SEEN: f64 = 32.0;
 /// Least READ response rate, bytes per second (1 Mb/s).
 const MIN_RATE: f64 = 125_000.0;
 
 /// A responder's rate for READ responses. Nothing acknowledges them (a requester only
 /// asks again for what it missed), so the only signal is a repeated READ request: the
-/// rate starts unpaced, falls to 0.7× of what was sent at each burst of them (once per
-/// interval) and grows by 1/32 per interval without one, an AIMD on rate as a
+/// rate starts unpaced, falls to 0.7× of what was sent when many READs come back (once
+/// per interval) and grows by 1/32 per interval without, an AIMD on rate as a
 /// loss-based TCP is on its window.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ResponseRate {
     /// Bytes per second; None: not paced (no loss seen).
     rate: Option<f64>,
-    /// Measured send rate, bytes per second.
+    /// Measured send rate while busy, bytes per second.
     sent_rate: f64,
     interval_start: Nanos,
     interval_bytes: u64,
+    /// READs answered (first or again) and READs asked again, over about the last
+    /// [`READS_SEEN`] answered (each answer decays both).
+    reads: f64,
+    repeats: f64,
+    last_sent: Nanos,
     last_cut: Option<Nanos>,
-    last_repeat: Option<Nanos>,
     /// Decreases made.
     pub cuts: u64,
     pub pacer: Pacer,
@@ -64,38 +70,52 @@ impl ResponseRate {
         self.rate.map(|r| r as u64)
     }
 
-    /// `bytes` of READ response left at `now`.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u64) {
+    /// `bytes` of READ response left at `now`; `first`: the first packet of a READ's
+    /// responses.
+    pub fn on_sent(&mut self, now: Nanos, bytes: u64, first: bool) {
         let elapsed = now.saturating_sub(self.interval_start);
         if elapsed >= INTERVAL_NS {
-            let r = self.interval_bytes as f64 * 1e9 / elapsed as f64;
-            self.sent_rate = if self.sent_rate == 0.0 {
-                r
-            } else {
-                0.75 * self.sent_rate + 0.25 * r
-            };
-            if let Some(rate) = self.rate.as_mut() {
-                *rate += (*rate / 32.0).max(MIN_RATE);
+            // An interval with a pause of a whole interval in it measured the
+            // application's pauses, not the path: a ping-pong's READs then set a rate of a
+            // few kB/s that the next cut started from.
+            let idle = now.saturating_sub(self.last_sent) >= INTERVAL_NS;
+            if !idle {
+                let r = self.interval_bytes as f64 * 1e9 / elapsed as f64;
+                self.sent_rate = if self.sent_rate == 0.0 {
+                    r
+                } else {
+                    0.75 * self.sent_rate + 0.25 * r
+                };
+                if let Some(rate) = self.rate.as_mut() {
+                    *rate += (*rate / 32.0).max(MIN_RATE);
+                }
             }
             self.interval_start = now;
             self.interval_bytes = 0;
         }
         self.interval_bytes += bytes;
+        self.last_sent = now;
+        if first {
+            let keep = 1.0 - 1.0 / READS_SEEN;
+            self.reads = self.reads * keep + 1.0;
+            self.repeats *= keep;
+        }
         if let Some(rate) = self.rate {
             self.pacer.on_sent(now, bytes, rate as u64);
         }
     }
 
-    /// The requester asked again for a READ at `now`: its responses were lost. One
-    /// repeat alone is taken for a lossy link (1 % random loss repeats a 64 KiB READ
-    /// every few milliseconds); a second within an interval of it, for a queue that
-    /// overflowed (a tail drop loses a run of packets, of several READs).
+    /// The requester asked again for a READ at `now`: responses it had been sent were
+    /// lost. A link that loses packets at random (1 % loss brings back about 15 % of
+    /// 64 KiB READs, of 16 packets each) brings back a few of the READs answered; a full
+    /// queue drops runs of packets and brings back most of those answered while it
+    /// overflowed: half of the recent ones, and at least two, is taken for congestion.
+    /// Counted by READs, not by time: a rate that counted repeats per millisecond cut
+    /// itself lower at each cut, as fewer READs per millisecond made any two a burst.
     pub fn on_repeat(&mut self, now: Nanos) {
-        let burst = self
-            .last_repeat
-            .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS);
-        self.last_repeat = Some(now);
-        if !burst
+        self.repeats += 1.0;
+        let congested = self.repeats >= 2.0 && 2.0 * self.repeats >= self.reads;
+        if !congested
             || self
                 .last_cut
                 .is_some_and(|t| now.saturating_sub(t) < INTERVAL_NS)
@@ -136,21 +156,48 @@ mod tests {
     }
 
     #[test]
-    fn response_rate_falls_on_repeats_and_grows_without() {
+    fn response_rate_falls_when_most_reads_come_back_and_grows_without() {
         let mut r = ResponseRate::default();
-        for i in 0..20u64 {
-            r.on_sent(i * 100_000, 12_500); // 125 MB/s
+        // 131 MB/s: a 64 KiB READ every 0.5 ms, in packets of 4 KiB.
+        let mut now = 0;
+        for i in 0..320u64 {
+            now = i * 31_250;
+            r.on_sent(now, 4096, i % 16 == 0);
         }
         assert_eq!(r.rate(), None);
-        r.on_repeat(1_900_000);
-        assert_eq!(r.rate(), None, "one repeat alone");
-        r.on_repeat(2_000_000);
+        // Two of twenty READs asked again (random loss): not congestion.
+        r.on_repeat(now + 10_000);
+        r.on_repeat(now + 20_000);
+        assert_eq!(r.rate(), None, "two READs back of twenty");
+        // A run of drops: most READs come back.
+        for k in 0..6 {
+            r.on_repeat(now + 30_000 + k * 1000);
+        }
         let cut = r.rate().unwrap();
-        assert!((80_000_000..95_000_000).contains(&cut), "{cut}");
-        r.on_repeat(2_500_000);
+        assert!((85_000_000..95_000_000).contains(&cut), "{cut}");
+        r.on_repeat(now + 50_000);
         assert_eq!(r.rate(), Some(cut), "once per interval");
-        r.on_sent(3_100_000, 1000);
+        r.on_sent(now + 900_000, 1000, false);
         assert!(r.rate().unwrap() > cut);
         assert_eq!(r.cuts, 1);
+    }
+
+    #[test]
+    fn an_idle_responder_measures_only_its_busy_time() {
+        let mut r = ResponseRate::default();
+        // 1 MiB READs at 819 MB/s every 50 ms (a ping-pong's rendezvous reads).
+        for k in 0..10u64 {
+            for i in 0..256u64 {
+                r.on_sent(k * 50_000_000 + i * 5_000, 4096, i == 0);
+            }
+        }
+        let now = 10 * 50_000_000;
+        r.on_sent(now, 4096, true);
+        for k in 0..5 {
+            r.on_repeat(now + 1000 * k);
+        }
+        // Cut from what was sent while sending, not from 1 MiB per 50 ms (21 MB/s).
+        let cut = r.rate().unwrap();
+        assert!((500_000_000..600_000_000).contains(&cut), "{cut}");
     }
 }

@@ -4,37 +4,43 @@
 
 use std::collections::VecDeque;
 
+use super::RttSample;
 use crate::verbs::{Nanos, Psn};
 
 /// Most send times kept: one per ACK request in flight (a 1024-PSN window asks every
 /// 32 packets, or once per message); older ones are dropped, costing only samples.
 const MAX_SAMPLES: usize = 256;
 
-/// Send times of packets in flight that ask for an ACK, in PSN order.
+/// Send times of packets in flight that ask for an ACK, in PSN order, each with
+/// whether the requester had nothing more to send after it (`RttSample::app_limited`).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RttSampler {
-    sent: VecDeque<(Psn, Nanos)>,
+    sent: VecDeque<(Psn, Nanos, bool)>,
 }
 
 impl RttSampler {
-    /// A first transmission of `psn` that asks for an ACK, at `now`.
-    pub fn on_sent(&mut self, psn: Psn, now: Nanos) {
+    /// A first transmission of `psn` that asks for an ACK, at `now`; `app_limited`: the
+    /// last packet the requester had to send.
+    pub fn on_sent(&mut self, psn: Psn, now: Nanos, app_limited: bool) {
         if self.sent.len() >= MAX_SAMPLES {
             self.sent.pop_front();
         }
-        self.sent.push_back((psn, now));
+        self.sent.push_back((psn, now, app_limited));
     }
 
     /// Everything before `una` is acknowledged at `now`: the round trip of the newest
     /// packet that covers (the fresher sample; older ones waited behind it).
-    pub fn on_acked(&mut self, una: Psn, now: Nanos) -> Option<Nanos> {
+    pub fn on_acked(&mut self, una: Psn, now: Nanos) -> Option<RttSample> {
         let mut rtt = None;
-        while let Some(&(psn, at)) = self.sent.front() {
+        while let Some(&(psn, at, app_limited)) = self.sent.front() {
             if !psn.is_before(una) {
                 break;
             }
             self.sent.pop_front();
-            rtt = Some(now.saturating_sub(at));
+            rtt = Some(RttSample {
+                rtt: now.saturating_sub(at),
+                app_limited,
+            });
         }
         rtt
     }
@@ -52,11 +58,18 @@ mod tests {
     #[test]
     fn matches_acks_by_psn_across_the_wrap() {
         let mut s = RttSampler::default();
-        s.on_sent(Psn::new(0xff_fffe), 100);
-        s.on_sent(Psn::new(2), 300);
-        s.on_sent(Psn::new(10), 400);
+        s.on_sent(Psn::new(0xff_fffe), 100, false);
+        s.on_sent(Psn::new(2), 300, true);
+        s.on_sent(Psn::new(10), 400, false);
         assert_eq!(s.on_acked(Psn::new(0xff_fffe), 500), None);
-        assert_eq!(s.on_acked(Psn::new(3), 1000), Some(700));
+        let got = s.on_acked(Psn::new(3), 1000);
+        assert_eq!(
+            got,
+            Some(RttSample {
+                rtt: 700,
+                app_limited: true
+            })
+        );
         s.clear();
         assert_eq!(s.on_acked(Psn::new(11), 2000), None);
     }
