@@ -991,10 +991,15 @@ impl Engine {
 
     /// Every QP's multipath figures, in QPN order.
     pub fn mp_all(&self) -> Vec<(Qpn, MpStats)> {
+        self.per_qp(Qp::mp_stats)
+    }
+
+    /// `figures` of every QP that has them, in QPN order.
+    fn per_qp<T>(&self, figures: impl Fn(&Qp) -> Option<T>) -> Vec<(Qpn, T)> {
         let mut v: Vec<_> = self
             .qps
             .values()
-            .filter_map(|qp| Some((qp.qpn_t(), qp.mp_stats()?)))
+            .filter_map(|qp| Some((qp.qpn_t(), figures(qp)?)))
             .collect();
         v.sort_by_key(|(q, _)| q.value());
         v
@@ -1164,13 +1169,7 @@ impl Engine {
 
     /// Every RC QP's congestion control figures (those whose controller started).
     pub fn cc_stats(&self) -> Vec<(Qpn, crate::cc::CcStats)> {
-        let mut v: Vec<_> = self
-            .qps
-            .values()
-            .filter_map(|qp| Some((qp.qpn_t(), qp.cc_stats()?)))
-            .collect();
-        v.sort_by_key(|(q, _)| q.value());
-        v
+        self.per_qp(Qp::cc_stats)
     }
 
     /// A QP's congestion control figures (None: no such QP, or no controller yet).
