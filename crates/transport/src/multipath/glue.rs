@@ -87,13 +87,17 @@ impl Qp {
         })
     }
 
-    /// Our local addresses for multipath (configured, else every GID's).
+    /// Our local addresses for multipath: every GID's, or those of them configured (a
+    /// configured address the device does not serve is not ours to advertise).
     fn mp_local_addrs(&self, ctx: &Ctx<'_>) -> Vec<IpAddr> {
-        let mut v: Vec<IpAddr> = if ctx.cfg.mp.addrs.is_empty() {
-            ctx.cfg.gids.iter().map(|g| g.to_ip()).collect()
-        } else {
-            ctx.cfg.mp.addrs.clone()
-        };
+        let allowed = &ctx.cfg.mp.addrs;
+        let mut v: Vec<IpAddr> = ctx
+            .cfg
+            .gids
+            .iter()
+            .map(|g| g.to_ip())
+            .filter(|ip| allowed.is_empty() || allowed.iter().any(|a| same_ip(*a, *ip)))
+            .collect();
         let primary = self.path.src;
         v.retain(|a| usable(*a, primary));
         // The address vector's own source first.

@@ -94,6 +94,17 @@
 //! has (`responder::OOO_MAX` packets and `OOO_WINDOW` PSNs per QP,
 //! `DEVICE_OOO_BYTES` per device); the requester never has more than
 //! `requester::MAX_UNACKED_PSNS` in flight, so everything in flight can be kept.
+//!
+//! # Known limits
+//! - Congestion control (`cc`) keeps one window and one pacer per QP. On a multipath
+//!   QP they hold the sum of the paths to about one path's rate, and the lowest-RTT
+//!   path takes nearly all of it. Without `cc`, the per-path windows do spread the load
+//!   (2 × 1 Gb/s token buckets: 1.2–1.3 Gb/s). But they react only to loss, so a token
+//!   bucket's tail drops fail and readmit paths over and over. The next step is a
+//!   delay controller and pacer per path, behind `cc`'s `CongestionControl`.
+//! - Loss detection waits for the round trip's variation. On a loaded host that makes
+//!   the longest stall after a silent cut tens of milliseconds, not the one round trip
+//!   of the simulated tests.
 
 mod board;
 mod glue;
