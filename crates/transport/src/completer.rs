@@ -8,7 +8,7 @@ use softhca_wire::{AethKind, Headers, NakCode};
 
 use crate::qp::{wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
-use crate::responder::{OOO_MAX, OOO_NAK_DELAY_NS, OOO_WINDOW};
+use crate::responder::{OOO_MAX, OOO_WINDOW};
 use crate::timers::{ack_timeout_ns, quiet_wait, rnr_timer_ns, rtt_update};
 use crate::verbs::*;
 
@@ -33,6 +33,9 @@ impl Qp {
             return;
         }
         let psn = h.bth.psn;
+        if h.bth.opcode.is_read_response() && self.req.reorder.on_packet(psn, ctx.now) {
+            ctx.counters.reorder_spurious += 1;
+        }
         // Only PSNs in [una, max_sent) can be answered; older ones are stale duplicates.
         if psn.is_before(self.req.una) || psn.diff(self.req.max_sent) >= 0 {
             return;
@@ -224,11 +227,19 @@ impl Qp {
         if w.wr.opcode != WrOpcode::RdmaRead || w.done {
             return;
         }
-        if psn == w.first_psn && self.req.last_retransmit_at.is_none_or(|t| w.sent_at > t) {
-            // A READ's first response: a round-trip sample (see `complete_sends`), the
+        if w.rtt_sample {
+            // A READ's first answer: a round-trip sample (see `complete_sends`), the
             // first one a connection gets when it starts with a window of READs.
-            self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
+            let rtt = ctx.now.saturating_sub(w.sent_at);
+            self.req.srtt = rtt_update(self.req.srtt, rtt);
+            self.req.reorder.on_rtt(rtt);
+            if let Some(w) = self.req.sq.get_mut(idx) {
+                w.rtt_sample = false;
+            }
         }
+        let Some(w) = self.req.sq.get(idx) else {
+            return;
+        };
         let d = psn.diff(w.read_next_psn);
         if d < 0 {
             return; // duplicate response
@@ -246,7 +257,7 @@ impl Qp {
             // Reordering tolerance (as the responder's, see responder::on_rc): each
             // READ response says where its data goes, so an early one is placed now
             // and counted when the gap before it fills; only a gap that stays open
-            // OOO_NAK_DELAY_NS is a loss and resends the READ from there.
+            // the reordering window is a loss and resends the READ from there.
             let una = self.req.una;
             let slot = self
                 .req
@@ -259,7 +270,7 @@ impl Qp {
                     self.req.read_early.insert(i, psn);
                     ctx.counters.ooo_buffered += 1;
                     if self.req.read_gap_at.is_none() {
-                        self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+                        self.req.read_gap_at = Some(ctx.now + self.req.reorder.wait());
                     }
                 }
             }
@@ -357,7 +368,7 @@ impl Qp {
         } else if self.req.read_gap_at.is_none() || self.req.una != una_before {
             // A gap is still open in front of placed responses (after progress, or
             // after a resend that did not fill it yet): give it its full time again.
-            self.req.read_gap_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+            self.req.read_gap_at = Some(ctx.now + self.req.reorder.wait());
         }
     }
 
@@ -366,6 +377,7 @@ impl Qp {
         match self.req.read_gap_at {
             Some(t) if t <= ctx.now => {
                 self.req.read_gap_at = None;
+                let opened_at = t.saturating_sub(self.req.reorder.wait());
                 // Early responses stay placed: when the resent range fills the gap,
                 // una jumps over them.
                 match self.read_holes() {
@@ -375,6 +387,11 @@ impl Qp {
                         // is lost too, the quiet timer notices (see `MAX_QUIET_RESENDS`).
                         if let Some((&(_, from), more)) = holes.split_first() {
                             if self.retransmit_from(ctx, from, LossCause::ReadHole) {
+                                self.req.reorder.on_asked(from, opened_at);
+                                // RACK (RFC 8985 6.3): the resent request gets a round
+                                // trip and the reordering window before it counts lost.
+                                let wait = self.req.srtt + self.req.reorder.wait();
+                                self.req.read_gap_at = Some(ctx.now + wait);
                                 self.rerequest_reads(ctx, more);
                             }
                         }
@@ -462,7 +479,9 @@ impl Qp {
             if self.req.last_retransmit_at.is_none_or(|t| w.sent_at > t) {
                 // Sent once and acknowledged: a round-trip sample (Karn: none from
                 // anything a retransmission may have answered).
-                self.req.srtt = rtt_update(self.req.srtt, ctx.now.saturating_sub(w.sent_at));
+                let rtt = ctx.now.saturating_sub(w.sent_at);
+                self.req.srtt = rtt_update(self.req.srtt, rtt);
+                self.req.reorder.on_rtt(rtt);
             }
             if !self.req.probe_next.is_empty() {
                 if self.req.send_idx == 0 {

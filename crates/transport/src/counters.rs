@@ -53,6 +53,9 @@ counters! {
     /// READs re-requested alone (after a timeout, a silence or a hole in their
     /// responses) instead of going back N (a responder replays every READ asked again).
     read_probe,
+    /// Resends asked for (a READ asked again, a sequence NAK) that proved needless: the
+    /// late first copy arrived, then the resent one (each widens the reordering window).
+    reorder_spurious,
     /// Resends after the responder fell silent during a retransmission (the
     /// retransmission or its answer was lost too).
     quiet_resend,

@@ -552,6 +552,7 @@ impl Engine {
             npkts: 0,
             read_next_psn: Psn::default(),
             done: false,
+            rtt_sample: false,
             status: local,
         });
         sync(qp, &mut ctx, ready, timers);

@@ -424,6 +424,7 @@ impl Qp {
         let npkts = w.psns_at(mtu);
         w.started = true;
         w.sent_at = ctx.now;
+        w.rtt_sample = true;
         w.first_psn = self.req.next_psn;
         w.read_next_psn = w.first_psn;
         w.npkts = npkts;
@@ -605,8 +606,11 @@ impl Qp {
     }
 
     fn advance_request(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan) {
-        if self.req.resend_at.take().is_some() {
+        if let Some((idx, _)) = self.req.resend_at.take() {
             // A selective resend: the send position stays.
+            if let Some(w) = self.req.sq.get_mut(idx) {
+                w.rtt_sample = false;
+            }
             self.mp_sent(ctx, plan, true);
             let resent = (plan.hdr.bth.psn, plan.wire_len() as u64, true);
             self.cc_request_sent(ctx.cfg, ctx.now, resent);
@@ -625,6 +629,9 @@ impl Qp {
         let Some(w) = self.req.sq.get_mut(idx) else {
             return;
         };
+        if plan.hdr.bth.psn.is_before(self.req.max_sent) {
+            w.rtt_sample = false;
+        }
         // A READ request occupies the PSNs of all its responses.
         let next = if w.wr.opcode == WrOpcode::RdmaRead {
             w.last_psn().next()
@@ -702,6 +709,14 @@ impl Qp {
     /// Returns whether a retransmission started (not a repeated signal, not out of
     /// retries).
     pub fn retransmit_from(&mut self, ctx: &mut Ctx<'_>, psn: Psn, cause: LossCause) -> bool {
+        tracing::trace!(
+            ?cause,
+            psn = psn.value(),
+            una = self.req.una.value(),
+            now = ctx.now,
+            reorder_wait = self.req.reorder.wait(),
+            "loss signal"
+        );
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return false;
         };

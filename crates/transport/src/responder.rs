@@ -28,8 +28,6 @@ pub(crate) struct RxMeta {
 pub(crate) const OOO_MAX: usize = 1024;
 /// Only packets less than this far ahead of the expected PSN are kept.
 pub(crate) const OOO_WINDOW: i32 = 1024;
-/// A gap still open this long after the first packet behind it arrived is a loss.
-pub(crate) const OOO_NAK_DELAY_NS: u64 = 1_000_000;
 /// Times the sequence NAK of one gap is repeated while the gap stays open and the
 /// requester has sent nothing for 4 round trips (at least 1 ms), then twice that
 /// (`timers::quiet_wait`). IBTA C9-88 sends one NAK per gap and lets the requester's
@@ -151,6 +149,9 @@ impl Qp {
     /// expected one executes, then the kept requests its arrival lets through.
     fn on_rc(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
         self.resp.last_rx_at = ctx.now;
+        if self.resp.reorder.on_packet(h.bth.psn, ctx.now) {
+            ctx.counters.reorder_spurious += 1;
+        }
         let d = h.bth.psn.diff(self.resp.epsn);
         if d > 0 {
             self.on_early(ctx, h, payload, d);
@@ -212,10 +213,15 @@ impl Qp {
                 }
             };
         if !self.resp.nak_sent {
-            if !kept || d >= OOO_NAK_AFTER {
+            if self.resp.gap_nak_at.is_none() {
+                self.resp.gap_since = ctx.now;
+                self.resp.gap_nak_at = Some(ctx.now + self.resp.reorder.wait());
+            }
+            // Once the path has shown reordering, only time decides (RFC 8985 drops
+            // the duplicate threshold the same way).
+            let count_says_lost = d >= OOO_NAK_AFTER && self.resp.reorder.spurious == 0;
+            if !kept || count_says_lost {
                 self.nak_gap(ctx);
-            } else if self.resp.gap_nak_at.is_none() {
-                self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
             }
         }
     }
@@ -255,7 +261,8 @@ impl Qp {
             }
         } else if !self.resp.nak_sent && self.resp.gap_nak_at.is_none() {
             // Another gap behind the one that filled: its reorder delay starts now.
-            self.resp.gap_nak_at = Some(ctx.now + OOO_NAK_DELAY_NS);
+            self.resp.gap_since = ctx.now;
+            self.resp.gap_nak_at = Some(ctx.now + self.resp.reorder.wait());
         }
     }
 
@@ -264,6 +271,8 @@ impl Qp {
     fn nak_gap(&mut self, ctx: &mut Ctx<'_>) {
         if !self.resp.nak_sent {
             self.resp.nak_at = ctx.now;
+            let since = self.resp.gap_since;
+            self.resp.reorder.on_asked(self.resp.epsn, since);
         }
         self.resp.nak_sent = true;
         let rtt = self.req.srtt.max(self.resp.nak_rtt);
@@ -281,7 +290,7 @@ impl Qp {
         self.queue_ack(e, AethKind::Nak(NakCode::PsnSequenceError));
     }
 
-    /// The reorder timer: a gap still open after `OOO_NAK_DELAY_NS` is a loss.
+    /// The reorder timer: a gap still open for the reordering window is a loss.
     pub(crate) fn on_gap_timer(&mut self, ctx: &mut Ctx<'_>) {
         match self.resp.gap_nak_at {
             Some(t) if t <= ctx.now => {

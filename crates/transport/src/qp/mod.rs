@@ -13,7 +13,7 @@ use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::multipath::{MpPacket, Multipath};
 use crate::path::Path;
-use crate::recovery::GoBackN;
+use crate::recovery::{GoBackN, ReorderWindow};
 use crate::verbs::*;
 
 /// Everything outside the QP that QP logic touches while handling an event.
@@ -101,6 +101,10 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// When that was (a round-trip sample when it completes, see `Requester::srtt`).
     pub sent_at: Nanos,
+    /// Its first answer is still a round-trip sample: sent once, and nothing of it
+    /// answered yet (Karn's rule per WQE: a READ whose responses were reordered and
+    /// that was asked again gives none, but the READs after it still do).
+    pub rtt_sample: bool,
     pub first_psn: Psn,
     /// PSNs the WQE occupies (READ: response packets).
     pub npkts: u32,
@@ -189,6 +193,9 @@ pub(crate) struct Requester {
     pub read_early: VecDeque<Psn>,
     /// When to resend from the missing READ response if the gap has not filled.
     pub read_gap_at: Option<Nanos>,
+    /// How long a gap in READ responses may stay open before it is a loss (see
+    /// `completer::read_reorder_wait`).
+    pub reorder: ReorderWindow,
     /// SQD: notify when drained.
     pub sqd_notify: bool,
     /// Multipath: the packet being planned is a selective resend of this WQE (index in
@@ -265,6 +272,10 @@ pub(crate) struct Responder {
     /// When to NAK the gap in front of `ooo` if it has not filled by then (or, after
     /// the NAK, to repeat it, see `responder::MAX_NAK_REPEATS`).
     pub gap_nak_at: Option<Nanos>,
+    /// When the gap in front of `ooo` opened.
+    pub gap_since: Nanos,
+    /// How long a gap may stay open before its sequence NAK.
+    pub reorder: ReorderWindow,
     /// Sequence NAKs repeated for the gap at `epsn`.
     pub nak_repeats: u8,
     /// When the gap's first sequence NAK left (0: none, or an RNR NAK).
