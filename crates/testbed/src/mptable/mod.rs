@@ -55,6 +55,10 @@ pub struct MpTableArgs {
     /// softhca without congestion control (by default every softhca process has it).
     #[arg(long)]
     no_cc: bool,
+    /// Base name of the test beds: namespaces NAME2-a/-b (two paths) and NAME4-a/-b (four
+    /// paths), so that two tables can run side by side under different names.
+    #[arg(long, default_value = "mpbt")]
+    name: String,
     /// Also write the table as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -149,8 +153,9 @@ pub fn run(a: MpTableArgs) -> Result<(), String> {
     };
     let gbit = 1_000_000_000;
     if table.wants("agg2") {
-        let mut p = Paths::up("mpbt2", &[gbit; 2]).map_err(|e| e.to_string())?;
-        let view = Paths::attach("mpbt2").map_err(|e| e.to_string())?;
+        let name2 = format!("{}2", a.name);
+        let mut p = Paths::up(&name2, &[gbit; 2]).map_err(|e| e.to_string())?;
+        let view = Paths::attach(&name2).map_err(|e| e.to_string())?;
         let bed = bed(&a, &view, &softhca, &me);
         table.row(
             "agg2",
@@ -159,9 +164,10 @@ pub fn run(a: MpTableArgs) -> Result<(), String> {
             |t| bulk_cell(&bed, &mut p, t, a.seconds),
         );
     }
-    let mut p = Paths::up("mpbt4", &[gbit; 4]).map_err(|e| e.to_string())?;
+    let name4 = format!("{}4", a.name);
+    let mut p = Paths::up(&name4, &[gbit; 4]).map_err(|e| e.to_string())?;
     table.say(&format!(
-        "4 paths of 1 Gb/s up (mpbt4-a, mpbt4-b); softhca {}",
+        "4 paths of 1 Gb/s up ({name4}-a, {name4}-b); softhca {}",
         softhca.display()
     ));
     rows_on_four(&mut table, &mut p, &softhca, &me);
@@ -201,7 +207,7 @@ fn rows_on_four(
     let a = table.a;
     // `Bed` borrows the paths read-only for addresses; faults need them mutable, so
     // each flow gets a fresh view of the same namespaces.
-    let Ok(view) = Paths::attach("mpbt4") else {
+    let Ok(view) = Paths::attach(&format!("{}4", a.name)) else {
         table.say("the paths just built are gone");
         return;
     };
