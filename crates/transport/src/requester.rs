@@ -281,7 +281,7 @@ impl Qp {
             });
             (path.src, path.dst, path.sport)
         } else if self.mp_active() {
-            let (i, p) = self.mp_request_path()?;
+            let (i, p) = self.mp_request_path(ctx.now)?;
             path_idx = i;
             (p.src, p.dst, p.sport)
         } else {
@@ -297,7 +297,7 @@ impl Qp {
             let every = self.cc_ack_every(ctx.cfg).min(ACK_EVERY);
             hdr.bth.ack_req = last
                 || self.req.pkts_since_ack_req + 1 >= every
-                || self.cc_window_closes_at(ctx.cfg, psn)
+                || self.cc_window_closes_at(ctx.cfg, psn, path_idx)
                 || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
@@ -491,7 +491,7 @@ impl Qp {
                 }
                 self.advance_response(n as u64);
                 if self.mp_active() {
-                    self.mp_sent(ctx, plan, false);
+                    self.mp_sent(ctx, plan, false, false);
                 }
                 let op = plan.hdr.bth.opcode;
                 if op.is_read_response() {
@@ -611,7 +611,7 @@ impl Qp {
             if let Some(w) = self.req.sq.get_mut(idx) {
                 w.rtt_sample = false;
             }
-            self.mp_sent(ctx, plan, true);
+            self.mp_sent(ctx, plan, true, false);
             let resent = (plan.hdr.bth.psn, plan.wire_len() as u64, true);
             self.cc_request_sent(ctx.cfg, ctx.now, resent);
             self.req.last_retransmit_at = Some(ctx.now);
@@ -619,9 +619,6 @@ impl Qp {
                 self.req.rto = self.rto_deadline(ctx.now);
             }
             return;
-        }
-        if self.mp_active() {
-            self.mp_sent(ctx, plan, false);
         }
         let ty = self.init.qp_type;
         let idx = self.req.send_idx;
@@ -667,6 +664,11 @@ impl Qp {
             }
         }
         let ack_req = ty == QpType::Rc && plan.hdr.bth.ack_req;
+        if self.mp_active() {
+            // After the send position moved: whether anything is left to send.
+            let app_limited = ack_req && self.req.send_idx >= self.req.sq.len();
+            self.mp_sent(ctx, plan, false, app_limited);
+        }
         let sent = (plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
         self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
@@ -737,7 +739,8 @@ impl Qp {
             ctx.counters.completer_retry_err += 1;
         }
         self.cc_loss(ctx, cause);
-        if matches!(cause, LossCause::Timeout | LossCause::Quiet) && self.mp_resend_all(from) {
+        if matches!(cause, LossCause::Timeout | LossCause::Quiet) && self.mp_resend_all(ctx.now, from, cause == LossCause::Timeout)
+        {
             // Multipath: everything unacknowledged and not held by the responder goes
             // again, alone, on the paths that work; the send position stays.
             if cause == LossCause::Timeout {

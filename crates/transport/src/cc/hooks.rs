@@ -39,7 +39,7 @@ impl Qp {
     /// there is no link to congest, only socket buffers, which the device budget
     /// bounds; its round trip is the two processes' scheduling, and taking that for
     /// queueing halved 64 KiB WRITE bandwidth on loopback.
-    fn cc_on(&self, ctx: &Ctx<'_>) -> bool {
+    pub(crate) fn cc_on(&self, ctx: &Ctx<'_>) -> bool {
         let dst = self.path.dst.ip();
         self.init.qp_type == QpType::Rc
             && ctx.cfg.cc != CcAlgorithm::Off
@@ -57,6 +57,7 @@ impl Qp {
             return true;
         }
         let mtu = self.mtu(ctx.cfg);
+        let per_path = self.mp_paths_cc();
         let cc = &mut self.cc;
         if cc.ctl.is_none() {
             cc.ctl = new_controller(ctx.cfg.cc, mtu);
@@ -64,6 +65,13 @@ impl Qp {
         let Some(ctl) = cc.ctl.as_ref() else {
             return true;
         };
+        if per_path {
+            // Each path's own window and pacer decide (`mp_request_path`); the QP's
+            // would hold the sum of the paths to one path's rate.
+            cc.window_blocked = false;
+            cc.pace_at = None;
+            return true;
+        }
         let ahead = psn.diff(self.req.una);
         // READ responses placed ahead of a hole have arrived: they are not in flight
         // (what SACK tells TCP; here the requester saw them itself). Without this, one
@@ -114,6 +122,9 @@ impl Qp {
     /// How many request packets may go without asking for an ACK: half the window,
     /// but not under [`MIN_ACK_EVERY`] (a 64 KiB message then asks once, as without).
     pub(crate) fn cc_ack_every(&self, cfg: &EngineConfig) -> u32 {
+        if let Some(w) = self.mp_least_window() {
+            return (w / 2).max(MIN_ACK_EVERY as u32);
+        }
         match self.cc.ctl.as_ref() {
             Some(ctl) => {
                 (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
@@ -122,8 +133,12 @@ impl Qp {
         }
     }
 
-    /// Whether request packet `psn` is the last one the window lets go.
-    pub(crate) fn cc_window_closes_at(&self, cfg: &EngineConfig, psn: Psn) -> bool {
+    /// Whether request packet `psn`, going on multipath path `path`, is the last one
+    /// the window (the path's, with a controller per path) lets go.
+    pub(crate) fn cc_window_closes_at(&self, cfg: &EngineConfig, psn: Psn, path: u8) -> bool {
+        if let Some(closes) = self.mp_window_closes(path) {
+            return closes;
+        }
         self.cc.ctl.as_ref().is_some_and(|ctl| {
             let after = u64::from(psn.diff(self.req.una).max(0) as u32) + 2;
             after * self.mtu(cfg) > ctl.window()

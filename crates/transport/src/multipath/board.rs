@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::cc::RttSample;
 use crate::verbs::{Nanos, Psn};
 
 use super::paths::PathState;
@@ -31,6 +32,8 @@ pub(crate) struct Sent {
     pub at: Nanos,
     /// Resent at least once (no RTT sample from it: Karn).
     pub resent: bool,
+    /// The last packet the requester had to send (`RttSample::app_limited`).
+    pub app_limited: bool,
 }
 
 const UNTRACKED: Sent = Sent {
@@ -39,6 +42,7 @@ const UNTRACKED: Sent = Sent {
     seq: 0,
     at: 0,
     resent: false,
+    app_limited: false,
 };
 
 /// Records from `base` (the oldest unacknowledged PSN) on.
@@ -71,7 +75,14 @@ impl Board {
     /// Record that `psn` left on `path` at `now` as its `seq`-th packet there: None if
     /// it lies before the records (sent before multipath started), else the path of
     /// its previous transmission if that one was still counted in flight.
-    pub fn record(&mut self, psn: Psn, path: u8, seq: u32, now: Nanos) -> Option<Option<u8>> {
+    pub fn record(
+        &mut self,
+        psn: Psn,
+        path: u8,
+        seq: u32,
+        now: Nanos,
+        app_limited: bool,
+    ) -> Option<Option<u8>> {
         if self.sent.is_empty() {
             self.base = psn;
         }
@@ -89,6 +100,7 @@ impl Board {
             seq,
             at: now,
             resent,
+            app_limited,
         };
         prev
     }
@@ -240,12 +252,17 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
 
 fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
+        let rtt = now.saturating_sub(s.at);
         if in_flight && !s.resent {
-            p.on_rtt(now.saturating_sub(s.at));
+            p.on_rtt(rtt);
             p.data_rtt = true;
         }
         if in_flight {
-            p.on_acked((!s.resent).then_some(s.seq), now);
+            let sample = (!s.resent).then_some(RttSample {
+                rtt,
+                app_limited: s.app_limited,
+            });
+            p.on_acked((!s.resent).then_some(s.seq), now, sample);
         } else {
             p.alive_at = now;
         }
@@ -273,7 +290,7 @@ mod tests {
         let mut ps = paths(2);
         let mut b = Board::default();
         for i in 0..5u32 {
-            b.record(Psn::new(100 + i), 0, i + 1, 1000 + u64::from(i));
+            b.record(Psn::new(100 + i), 0, i + 1, 1000 + u64::from(i), false);
             ps[0].inflight += 1;
         }
         // 101..=104 held: 100 has three later packets on its path acknowledged.
@@ -293,9 +310,9 @@ mod tests {
     fn a_silent_path_loses_by_time_and_failing_it_moves_its_packets() {
         let mut ps = paths(2);
         let mut b = Board::default();
-        b.record(Psn::new(0), 1, 1, 0);
-        b.record(Psn::new(1), 1, 2, 0);
-        b.record(Psn::new(2), 0, 1, 10);
+        b.record(Psn::new(0), 1, 1, 0, false);
+        b.record(Psn::new(1), 1, 2, 0, false);
+        b.record(Psn::new(2), 0, 1, 10, false);
         ps[1].inflight = 2;
         ps[0].inflight = 1;
         b.sack(Psn::new(2), Psn::new(2), &mut ps, 20_000);
@@ -305,8 +322,8 @@ mod tests {
         assert_eq!(f.next_check, Some(wait));
         let f = b.detect(&mut ps, wait);
         assert_eq!(f.lost, vec![Psn::new(0), Psn::new(1)]);
-        assert_eq!(ps[1].loss_run, 2);
-        b.record(Psn::new(0), 0, 2, wait);
+        assert_eq!(ps[1].losses, 2);
+        b.record(Psn::new(0), 0, 2, wait, false);
         assert!(b.fail_path(0, &mut ps).contains(&Psn::new(0)));
     }
 }

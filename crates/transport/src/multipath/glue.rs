@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use softhca_wire::{Aeth, Bth, Headers, Opcode};
 
+use crate::cc::{new_controller, Congestion};
 use crate::path::Path;
 use crate::qp::{Ctx, Qp};
 use crate::recovery::LossCause;
@@ -12,10 +13,10 @@ use crate::requester::{TxPlan, TxSource};
 use crate::verbs::*;
 
 use super::board::Found;
-use super::paths::best;
+use super::paths::{best, paced_until, reorder_floor};
 use super::wire::{self as mpw, Hello, Probe, Sack};
 use super::{
-    MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, FAIL_LOSSES, HELLO_TRIES,
+    MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, HELLO_TRIES,
     KEEPALIVE_NS, MAX_PATHS, PROBE_MISSES,
 };
 
@@ -80,6 +81,31 @@ impl Qp {
         self.mp.as_ref().is_some_and(|m| m.active)
     }
 
+    /// Whether data uses the path table with a congestion controller per path.
+    #[inline]
+    pub(crate) fn mp_paths_cc(&self) -> bool {
+        self.mp
+            .as_ref()
+            .is_some_and(|m| m.active && m.paths.first().is_some_and(|p| p.cc.is_some()))
+    }
+
+    /// The least window of the active paths, in packets, with a controller per path.
+    pub(crate) fn mp_least_window(&self) -> Option<u32> {
+        let m = self.mp.as_deref().filter(|_| self.mp_paths_cc())?;
+        m.paths
+            .iter()
+            .filter(|p| p.status == PathStatus::Active)
+            .map(PathState::window)
+            .min()
+    }
+
+    /// With a controller per path: whether one more packet on `path` fills its window.
+    pub(crate) fn mp_window_closes(&self, path: u8) -> Option<bool> {
+        let m = self.mp.as_deref().filter(|_| self.mp_paths_cc())?;
+        let p = m.paths.get(usize::from(path))?;
+        Some(p.inflight + 2 > p.window())
+    }
+
     /// Whether a request from `src` belongs to this QP's peer by way of the extension.
     pub(crate) fn mp_accepts(&self, src: IpAddr) -> bool {
         self.mp.as_ref().is_some_and(|m| {
@@ -137,6 +163,8 @@ impl Qp {
         let local = self.mp_local_addrs(ctx);
         let primary = self.path;
         let now = ctx.now;
+        let cc = self.cc_on(ctx).then_some(ctx.cfg.cc);
+        let mtu = self.mtu(ctx.cfg);
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
@@ -179,6 +207,14 @@ impl Qp {
             }
         }
         m.active = paths.len() > 1;
+        if let Some(alg) = cc.filter(|_| m.active) {
+            // Each path its own window and pacing from its own round trips and losses:
+            // one controller for the QP held the sum of the paths to one path's rate.
+            for p in &mut paths {
+                p.mtu = mtu;
+                p.cc = new_controller(alg, mtu);
+            }
+        }
         m.paths = paths;
     }
 
@@ -197,6 +233,15 @@ impl Qp {
         if m.active {
             if let Some(l) = m.loss_at {
                 min(l);
+            }
+            if let Some(l) = m.pace_at {
+                min(l);
+            }
+            let floor = reorder_floor(&m.paths);
+            for p in m.paths.iter().filter(|p| p.status == PathStatus::Active) {
+                if let Some(at) = p.silent_at(floor) {
+                    min(at);
+                }
             }
             for p in &m.paths {
                 match p.probe {
@@ -234,7 +279,14 @@ impl Qp {
         if !m.active {
             return;
         }
-        if m.loss_at.is_some_and(|t| t <= now) {
+        if m.pace_at.is_some_and(|t| t <= now) {
+            m.pace_at = None;
+        }
+        let floor = reorder_floor(&m.paths);
+        let silent = m.paths.iter().any(|p| {
+            p.status == PathStatus::Active && p.silent_at(floor).is_some_and(|t| t <= now)
+        });
+        if silent || m.loss_at.is_some_and(|t| t <= now) {
             m.loss_at = None;
             self.mp_detect(ctx);
         }
@@ -331,13 +383,33 @@ impl Qp {
             .iter()
             .filter(|p| p.status == PathStatus::Active)
             .count();
-        let failing: Vec<usize> = m
-            .paths
+        // A path fails when it is silent while another one carries: losses alone are
+        // a full queue's (a token bucket drops runs of packets), its controller's
+        // business; failing the path for them failed and readmitted it over and over.
+        let floor = reorder_floor(&m.paths);
+        let paths = &m.paths;
+        let failing: Vec<usize> = paths
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.status == PathStatus::Active && p.loss_run >= FAIL_LOSSES)
+            .filter(|(i, p)| {
+                let Some((since, at)) = p.waiting_since.zip(p.silent_at(floor)) else {
+                    return false;
+                };
+                p.status == PathStatus::Active
+                    && at <= now
+                    && paths.iter().enumerate().any(|(j, q)| {
+                        j != *i && q.status == PathStatus::Active && q.alive_at > since
+                    })
+            })
             .map(|(i, _)| i)
             .collect();
+        // A path silent with no other carrying either is left to the retransmit timer;
+        // its silence is timed again from now (its deadline is not one in the past).
+        for p in m.paths.iter_mut().filter(|p| p.status == PathStatus::Active) {
+            if p.silent_at(floor).is_some_and(|t| t <= now) {
+                p.waiting_since = Some(now);
+            }
+        }
         if active > failing.len() {
             for i in failing {
                 self.mp_fail_path(ctx, i);
@@ -358,24 +430,24 @@ impl Qp {
 
     /// Choose the path of the next new request packet: None when every active path's
     /// window is full.
-    fn mp_pick(&mut self, avoid: Option<usize>) -> Option<usize> {
+    fn mp_pick(&mut self, avoid: Option<usize>, now: Nanos) -> Option<usize> {
         let m = self.mp.as_deref_mut()?;
         if let Some(c) = m.cur.filter(|_| avoid.is_none() && m.burst_left > 0) {
-            if m.paths
-                .get(c)
-                .is_some_and(|p| p.status == PathStatus::Active && p.room())
-            {
+            if m.paths.get(c).is_some_and(|p| p.sendable(now)) {
                 return Some(c);
             }
         }
-        if let Some(i) = best(&m.paths, avoid) {
+        if let Some(i) = best(&m.paths, avoid, now) {
             if avoid.is_none() {
                 m.cur = Some(i);
                 m.burst_left = BURST;
             }
+            m.pace_at = None;
             return Some(i);
         }
         if m.paths.iter().any(|p| p.status == PathStatus::Active) {
+            // Windows full (an acknowledgement reopens one) or pacers waiting.
+            m.pace_at = paced_until(&m.paths, now);
             return None;
         }
         // No path works: go on trying each in turn (the retransmit timer and the retry
@@ -390,8 +462,8 @@ impl Qp {
     }
 
     /// The path of the next new request packet, or None to wait for room.
-    pub(crate) fn mp_request_path(&mut self) -> Option<(u8, Path)> {
-        let i = self.mp_pick(None)?;
+    pub(crate) fn mp_request_path(&mut self, now: Nanos) -> Option<(u8, Path)> {
+        let i = self.mp_pick(None, now)?;
         let m = self.mp.as_deref()?;
         Some((i as u8, m.paths.get(i)?.path))
     }
@@ -441,8 +513,15 @@ impl Qp {
         m.paths.get(m.resp_rr).map_or(primary, |p| p.path)
     }
 
-    /// A packet of this QP's was built: count it to its path (requests: record it).
-    pub(crate) fn mp_sent(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan, resend: bool) {
+    /// A packet of this QP's was built: count it to its path (requests: record it;
+    /// `app_limited`: the last the requester had to send).
+    pub(crate) fn mp_sent(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        plan: &TxPlan,
+        resend: bool,
+        app_limited: bool,
+    ) {
         let now = ctx.now;
         let Some(m) = self.mp.as_deref_mut().filter(|m| m.active) else {
             return;
@@ -457,13 +536,15 @@ impl Qp {
         };
         p.pkts += 1;
         p.bytes += plan.wire_len() as u64;
+        p.on_sent(now, plan.wire_len() as u64);
         if resend {
             p.retransmits += 1;
             m.resends += 1;
             ctx.counters.mp_resent += 1;
         }
         let seq = p.next_seq;
-        if let Some(prev) = m.board.record(plan.hdr.bth.psn, plan.path, seq, now) {
+        let psn = plan.hdr.bth.psn;
+        if let Some(prev) = m.board.record(psn, plan.path, seq, now, app_limited) {
             p.next_seq += 1;
             p.inflight += 1;
             if let Some(q) = prev.and_then(|q| m.paths.get_mut(usize::from(q))) {
@@ -504,7 +585,7 @@ impl Qp {
                 self.retransmit_from(ctx, psn, LossCause::Quiet);
                 return Resend::None;
             }
-            let Some(path) = self.mp_pick(orig) else {
+            let Some(path) = self.mp_pick(orig, ctx.now) else {
                 return Resend::Blocked;
             };
             return match self.plan_at(ctx, idx, psn, path) {
@@ -639,7 +720,11 @@ impl Qp {
                             // are not taken for lost while it proves itself.
                             path.srtt = path.srtt.max(slowest);
                             path.rttvar = path.rttvar.max(path.srtt / 2);
-                            path.loss_run = 0;
+                            // Its controller starts over: what it knew of the path's
+                            // queue may be stale too.
+                            if path.cc.is_some() {
+                                path.cc = new_controller(ctx.cfg.cc, path.mtu);
+                            }
                         }
                         path.set_status(PathStatus::Active, now);
                     }
@@ -678,7 +763,7 @@ impl Qp {
     /// on that the responder does not hold, selectively. False when that cannot be
     /// done (not active, `from` before the scoreboard, or a READ or atomic there):
     /// then plain RC's go-back-N.
-    pub(crate) fn mp_resend_all(&mut self, from: Psn) -> bool {
+    pub(crate) fn mp_resend_all(&mut self, now: Nanos, from: Psn, timeout: bool) -> bool {
         let rd_atomic = self
             .req
             .sq
@@ -691,6 +776,13 @@ impl Qp {
             return false;
         }
         let lost = m.board.all_lost(from, &mut m.paths);
+        if timeout {
+            // Nothing came back on any path for a whole timeout: every path's
+            // controller starts low again.
+            for c in m.paths.iter_mut().filter_map(|p| p.cc.as_mut()) {
+                c.on_congestion(now, Congestion::Timeout);
+            }
+        }
         m.resend.clear();
         m.resend.extend(lost);
         m.cur = None;
@@ -703,6 +795,9 @@ impl Qp {
         if let Some(m) = self.mp.as_deref_mut() {
             m.resend.clear();
             m.board.clear(&mut m.paths);
+            for p in &mut m.paths {
+                p.waiting_since = None;
+            }
             m.cur = None;
         }
     }

@@ -154,8 +154,6 @@ pub(crate) const MAX_PATHS: usize = 16;
 pub(crate) const HELLO_TRIES: u8 = 5;
 /// The first negotiation retry; doubles.
 const HELLO_RETRY_NS: Nanos = 2_000_000;
-/// Losses in a row that fail a path.
-pub(crate) const FAIL_LOSSES: u32 = 3;
 /// Unanswered probes that fail a path.
 pub(crate) const PROBE_MISSES: u8 = 2;
 /// An active path is probed this often (ACK direction liveness).
@@ -213,6 +211,8 @@ pub(crate) struct Multipath {
     pub kept_since_sack: u32,
     /// When a loss may be declared by time (RACK timer).
     pub loss_at: Option<Nanos>,
+    /// Sending waits for a path's pacer until then.
+    pub pace_at: Option<Nanos>,
     /// Extension packets built and waiting for the engine to send.
     pub out: Vec<MpPacket>,
     pub sacks_sent: u64,
@@ -240,6 +240,7 @@ impl Multipath {
             sack_due: false,
             kept_since_sack: 0,
             loss_at: None,
+            pace_at: None,
             out: Vec::new(),
             sacks_sent: 0,
             sacks_rcvd: 0,
@@ -268,6 +269,8 @@ pub struct MpPathStats {
     pub srtt_ns: u64,
     /// Window in packets.
     pub cwnd: u32,
+    /// Pacing rate, bytes per second (0: not paced).
+    pub rate: u64,
     /// Packets in flight.
     pub inflight: u32,
     /// Request packets sent (first transmissions and retransmissions).
@@ -318,17 +321,18 @@ impl MpState {
 
 impl std::fmt::Display for MpPathStats {
     /// One line: `10.0.0.1 -> 10.0.1.2:4791 sport 49901 active srtt 84us cwnd 96
-    /// inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 changes 1 probes 4/4`.
+    /// rate 1.000 Gb/s inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 changes 1 probes 4/4`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} -> {} sport {} {} srtt {}us cwnd {} inflight {} pkts {} bytes {} lost {} (late {}) resent {} changes {} probes {}/{}",
+            "{} -> {} sport {} {} srtt {}us cwnd {} rate {:.3} Gb/s inflight {} pkts {} bytes {} lost {} (late {}) resent {} changes {} probes {}/{}",
             self.src,
             self.dst,
             self.sport,
             self.state,
             self.srtt_ns / 1000,
             self.cwnd,
+            self.rate as f64 * 8.0 / 1e9,
             self.inflight,
             self.pkts,
             self.bytes,

@@ -1,6 +1,7 @@
 //! Per-path state: status, round trip, window, probes, counters; and the choice of
 //! path for the next packet.
 
+use crate::cc::{Congestion, CongestionControl, Pacer, RttSample};
 use crate::path::Path;
 use crate::timers::rtt_update;
 use crate::verbs::Nanos;
@@ -40,7 +41,7 @@ impl PathStatus {
 }
 
 /// One path of a QP.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PathState {
     pub path: Path,
     pub status: PathStatus,
@@ -54,8 +55,17 @@ pub(crate) struct PathState {
     pub next_seq: u32,
     /// Highest sequence number acknowledged (0: none; numbers start at 1).
     pub acked_seq: u32,
-    /// Packets found lost in a row (reset by an acknowledged one).
-    pub loss_run: u32,
+    /// The path's congestion controller (`cc` on): its window and pacing rate replace
+    /// `cwnd`, from this path's own round trips and losses.
+    pub cc: Option<Box<dyn CongestionControl>>,
+    /// Paces this path's requests at its controller's rate.
+    pub pacer: Pacer,
+    /// Packet size the controller counts in.
+    pub mtu: u64,
+    /// Since when a packet sent on this path waits for an acknowledgement with none
+    /// come: set by a send with nothing in flight, moved by every acknowledgement of
+    /// one of its packets (None: nothing waits).
+    pub waiting_since: Option<Nanos>,
     /// The window was last cut for a packet sent before this time.
     pub cut_at: Nanos,
     /// Acknowledged packets since the window last grew (congestion avoidance).
@@ -105,7 +115,10 @@ impl PathState {
             inflight: 0,
             next_seq: 1,
             acked_seq: 0,
-            loss_run: 0,
+            cc: None,
+            pacer: Pacer::default(),
+            mtu: 4096,
+            waiting_since: None,
             cut_at: 0,
             acked_since_grow: 0,
             reo_extra: 0,
@@ -134,6 +147,7 @@ impl PathState {
         if self.status != s {
             self.status = s;
             self.state_changes += 1;
+            self.waiting_since = None;
             if s == PathStatus::Failed {
                 self.backoff = READMIT_FIRST_NS;
                 self.probe_at = now + self.backoff;
@@ -171,15 +185,20 @@ impl PathState {
     }
 
     /// A packet sent on this path was acknowledged; `seq` None when it had been sent
-    /// more than once (which copy arrived is unknown: no ordering information, Karn).
-    pub fn on_acked(&mut self, seq: Option<u32>, now: Nanos) {
+    /// more than once (which copy arrived is unknown: no ordering information, Karn),
+    /// `rtt` its round trip when it was sent once.
+    pub fn on_acked(&mut self, seq: Option<u32>, now: Nanos, rtt: Option<RttSample>) {
         self.inflight = self.inflight.saturating_sub(1);
         if let Some(seq) = seq {
             self.acked_seq = self.acked_seq.max(seq);
         }
-        self.loss_run = 0;
         self.alive_at = now;
+        self.waiting_since = (self.inflight > 0).then_some(now);
         self.reo_extra -= self.reo_extra / 256;
+        if let Some(ctl) = self.cc.as_mut() {
+            ctl.on_ack(now, self.mtu, rtt);
+            return;
+        }
         if self.cwnd < MAX_CWND {
             // One more packet per acknowledged one until the first cut (slow start),
             // one per window after it.
@@ -195,7 +214,12 @@ impl PathState {
     pub fn on_lost(&mut self, sent_at: Nanos, now: Nanos) {
         self.inflight = self.inflight.saturating_sub(1);
         self.losses += 1;
-        self.loss_run += 1;
+        if let Some(ctl) = self.cc.as_mut() {
+            // The controller tells a full queue (round trip over its target) from a
+            // lossy or cut link, and cuts at most once per round trip.
+            ctl.on_congestion(now, Congestion::Loss);
+            return;
+        }
         if now > self.last_loss_at + self.srtt.max(100_000) {
             self.round_losses = 0;
         }
@@ -221,7 +245,6 @@ impl PathState {
         self.spurious += 1;
         let step = (self.srtt / 4).max(100_000);
         self.reo_extra = (self.reo_extra + step).min((4 * self.srtt).max(4_000_000));
-        self.loss_run = self.loss_run.saturating_sub(1);
         if self.prior_cwnd > self.cwnd {
             self.cwnd = self.prior_cwnd;
         }
@@ -270,8 +293,50 @@ impl PathState {
         };
     }
 
+    /// The window in packets: the controller's, or the loss-driven `cwnd` without one.
+    pub fn window(&self) -> u32 {
+        match self.cc.as_ref() {
+            Some(ctl) => (ctl.window() / self.mtu.max(1)).clamp(1, MAX_CWND.into()) as u32,
+            None => self.cwnd,
+        }
+    }
+
     pub fn room(&self) -> bool {
-        self.inflight < self.cwnd
+        self.inflight < self.window()
+    }
+
+    /// When this path's pacer lets its next packet leave, if not now.
+    pub fn paced_until(&self, now: Nanos) -> Option<Nanos> {
+        let rate = self.cc.as_ref()?.pacing_rate()?;
+        if rate == 0 {
+            return None;
+        }
+        self.pacer.wait_until(now)
+    }
+
+    /// Whether a new packet may go on this path now: active, window and pacer allow.
+    pub fn sendable(&self, now: Nanos) -> bool {
+        self.status == PathStatus::Active && self.room() && self.paced_until(now).is_none()
+    }
+
+    /// A packet of `bytes` left on this path at `now`.
+    pub fn on_sent(&mut self, now: Nanos, bytes: u64) {
+        // Nothing in flight: the path was idle (or all it had was found lost and it
+        // was not chosen since); silence is timed from this packet.
+        if self.waiting_since.is_none() || self.inflight == 0 {
+            self.waiting_since = Some(now);
+        }
+        if let Some(rate) = self.cc.as_ref().and_then(|c| c.pacing_rate()) {
+            self.pacer.on_sent(now, bytes, rate);
+        }
+    }
+
+    /// When this path counts as silent: nothing it carried acknowledged for twice its
+    /// reorder wait (RACK-TLP's probe timeout, RFC 8985 7.2) since a packet began to
+    /// wait. A full queue that drops still lets most packets through, whose
+    /// acknowledgements move `waiting_since`; a cut or black hole lets none.
+    pub fn silent_at(&self, floor: Nanos) -> Option<Nanos> {
+        Some(self.waiting_since? + 2 * self.reorder_wait(floor))
     }
 
     pub fn stats(&self) -> MpPathStats {
@@ -281,7 +346,12 @@ impl PathState {
             sport: self.path.sport,
             state: self.status.name(),
             srtt_ns: self.srtt,
-            cwnd: self.cwnd,
+            cwnd: self.window(),
+            rate: self
+                .cc
+                .as_ref()
+                .and_then(|c| c.pacing_rate())
+                .unwrap_or(0),
             inflight: self.inflight,
             pkts: self.pkts,
             bytes: self.bytes,
@@ -309,17 +379,26 @@ pub(crate) fn reorder_floor(paths: &[PathState]) -> Nanos {
     m + m / 4
 }
 
-/// The active path with room and the lowest round trip (unmeasured counts as the
-/// slowest), other than `avoid` when another qualifies.
-pub(crate) fn best(paths: &[PathState], avoid: Option<usize>) -> Option<usize> {
+/// The active path with room in its window and its pacer and the lowest round trip
+/// (unmeasured counts as the slowest), other than `avoid` when another qualifies.
+pub(crate) fn best(paths: &[PathState], avoid: Option<usize>, now: Nanos) -> Option<usize> {
     let key = |p: &PathState| (if p.srtt == 0 { Nanos::MAX } else { p.srtt }, p.inflight);
     let pick = |skip: Option<usize>| {
         paths
             .iter()
             .enumerate()
-            .filter(|(i, p)| p.status == PathStatus::Active && p.room() && Some(*i) != skip)
+            .filter(|(i, p)| p.sendable(now) && Some(*i) != skip)
             .min_by_key(|(_, p)| key(p))
             .map(|(i, _)| i)
     };
     pick(avoid).or_else(|| pick(None))
+}
+
+/// The earliest time a pacer lets an active path with room send again.
+pub(crate) fn paced_until(paths: &[PathState], now: Nanos) -> Option<Nanos> {
+    paths
+        .iter()
+        .filter(|p| p.status == PathStatus::Active && p.room())
+        .filter_map(|p| p.paced_until(now))
+        .min()
 }

@@ -201,6 +201,9 @@ pub struct SimNet {
     link_free_at: Vec<u64>,
     /// A bottleneck in front of some nodes.
     pub bottleneck: Option<Bottleneck>,
+    /// A bottleneck in front of one address each (one link of a multihomed node), after
+    /// `bottleneck`.
+    pub addr_bottlenecks: Vec<(IpAddr, Bottleneck)>,
     /// Receive as the device's direct receive does (see [`SimNet::deliver_run`]).
     pub direct: bool,
     /// Faults of single paths (multipath tests), applied in order.
@@ -261,6 +264,7 @@ impl SimNet {
             link_ps_per_byte: 0,
             link_free_at: vec![0; n],
             bottleneck: None,
+            addr_bottlenecks: Vec::new(),
             direct: false,
             path_faults: Vec::new(),
             per_link: std::collections::HashMap::new(),
@@ -450,6 +454,13 @@ impl SimNet {
                     None => continue,
                 },
                 _ => depart,
+            };
+            let depart = match self.addr_bottlenecks.iter_mut().find(|(a, _)| *a == t.dst.ip()) {
+                Some((_, b)) => match b.pass(from, depart, bytes.len()) {
+                    Some(t) => t,
+                    None => continue,
+                },
+                None => depart,
             };
             let mut at = depart + f.delay_ns + path_delay;
             if f.reorder > 0.0 && self.rng.gen_bool(f.reorder) {
