@@ -739,7 +739,8 @@ impl Qp {
             ctx.counters.completer_retry_err += 1;
         }
         self.cc_loss(ctx, cause);
-        if matches!(cause, LossCause::Timeout | LossCause::Quiet) && self.mp_resend_all(ctx.now, from, cause == LossCause::Timeout)
+        if matches!(cause, LossCause::Timeout | LossCause::Quiet)
+            && self.mp_resend_all(ctx.now, from, cause == LossCause::Timeout)
         {
             // Multipath: everything unacknowledged and not held by the responder goes
             // again, alone, on the paths that work; the send position stays.

@@ -68,6 +68,12 @@
 //! 1 Gb/s token bucket where TCP with SACK reaches 0.97; delay-based flows give way to
 //! buffer-filling TCP only as far as the target allows.
 //!
+//! Multipath: a QP whose data uses several paths (`multipath`) has one controller and
+//! one pacer per path, the same algorithm fed with that path's round trips and losses;
+//! the QP's window and pacer then stand aside (the paths' windows sum), and a path's
+//! losses never fail it (only silence does). A single-path QP, and every QP to kernel
+//! rxe, uses the QP's controller as described above.
+//!
 //! Other algorithms (a BBR-like model, DCQCN once ECN marks exist) implement
 //! `CongestionControl` and are chosen by [`CcAlgorithm`].
 

@@ -16,8 +16,8 @@ use super::board::Found;
 use super::paths::{best, paced_until, reorder_floor};
 use super::wire::{self as mpw, Hello, Probe, Sack};
 use super::{
-    MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, HELLO_TRIES,
-    KEEPALIVE_NS, MAX_PATHS, PROBE_MISSES,
+    MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, HELLO_TRIES, KEEPALIVE_NS,
+    MAX_PATHS, PROBE_MISSES,
 };
 
 /// Packets sent on one path before the scheduler looks again (one GSO batch).
@@ -405,7 +405,11 @@ impl Qp {
             .collect();
         // A path silent with no other carrying either is left to the retransmit timer;
         // its silence is timed again from now (its deadline is not one in the past).
-        for p in m.paths.iter_mut().filter(|p| p.status == PathStatus::Active) {
+        for p in m
+            .paths
+            .iter_mut()
+            .filter(|p| p.status == PathStatus::Active)
+        {
             if p.silent_at(floor).is_some_and(|t| t <= now) {
                 p.waiting_since = Some(now);
             }

@@ -347,11 +347,7 @@ impl PathState {
             state: self.status.name(),
             srtt_ns: self.srtt,
             cwnd: self.window(),
-            rate: self
-                .cc
-                .as_ref()
-                .and_then(|c| c.pacing_rate())
-                .unwrap_or(0),
+            rate: self.cc.as_ref().and_then(|c| c.pacing_rate()).unwrap_or(0),
             inflight: self.inflight,
             pkts: self.pkts,
             bytes: self.bytes,

@@ -455,7 +455,11 @@ impl SimNet {
                 },
                 _ => depart,
             };
-            let depart = match self.addr_bottlenecks.iter_mut().find(|(a, _)| *a == t.dst.ip()) {
+            let depart = match self
+                .addr_bottlenecks
+                .iter_mut()
+                .find(|(a, _)| *a == t.dst.ip())
+            {
                 Some((_, b)) => match b.pass(from, depart, bytes.len()) {
                     Some(t) => t,
                     None => continue,
