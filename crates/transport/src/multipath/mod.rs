@@ -114,10 +114,11 @@
 //! - READ responses are paced by the responder's one `ResponseRate` for all paths.
 //! - Without `cc`, a loss-only window in slow start can fill a deep queue faster
 //!   than the smoothed RTT follows, and a path may be taken for silent once.
-//! - On the testbed (`softhca-impair paths table`) the sum is still below the goal;
-//!   the paths ran at 0.62× of 2 × 1 Gb/s and 0.36× of 4 × 1 Gb/s on 2 shared cores,
-//!   with many needless resends (retransmitted packets far above the shaper's drops),
-//!   where the simulated test reaches 0.92×.
+//! - Between namespaces on a loaded host (`softhca-impair paths table`) the sum stays
+//!   well below the paths' rates, where the simulated bottlenecks reach over 0.9 of
+//!   it: loss detection by time across paths takes the paths' different queueing
+//!   delays and the host's scheduling for loss (packets found lost far outnumber the
+//!   shaper's drops), and each such loss costs a resend and may cut a window.
 //! - Loss detection waits for the round trip's variation. On a loaded host that makes
 //!   the longest stall after a silent cut tens of milliseconds, not the one round trip
 //!   of the simulated tests.
