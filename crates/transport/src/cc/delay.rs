@@ -28,7 +28,8 @@ pub struct DelayAimdConfig {
     pub max_decrease: f64,
     /// Additive increase per round trip, packets.
     pub increase_pkts: f64,
-    /// How long the least round trip stays the base without being seen again, ns.
+    /// How long the least round trip stays the base without being seen again, ns;
+    /// then a base probe measures it again.
     pub min_rtt_window: Nanos,
 }
 
@@ -55,6 +56,29 @@ const MIN_ROUND_NS: Nanos = 100_000;
 const AI_RTT_UNIT: Nanos = 1_000_000;
 /// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
 const MAX_WINDOW_PKTS: u64 = 1024;
+/// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
+/// long enough for the queue to drain while the other flows send at most the link's
+/// rate, and for a packet sent after it to come back).
+const PROBE_ROUNDS: u64 = 2;
+/// The first probe comes this many round trips after slow start ends (LEDBAT++'s
+/// initial slowdown), once the flows it displaced have given way.
+const PROBE_AFTER_SLOW_START_ROUNDS: u64 = 2;
+
+/// A base probe under way: the window held at its least so that the bottleneck's
+/// queue drains and the base round trip is seen without it.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    start: Nanos,
+    /// It lasts at least until then.
+    until: Nanos,
+    /// The window to go back to.
+    restore: f64,
+    /// The least round trip of a packet sent during the probe.
+    min: Nanos,
+    /// The base expired: the probe's least sample replaces it (a longer route is
+    /// taken); otherwise (the first probe) it may only lower it.
+    replace: bool,
+}
 
 /// Delay AIMD state of one QP.
 #[derive(Debug, Clone)]
@@ -77,6 +101,12 @@ pub(crate) struct DelayAimd {
     ssthresh: f64,
     /// The last decrease for loss (at most one per round trip).
     last_loss_cut: Option<Nanos>,
+    /// A base probe under way.
+    probe: Option<Probe>,
+    /// When the first base probe is due (set as the first slow start ends).
+    probe_at: Option<Nanos>,
+    /// The first slow start has ended (its probe is scheduled or done).
+    left_slow_start: bool,
     stats: CcStats,
 }
 
@@ -96,6 +126,9 @@ impl DelayAimd {
             round_cwnd: cfg.initial_window.max(mtu) as f64,
             ssthresh: f64::INFINITY,
             last_loss_cut: None,
+            probe: None,
+            probe_at: None,
+            left_slow_start: false,
             stats: CcStats::default(),
         }
     }
@@ -122,17 +155,82 @@ impl DelayAimd {
     fn sample(&mut self, now: Nanos, rtt: Nanos) {
         let rtt = rtt.max(1);
         self.srtt = crate::timers::rtt_update(self.srtt, rtt);
-        let expired = now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window;
-        if self.min_rtt == 0 || rtt <= self.min_rtt || expired {
-            // An expired base is replaced by this round's least sample at the latest.
-            self.min_rtt = if expired && self.round_min < rtt {
-                self.round_min
-            } else {
-                rtt
-            };
+        if self.min_rtt == 0 || rtt <= self.min_rtt {
+            self.min_rtt = rtt;
             self.min_rtt_at = now;
         }
         self.round_min = self.round_min.min(rtt);
+    }
+
+    /// Whether a base probe is due: the first, some rounds after the first slow start;
+    /// then whenever the base has not been seen again for `min_rtt_window` (taking
+    /// the samples of a standing queue for the new base instead, the base would climb
+    /// with every expiry: LEDBAT's latency drift).
+    fn probe_due(&self, now: Nanos) -> bool {
+        self.probe.is_none()
+            && !self.slow_start
+            && (self.probe_at.is_some_and(|t| now >= t)
+                || now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window)
+    }
+
+    /// The window falls to its least for a few round trips.
+    fn start_probe(&mut self, now: Nanos) {
+        let rounds = PROBE_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+        self.probe = Some(Probe {
+            start: now,
+            until: now + rounds,
+            restore: self.cwnd,
+            min: Nanos::MAX,
+            replace: now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window,
+        });
+        self.probe_at = None;
+        self.cwnd = 0.0;
+        self.clamp();
+        self.stats.base_probes += 1;
+    }
+
+    /// A sample during a probe; at its end the window is restored (paced, so it
+    /// does not leave as a burst) and the probe's least sample is the base.
+    fn probe_sample(&mut self, now: Nanos, rtt: Nanos) {
+        let Some(mut p) = self.probe else {
+            return;
+        };
+        // Only a packet sent during the probe saw the drained queue.
+        if rtt <= now.saturating_sub(p.start) {
+            p.min = p.min.min(rtt.max(1));
+        }
+        self.probe = Some(p);
+        // At most twice as long when no packet of its own came back (losses).
+        let long = p.until + 2 * (p.until - p.start);
+        if now < p.until || (p.min == Nanos::MAX && now < long) {
+            return;
+        }
+        if p.min != Nanos::MAX && (p.replace || p.min < self.min_rtt) {
+            self.min_rtt = p.min;
+        }
+        // Kept for another window even when nothing came back to measure it by.
+        self.min_rtt_at = now;
+        self.end_probe(now);
+    }
+
+    fn end_probe(&mut self, now: Nanos) {
+        if let Some(p) = self.probe.take() {
+            self.cwnd = p.restore;
+            self.clamp();
+            self.round_start = now;
+            self.round_min = Nanos::MAX;
+            self.round_cwnd = self.cwnd;
+        }
+    }
+
+    /// Slow start ended at `now`: the first time, the first base probe is scheduled.
+    fn left_slow_start(&mut self, now: Nanos) {
+        self.slow_start = false;
+        if !self.left_slow_start {
+            self.left_slow_start = true;
+            let wait = PROBE_AFTER_SLOW_START_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+            self.probe_at = Some(now + wait);
+        }
     }
 
     /// Once per round trip: grow or shrink by the round's least sample.
@@ -150,7 +248,7 @@ impl DelayAimd {
                 self.cwnd += self.cfg.increase_pkts * rtt_ms * self.mtu as f64;
             }
         } else {
-            self.slow_start = false;
+            self.left_slow_start(now);
             let excess = (standing - target) as f64 / standing as f64;
             let cut = (self.cfg.beta * excess).min(self.cfg.max_decrease);
             self.cwnd *= 1.0 - cut;
@@ -188,6 +286,14 @@ impl CongestionControl for DelayAimd {
             return;
         }
         self.sample(now, rtt);
+        if self.probe.is_some() {
+            self.probe_sample(now, rtt);
+            return;
+        }
+        if self.probe_due(now) {
+            self.start_probe(now);
+            return;
+        }
         if now.saturating_sub(self.round_start) >= self.srtt.max(MIN_ROUND_NS) {
             self.end_round(now);
         }
@@ -202,7 +308,10 @@ impl CongestionControl for DelayAimd {
             self.stats.random_losses += 1;
             return;
         }
-        self.slow_start = false;
+        // The probe drained nothing if the queue overflowed: back to the window it
+        // held, which the loss now cuts; a base that expired stays due for a probe.
+        self.end_probe(now);
+        self.left_slow_start(now);
         match what {
             Congestion::Loss => {
                 let recent = self

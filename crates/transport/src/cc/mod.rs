@@ -155,6 +155,8 @@ pub struct CcStats {
     pub loss_decreases: u64,
     /// Retransmit timeouts seen.
     pub timeouts: u64,
+    /// Base probes: the window held at its least to see the base round trip.
+    pub base_probes: u64,
     /// Losses and timeouts with the round trip under the target (no queue: a lossy
     /// link, not congestion), which left the window as it was.
     pub random_losses: u64,
@@ -176,7 +178,7 @@ impl std::fmt::Display for CcStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} (not congestion {}) waits window {} pacing {}",
+            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} (not congestion {}) base probes {} waits window {} pacing {}",
             self.srtt / 1000,
             self.min_rtt / 1000,
             self.target / 1000,
@@ -187,6 +189,7 @@ impl std::fmt::Display for CcStats {
             self.loss_decreases,
             self.timeouts,
             self.random_losses,
+            self.base_probes,
             self.window_limited,
             self.pacing_waits,
         )?;
