@@ -56,6 +56,8 @@ const MIN_ROUND_NS: Nanos = 100_000;
 const AI_RTT_UNIT: Nanos = 1_000_000;
 /// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
 const MAX_WINDOW_PKTS: u64 = 1024;
+/// Samples in a row over the target that end slow start.
+const SLOW_START_EXIT_SAMPLES: u32 = 3;
 /// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
 /// long enough for the queue to drain while the other flows send at most the link's
 /// rate, and for a packet sent after it to come back).
@@ -106,7 +108,9 @@ pub(crate) struct DelayAimd {
     /// When the first base probe is due (set as the first slow start ends).
     probe_at: Option<Nanos>,
     /// The first slow start has ended (its probe is scheduled or done).
-    left_slow_start: bool,
+    slow_start_ended: bool,
+    /// Samples in a row over the target during slow start.
+    slow_start_over: u32,
     stats: CcStats,
 }
 
@@ -128,7 +132,8 @@ impl DelayAimd {
             last_loss_cut: None,
             probe: None,
             probe_at: None,
-            left_slow_start: false,
+            slow_start_ended: false,
+            slow_start_over: 0,
             stats: CcStats::default(),
         }
     }
@@ -226,8 +231,9 @@ impl DelayAimd {
     /// Slow start ended at `now`: the first time, the first base probe is scheduled.
     fn left_slow_start(&mut self, now: Nanos) {
         self.slow_start = false;
-        if !self.left_slow_start {
-            self.left_slow_start = true;
+        self.slow_start_over = 0;
+        if !self.slow_start_ended {
+            self.slow_start_ended = true;
             let wait = PROBE_AFTER_SLOW_START_ROUNDS * self.srtt.max(MIN_ROUND_NS);
             self.probe_at = Some(now + wait);
         }
@@ -286,6 +292,21 @@ impl CongestionControl for DelayAimd {
             return;
         }
         self.sample(now, rtt);
+        if self.slow_start {
+            // Slow start ends as soon as the queue shows, not at the end of the round:
+            // on a long path the window doubles in the time a round's samples take to
+            // come back, and waiting for the round overshot a 7 ms token bucket
+            // queue fourfold. A few samples in a row, as HyStart++ (RFC 9406) takes
+            // several, so that one late ACK does not end it.
+            self.slow_start_over = if rtt > self.target() {
+                self.slow_start_over + 1
+            } else {
+                0
+            };
+            if self.slow_start_over >= SLOW_START_EXIT_SAMPLES {
+                self.left_slow_start(now);
+            }
+        }
         if self.probe.is_some() {
             self.probe_sample(now, rtt);
             return;
@@ -309,8 +330,13 @@ impl CongestionControl for DelayAimd {
             return;
         }
         // The probe drained nothing if the queue overflowed: back to the window it
-        // held, which the loss now cuts; a base that expired stays due for a probe.
-        self.end_probe(now);
+        // held, which the loss now cuts, and probe again a little later (a base that
+        // expired stays due anyway).
+        if self.probe.is_some() {
+            self.end_probe(now);
+            let wait = PROBE_AFTER_SLOW_START_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+            self.probe_at = Some(now + wait);
+        }
         self.left_slow_start(now);
         match what {
             Congestion::Loss => {
