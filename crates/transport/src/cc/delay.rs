@@ -498,4 +498,82 @@ mod tests {
         assert_eq!(c.stats().min_rtt, 150_000);
         assert_eq!(c.stats().srtt, before.srtt);
     }
+
+    /// A flow that starts while another's queue stands takes it for part of its base;
+    /// two round trips after slow start, a probe holds the least window and the round
+    /// trip of a packet sent then (the queue drained) lowers the base.
+    #[test]
+    fn a_base_probe_after_slow_start_sees_the_base_without_the_queue() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        // Every sample 3 ms: 1 ms of path and 2 ms of another flow's queue.
+        let now = run_rounds(&mut c, 0, 8, 3_000_000);
+        assert_eq!(c.stats().min_rtt, 3_000_000);
+        // The queue grows past the target: slow start ends at the third sample.
+        let mut t = now;
+        for _ in 0..3 {
+            t += 100_000;
+            c.on_ack(t, MTU, busy(6_000_000));
+        }
+        assert!(!c.stats().slow_start);
+        assert_eq!(c.stats().base_probes, 0);
+        let before = c.window();
+        // Two round trips later, the next sample starts the probe.
+        t += 2 * c.stats().srtt;
+        c.on_ack(t, MTU, busy(6_000_000));
+        assert_eq!(c.stats().base_probes, 1);
+        assert_eq!(c.window(), 2 * MTU);
+        // A packet sent before the probe says nothing of the drained queue.
+        c.on_ack(t + 500_000, MTU, busy(5_000_000));
+        assert_eq!(c.stats().min_rtt, 3_000_000);
+        // One sent during it, after the queue drained, does; at its end the window
+        // is back.
+        let srtt = c.stats().srtt;
+        c.on_ack(t + 2 * srtt, MTU, busy(1_000_000));
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        assert_eq!(c.window(), before);
+        assert_eq!(c.stats().base_probes, 1);
+    }
+
+    /// A base not seen again for `min_rtt_window` is measured again by a probe, not
+    /// replaced by the samples of the standing queue (LEDBAT's latency drift).
+    #[test]
+    fn an_expired_base_is_probed_not_taken_from_the_queue() {
+        let cfg = DelayAimdConfig::default();
+        let mut c = DelayAimd::new(cfg, MTU);
+        let mut now = run_rounds(&mut c, 0, 8, 1_000_000);
+        // Slow start ends, then the first probe comes and goes at the same base.
+        for _ in 0..200 {
+            now += 1_000_000;
+            c.on_ack(now, MTU, busy(4_000_000));
+            if c.stats().base_probes == 1 && c.window() > 2 * MTU {
+                break;
+            }
+            if c.stats().base_probes == 1 {
+                c.on_ack(now + 10, MTU, busy(1_000_000));
+            }
+        }
+        assert_eq!(c.stats().base_probes, 1);
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        // 10 s of a standing queue (3 ms over the base): no probe, the base stays.
+        let end = now + cfg.min_rtt_window - 3_000_000;
+        while now + 3_000_000 < end {
+            now += 3_000_000;
+            c.on_ack(now, MTU, busy(3_500_000));
+        }
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        assert_eq!(c.stats().base_probes, 1);
+        // Past the window: a probe; the queue drains and the base is seen again.
+        now += 10_000_000;
+        c.on_ack(now, MTU, busy(3_500_000));
+        assert_eq!(c.stats().base_probes, 2);
+        assert_eq!(c.window(), 2 * MTU);
+        now += 10_000_000;
+        c.on_ack(now, MTU, busy(1_100_000));
+        assert_eq!(
+            c.stats().min_rtt,
+            1_100_000,
+            "replaced by the probe's least"
+        );
+        assert!(c.window() > 2 * MTU);
+    }
 }
