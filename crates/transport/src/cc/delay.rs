@@ -56,6 +56,8 @@ const MIN_ROUND_NS: Nanos = 100_000;
 const AI_RTT_UNIT: Nanos = 1_000_000;
 /// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
 const MAX_WINDOW_PKTS: u64 = 1024;
+/// A probe that lowered the base is taken again this many round trips later.
+const PROBE_AGAIN_ROUNDS: u64 = 16;
 /// Samples in a row over the target that end slow start.
 const SLOW_START_EXIT_SAMPLES: u32 = 3;
 /// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
@@ -77,6 +79,8 @@ struct Probe {
     restore: f64,
     /// The least round trip of a packet sent during the probe.
     min: Nanos,
+    /// The base when it began.
+    base: Nanos,
     /// The base expired: the probe's least sample replaces it (a longer route is
     /// taken); otherwise (the first probe) it may only lower it.
     replace: bool,
@@ -186,6 +190,7 @@ impl DelayAimd {
             until: now + rounds,
             restore: self.cwnd,
             min: Nanos::MAX,
+            base: self.min_rtt,
             replace: now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window,
         });
         self.probe_at = None;
@@ -209,6 +214,13 @@ impl DelayAimd {
         let long = p.until + 2 * (p.until - p.start);
         if now < p.until || (p.min == Nanos::MAX && now < long) {
             return;
+        }
+        // A base lower by more than scheduling noise: the queue it was taken over
+        // stood while the probe ran too, and the flows holding it may not have given
+        // way fully yet; probe again a few rounds on, until the base stays.
+        let noise = self.cfg.min_queue_delay / 4;
+        if p.min != Nanos::MAX && p.min + noise < p.base {
+            self.probe_at = Some(now + PROBE_AGAIN_ROUNDS * self.srtt.max(MIN_ROUND_NS));
         }
         if p.min != Nanos::MAX && (p.replace || p.min < self.min_rtt) {
             self.min_rtt = p.min;
@@ -532,6 +544,10 @@ mod tests {
         assert_eq!(c.stats().min_rtt, 1_000_000);
         assert_eq!(c.window(), before);
         assert_eq!(c.stats().base_probes, 1);
+        // It lowered the base by more than noise: another probe comes later.
+        let t2 = t + 2 * srtt + 17 * c.stats().srtt;
+        c.on_ack(t2, MTU, busy(1_000_000));
+        assert_eq!(c.stats().base_probes, 2);
     }
 
     /// A base not seen again for `min_rtt_window` is measured again by a probe, not
