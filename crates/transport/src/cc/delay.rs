@@ -215,11 +215,14 @@ impl DelayAimd {
         if now < p.until || (p.min == Nanos::MAX && now < long) {
             return;
         }
-        // A base lower by more than scheduling noise: the queue it was taken over
-        // stood while the probe ran too, and the flows holding it may not have given
-        // way fully yet; probe again a few rounds on, until the base stays.
+        // After the first probe, and after one that found a base lower by more than
+        // scheduling noise, probe again a few rounds on: the flows holding the queue
+        // may not have given way fully yet (a window-based flow whose window is over
+        // the path's bandwidth-delay product keeps a queue by itself), until the base
+        // stays.
         let noise = self.cfg.min_queue_delay / 4;
-        if p.min != Nanos::MAX && p.min + noise < p.base {
+        let first = self.stats.base_probes == 1;
+        if first || (p.min != Nanos::MAX && p.min + noise < p.base) {
             self.probe_at = Some(now + PROBE_AGAIN_ROUNDS * self.srtt.max(MIN_ROUND_NS));
         }
         if p.min != Nanos::MAX && (p.replace || p.min < self.min_rtt) {
@@ -570,6 +573,17 @@ mod tests {
         }
         assert_eq!(c.stats().base_probes, 1);
         assert_eq!(c.stats().min_rtt, 1_000_000);
+        // A second probe follows the first; the queue stays (other flows hold it), and
+        // so does the base.
+        for _ in 0..1000 {
+            now += 3_000_000;
+            c.on_ack(now, MTU, busy(3_500_000));
+            if c.stats().base_probes == 2 && c.window() > 2 * MTU {
+                break;
+            }
+        }
+        assert_eq!(c.stats().base_probes, 2);
+        assert_eq!(c.stats().min_rtt, 1_000_000);
         // 10 s of a standing queue (3 ms over the base): no probe, the base stays.
         let end = now + cfg.min_rtt_window - 3_000_000;
         while now + 3_000_000 < end {
@@ -577,11 +591,11 @@ mod tests {
             c.on_ack(now, MTU, busy(3_500_000));
         }
         assert_eq!(c.stats().min_rtt, 1_000_000);
-        assert_eq!(c.stats().base_probes, 1);
+        assert_eq!(c.stats().base_probes, 2);
         // Past the window: a probe; the queue drains and the base is seen again.
         now += 10_000_000;
         c.on_ack(now, MTU, busy(3_500_000));
-        assert_eq!(c.stats().base_probes, 2);
+        assert_eq!(c.stats().base_probes, 3);
         assert_eq!(c.window(), 2 * MTU);
         now += 10_000_000;
         c.on_ack(now, MTU, busy(1_100_000));

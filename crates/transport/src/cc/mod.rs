@@ -55,7 +55,10 @@
 //!   probes the base two round trips after its first slow start ends: the window
 //!   falls to its least for two round trips and the least round trip of a packet sent
 //!   in that time may lower the base. The flows it displaced have given way by then
-//!   and send less than the link together, so the queue drains. A base not seen again
+//!   and send less than the link together, so the queue drains. A window-based flow
+//!   whose window is over the path's bandwidth-delay product keeps a queue by itself
+//!   until it has shrunk, so a second probe follows 16 round trips on, and another
+//!   after each that lowers the base by more than scheduling noise. A base not seen again
 //!   for `min_rtt_window` (10 s) is probed the same way and replaced by the probe's
 //!   least (a longer route), where taking the samples of a standing queue for it
 //!   would let the base climb at every expiry (LEDBAT's latency drift); BBR's
@@ -84,9 +87,9 @@
 //! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
 //! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
-//! Known limits: a base probe costs two round trips at the least window after the first
-//! slow start and every 10 s in which the base is not seen (about 1 % of a 5 s run on
-//! a 10 ms path, 0.2 % after); it drains the queue only if the other flows give way
+//! Known limits: a base probe costs two round trips at the least window, twice after
+//! the first slow start and every 10 s in which the base is not seen (about 1-2 % of
+//! a 5 s run on a 10 ms path, 0.2 % after); it drains the queue only if the other flows give way
 //! (delay-based ones do, buffer-filling TCP does not: then the expired base takes
 //! TCP's queue, which keeps the delay-based flow its share); on a 10 ms path one loss
 //! costs go-back-N a window of up to 1.5 MB where TCP with SACK resends what was lost,
