@@ -62,8 +62,19 @@ fn unique_name() -> String {
 impl ShapedLink {
     /// Builds the link (root only: see [`crate::check_available`]).
     pub fn up(shape: Shape) -> Result<ShapedLink, TestbedError> {
+        Self::up_named(shape, &unique_name())
+    }
+
+    /// Builds the link with namespaces `<name>-a`, `<name>-b` and devices `<name>a`,
+    /// `<name>b` (at most 12 bytes of letters, digits, `-` and `_`), so that runs in
+    /// parallel keep apart; leftovers of a killed run with the name are removed first.
+    pub fn up_named(shape: Shape, name: &str) -> Result<ShapedLink, TestbedError> {
         crate::check_available()?;
-        let name = unique_name();
+        if !crate::valid_name(name) {
+            return Err(TestbedError::BadName(name.to_owned()));
+        }
+        remove_namespaces(name);
+        let name = name.to_owned();
         let forwarder = if shape.delay.is_zero() {
             None
         } else {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use softhca_testbed::{End, Shape, ShapedLink};
 
 /// Options of `softhca-impair shaped`.
@@ -25,6 +25,30 @@ pub struct TableArgs {
     /// Run softhca without congestion control (the uncontrolled rows to compare with).
     #[arg(long)]
     no_cc: bool,
+    /// Base name of the links' namespaces and devices (at most 10 bytes; each link
+    /// adds a digit), so that runs in parallel keep apart (default: unique per run).
+    #[arg(long)]
+    name: Option<String>,
+    /// Only these rows (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<Rows>,
+}
+
+/// The table's groups of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Rows {
+    /// 1 Gb/s.
+    #[value(name = "1g")]
+    Gbit,
+    /// 100 Mb/s.
+    #[value(name = "100m")]
+    Mbit100,
+    /// 1 Gb/s with 5 ms of delay each way.
+    #[value(name = "1g5ms")]
+    GbitDelay,
+    /// The fairness rows on 1 Gb/s.
+    #[value(name = "fair")]
+    Fair,
 }
 
 /// A flow's result: its average, and its intervals (start, end, Gb/s) in seconds since
@@ -324,8 +348,18 @@ pub fn default_softhca() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("softhca"))
 }
 
-/// Runs the whole table.
+/// Link `i` of the run: `<name><i>`, or unique per process.
+fn link_up(a: &TableArgs, i: usize, shape: Shape) -> Result<ShapedLink, String> {
+    match &a.name {
+        Some(n) => ShapedLink::up_named(shape, &format!("{n}{i}")),
+        None => ShapedLink::up(shape),
+    }
+    .map_err(|e| err("shaped link", e))
+}
+
+/// Runs the table (the rows asked for).
 pub fn run(a: TableArgs) -> Result<(), String> {
+    let want = |r: Rows| a.rows.is_empty() || a.rows.contains(&r);
     let softhca = a.softhca.clone().unwrap_or_else(default_softhca);
     if Command::new("iperf3").arg("-v").output().is_err() {
         return Err("iperf3 is missing (apt-get install iperf3)".into());
@@ -334,14 +368,17 @@ pub fn run(a: TableArgs) -> Result<(), String> {
     let cc = if a.no_cc { "0" } else { "1" };
     let ms = Duration::from_millis;
     let shapes = [
-        (1_000_000_000, ms(0)),
-        (100_000_000, ms(0)),
-        (1_000_000_000, ms(5)),
+        (Rows::Gbit, 1_000_000_000, ms(0)),
+        (Rows::Mbit100, 100_000_000, ms(0)),
+        (Rows::GbitDelay, 1_000_000_000, ms(5)),
     ];
     println!("| link (tbf both ends, burst 256 KiB, latency 5 ms) | test | Gb/s | × link | shaper drops |");
     println!("|---|---|---|---|---|");
-    for (rate, delay) in shapes {
-        let link = ShapedLink::up(Shape { rate, delay }).map_err(|e| err("shaped link", e))?;
+    for (i, (rows, rate, delay)) in shapes.into_iter().enumerate() {
+        if !want(rows) {
+            continue;
+        }
+        let link = link_up(&a, i, Shape { rate, delay })?;
         let b = Bench {
             link: &link,
             softhca: &softhca,
@@ -350,16 +387,19 @@ pub fn run(a: TableArgs) -> Result<(), String> {
         };
         throughput_rows(&b, a.seconds)?;
     }
+    if !want(Rows::Fair) {
+        return Ok(());
+    }
     println!();
     println!(
         "| link | flows (WRITE 64 KiB) | Gb/s | share of the link | shaper drops | convergence |"
     );
     println!("|---|---|---|---|---|---|");
-    let link = ShapedLink::up(Shape {
+    let shape = Shape {
         rate: 1_000_000_000,
         delay: ms(0),
-    })
-    .map_err(|e| err("shaped link", e))?;
+    };
+    let link = link_up(&a, shapes.len(), shape)?;
     for (end, last) in [(End::A, 11), (End::B, 12)] {
         link.add_addr(end, std::net::Ipv4Addr::new(10, 99, 0, last))
             .map_err(|e| err("second address", e))?;

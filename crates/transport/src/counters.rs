@@ -99,6 +99,9 @@ counters! {
     cc_loss_decrease,
     /// Congestion control: windows reset by a retransmit timeout.
     cc_timeout,
+    /// Congestion control: base probes (the window held at its least for two round
+    /// trips so that the queue drains and the base round trip is measured again).
+    cc_base_probe,
     /// Congestion control: times a requester waited for its window.
     cc_window_limited,
     /// Congestion control: times a requester waited for its pacer.

@@ -28,7 +28,8 @@ pub struct DelayAimdConfig {
     pub max_decrease: f64,
     /// Additive increase per round trip, packets.
     pub increase_pkts: f64,
-    /// How long the least round trip stays the base without being seen again, ns.
+    /// How long the least round trip stays the base without being seen again, ns;
+    /// then a base probe measures it again.
     pub min_rtt_window: Nanos,
 }
 
@@ -55,6 +56,35 @@ const MIN_ROUND_NS: Nanos = 100_000;
 const AI_RTT_UNIT: Nanos = 1_000_000;
 /// The most packets in flight (the protocol's own window, `MAX_UNACKED_PSNS`).
 const MAX_WINDOW_PKTS: u64 = 1024;
+/// A probe that lowered the base is taken again this many round trips later.
+const PROBE_AGAIN_ROUNDS: u64 = 16;
+/// Samples in a row over the target that end slow start.
+const SLOW_START_EXIT_SAMPLES: u32 = 3;
+/// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
+/// long enough for the queue to drain while the other flows send at most the link's
+/// rate, and for a packet sent after it to come back).
+const PROBE_ROUNDS: u64 = 2;
+/// The first probe comes this many round trips after slow start ends (LEDBAT++'s
+/// initial slowdown), once the flows it displaced have given way.
+const PROBE_AFTER_SLOW_START_ROUNDS: u64 = 2;
+
+/// A base probe under way: the window held at its least so that the bottleneck's
+/// queue drains and the base round trip is seen without it.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    start: Nanos,
+    /// It lasts at least until then.
+    until: Nanos,
+    /// The window to go back to.
+    restore: f64,
+    /// The least round trip of a packet sent during the probe.
+    min: Nanos,
+    /// The base when it began.
+    base: Nanos,
+    /// The base expired: the probe's least sample replaces it (a longer route is
+    /// taken); otherwise (the first probe) it may only lower it.
+    replace: bool,
+}
 
 /// Delay AIMD state of one QP.
 #[derive(Debug, Clone)]
@@ -77,6 +107,14 @@ pub(crate) struct DelayAimd {
     ssthresh: f64,
     /// The last decrease for loss (at most one per round trip).
     last_loss_cut: Option<Nanos>,
+    /// A base probe under way.
+    probe: Option<Probe>,
+    /// When the first base probe is due (set as the first slow start ends).
+    probe_at: Option<Nanos>,
+    /// The first slow start has ended (its probe is scheduled or done).
+    slow_start_ended: bool,
+    /// Samples in a row over the target during slow start.
+    slow_start_over: u32,
     stats: CcStats,
 }
 
@@ -96,6 +134,10 @@ impl DelayAimd {
             round_cwnd: cfg.initial_window.max(mtu) as f64,
             ssthresh: f64::INFINITY,
             last_loss_cut: None,
+            probe: None,
+            probe_at: None,
+            slow_start_ended: false,
+            slow_start_over: 0,
             stats: CcStats::default(),
         }
     }
@@ -122,17 +164,94 @@ impl DelayAimd {
     fn sample(&mut self, now: Nanos, rtt: Nanos) {
         let rtt = rtt.max(1);
         self.srtt = crate::timers::rtt_update(self.srtt, rtt);
-        let expired = now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window;
-        if self.min_rtt == 0 || rtt <= self.min_rtt || expired {
-            // An expired base is replaced by this round's least sample at the latest.
-            self.min_rtt = if expired && self.round_min < rtt {
-                self.round_min
-            } else {
-                rtt
-            };
+        if self.min_rtt == 0 || rtt <= self.min_rtt {
+            self.min_rtt = rtt;
             self.min_rtt_at = now;
         }
         self.round_min = self.round_min.min(rtt);
+    }
+
+    /// Whether a base probe is due: the first, some rounds after the first slow start;
+    /// then whenever the base has not been seen again for `min_rtt_window` (taking
+    /// the samples of a standing queue for the new base instead, the base would climb
+    /// with every expiry: LEDBAT's latency drift).
+    fn probe_due(&self, now: Nanos) -> bool {
+        self.probe.is_none()
+            && !self.slow_start
+            && (self.probe_at.is_some_and(|t| now >= t)
+                || now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window)
+    }
+
+    /// The window falls to its least for a few round trips.
+    fn start_probe(&mut self, now: Nanos) {
+        let rounds = PROBE_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+        self.probe = Some(Probe {
+            start: now,
+            until: now + rounds,
+            restore: self.cwnd,
+            min: Nanos::MAX,
+            base: self.min_rtt,
+            replace: now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window,
+        });
+        self.probe_at = None;
+        self.cwnd = 0.0;
+        self.clamp();
+        self.stats.base_probes += 1;
+    }
+
+    /// A sample during a probe; at its end the window is restored (paced, so it
+    /// does not leave as a burst) and the probe's least sample is the base.
+    fn probe_sample(&mut self, now: Nanos, rtt: Nanos) {
+        let Some(mut p) = self.probe else {
+            return;
+        };
+        // Only a packet sent during the probe saw the drained queue.
+        if rtt <= now.saturating_sub(p.start) {
+            p.min = p.min.min(rtt.max(1));
+        }
+        self.probe = Some(p);
+        // At most twice as long when no packet of its own came back (losses).
+        let long = p.until + 2 * (p.until - p.start);
+        if now < p.until || (p.min == Nanos::MAX && now < long) {
+            return;
+        }
+        // After the first probe, and after one that found a base lower by more than
+        // scheduling noise, probe again a few rounds on: the flows holding the queue
+        // may not have given way fully yet (a window-based flow whose window is over
+        // the path's bandwidth-delay product keeps a queue by itself), until the base
+        // stays.
+        let noise = self.cfg.min_queue_delay / 4;
+        let first = self.stats.base_probes == 1;
+        if first || (p.min != Nanos::MAX && p.min + noise < p.base) {
+            self.probe_at = Some(now + PROBE_AGAIN_ROUNDS * self.srtt.max(MIN_ROUND_NS));
+        }
+        if p.min != Nanos::MAX && (p.replace || p.min < self.min_rtt) {
+            self.min_rtt = p.min;
+        }
+        // Kept for another window even when nothing came back to measure it by.
+        self.min_rtt_at = now;
+        self.end_probe(now);
+    }
+
+    fn end_probe(&mut self, now: Nanos) {
+        if let Some(p) = self.probe.take() {
+            self.cwnd = p.restore;
+            self.clamp();
+            self.round_start = now;
+            self.round_min = Nanos::MAX;
+            self.round_cwnd = self.cwnd;
+        }
+    }
+
+    /// Slow start ended at `now`: the first time, the first base probe is scheduled.
+    fn left_slow_start(&mut self, now: Nanos) {
+        self.slow_start = false;
+        self.slow_start_over = 0;
+        if !self.slow_start_ended {
+            self.slow_start_ended = true;
+            let wait = PROBE_AFTER_SLOW_START_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+            self.probe_at = Some(now + wait);
+        }
     }
 
     /// Once per round trip: grow or shrink by the round's least sample.
@@ -150,7 +269,7 @@ impl DelayAimd {
                 self.cwnd += self.cfg.increase_pkts * rtt_ms * self.mtu as f64;
             }
         } else {
-            self.slow_start = false;
+            self.left_slow_start(now);
             let excess = (standing - target) as f64 / standing as f64;
             let cut = (self.cfg.beta * excess).min(self.cfg.max_decrease);
             self.cwnd *= 1.0 - cut;
@@ -188,6 +307,29 @@ impl CongestionControl for DelayAimd {
             return;
         }
         self.sample(now, rtt);
+        if self.slow_start {
+            // Slow start ends as soon as the queue shows, not at the end of the round:
+            // on a long path the window doubles in the time a round's samples take to
+            // come back, and waiting for the round overshot a 7 ms token bucket
+            // queue fourfold. A few samples in a row, as HyStart++ (RFC 9406) takes
+            // several, so that one late ACK does not end it.
+            self.slow_start_over = if rtt > self.target() {
+                self.slow_start_over + 1
+            } else {
+                0
+            };
+            if self.slow_start_over >= SLOW_START_EXIT_SAMPLES {
+                self.left_slow_start(now);
+            }
+        }
+        if self.probe.is_some() {
+            self.probe_sample(now, rtt);
+            return;
+        }
+        if self.probe_due(now) {
+            self.start_probe(now);
+            return;
+        }
         if now.saturating_sub(self.round_start) >= self.srtt.max(MIN_ROUND_NS) {
             self.end_round(now);
         }
@@ -202,7 +344,15 @@ impl CongestionControl for DelayAimd {
             self.stats.random_losses += 1;
             return;
         }
-        self.slow_start = false;
+        // The probe drained nothing if the queue overflowed: back to the window it
+        // held, which the loss now cuts, and probe again a little later (a base that
+        // expired stays due anyway).
+        if self.probe.is_some() {
+            self.end_probe(now);
+            let wait = PROBE_AFTER_SLOW_START_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+            self.probe_at = Some(now + wait);
+        }
+        self.left_slow_start(now);
         match what {
             Congestion::Loss => {
                 let recent = self
@@ -362,5 +512,98 @@ mod tests {
         c.on_ack(now + 30_200_000, MTU, fast);
         assert_eq!(c.stats().min_rtt, 150_000);
         assert_eq!(c.stats().srtt, before.srtt);
+    }
+
+    /// A flow that starts while another's queue stands takes it for part of its base;
+    /// two round trips after slow start, a probe holds the least window and the round
+    /// trip of a packet sent then (the queue drained) lowers the base.
+    #[test]
+    fn a_base_probe_after_slow_start_sees_the_base_without_the_queue() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        // Every sample 3 ms: 1 ms of path and 2 ms of another flow's queue.
+        let now = run_rounds(&mut c, 0, 8, 3_000_000);
+        assert_eq!(c.stats().min_rtt, 3_000_000);
+        // The queue grows past the target: slow start ends at the third sample.
+        let mut t = now;
+        for _ in 0..3 {
+            t += 100_000;
+            c.on_ack(t, MTU, busy(6_000_000));
+        }
+        assert!(!c.stats().slow_start);
+        assert_eq!(c.stats().base_probes, 0);
+        let before = c.window();
+        // Two round trips later, the next sample starts the probe.
+        t += 2 * c.stats().srtt;
+        c.on_ack(t, MTU, busy(6_000_000));
+        assert_eq!(c.stats().base_probes, 1);
+        assert_eq!(c.window(), 2 * MTU);
+        // A packet sent before the probe says nothing of the drained queue.
+        c.on_ack(t + 500_000, MTU, busy(5_000_000));
+        assert_eq!(c.stats().min_rtt, 3_000_000);
+        // One sent during it, after the queue drained, does; at its end the window
+        // is back.
+        let srtt = c.stats().srtt;
+        c.on_ack(t + 2 * srtt, MTU, busy(1_000_000));
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        assert_eq!(c.window(), before);
+        assert_eq!(c.stats().base_probes, 1);
+        // It lowered the base by more than noise: another probe comes later.
+        let t2 = t + 2 * srtt + 17 * c.stats().srtt;
+        c.on_ack(t2, MTU, busy(1_000_000));
+        assert_eq!(c.stats().base_probes, 2);
+    }
+
+    /// A base not seen again for `min_rtt_window` is measured again by a probe, not
+    /// replaced by the samples of the standing queue (LEDBAT's latency drift).
+    #[test]
+    fn an_expired_base_is_probed_not_taken_from_the_queue() {
+        let cfg = DelayAimdConfig::default();
+        let mut c = DelayAimd::new(cfg, MTU);
+        let mut now = run_rounds(&mut c, 0, 8, 1_000_000);
+        // Slow start ends, then the first probe comes and goes at the same base.
+        for _ in 0..200 {
+            now += 1_000_000;
+            c.on_ack(now, MTU, busy(4_000_000));
+            if c.stats().base_probes == 1 && c.window() > 2 * MTU {
+                break;
+            }
+            if c.stats().base_probes == 1 {
+                c.on_ack(now + 10, MTU, busy(1_000_000));
+            }
+        }
+        assert_eq!(c.stats().base_probes, 1);
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        // A second probe follows the first; the queue stays (other flows hold it), and
+        // so does the base.
+        for _ in 0..1000 {
+            now += 3_000_000;
+            c.on_ack(now, MTU, busy(3_500_000));
+            if c.stats().base_probes == 2 && c.window() > 2 * MTU {
+                break;
+            }
+        }
+        assert_eq!(c.stats().base_probes, 2);
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        // 10 s of a standing queue (3 ms over the base): no probe, the base stays.
+        let end = now + cfg.min_rtt_window - 3_000_000;
+        while now + 3_000_000 < end {
+            now += 3_000_000;
+            c.on_ack(now, MTU, busy(3_500_000));
+        }
+        assert_eq!(c.stats().min_rtt, 1_000_000);
+        assert_eq!(c.stats().base_probes, 2);
+        // Past the window: a probe; the queue drains and the base is seen again.
+        now += 10_000_000;
+        c.on_ack(now, MTU, busy(3_500_000));
+        assert_eq!(c.stats().base_probes, 3);
+        assert_eq!(c.window(), 2 * MTU);
+        now += 10_000_000;
+        c.on_ack(now, MTU, busy(1_100_000));
+        assert_eq!(
+            c.stats().min_rtt,
+            1_100_000,
+            "replaced by the probe's least"
+        );
+        assert!(c.window() > 2 * MTU);
     }
 }

@@ -25,6 +25,10 @@ pub(crate) struct QpCc {
     window_blocked: bool,
     /// The last request PSN sent asking for an ACK.
     last_ack_req: Option<Psn>,
+    /// The PSN after the highest sent when a loss last cut the window: losses found
+    /// before the oldest unacknowledged PSN passes it belong to the same episode
+    /// (NewReno's recovery point, RFC 6582 section 3.2).
+    recover_to: Option<Psn>,
     window_limited: u64,
     pacing_waits: u64,
     /// The responder's READ response rate.
@@ -202,10 +206,21 @@ impl Qp {
             // Our own guess after silence, not a signal from the network.
             LossCause::Quiet => return,
         };
+        // One cut per episode: an overshoot drops a run of packets, which go-back-N
+        // finds a round trip apart; each taken as new congestion cut the window to its
+        // least on a long path, as NewReno does not (RFC 6582).
+        let una = self.req.una;
+        if what == Congestion::Loss && self.cc.recover_to.is_some_and(|p| una.is_before(p)) {
+            return;
+        }
         if let Some(ctl) = self.cc.ctl.as_mut() {
             let was = ctl.stats();
             ctl.on_congestion(ctx.now, what);
-            count_cuts(ctx, &was, &ctl.stats());
+            let now = ctl.stats();
+            if now.loss_decreases > was.loss_decreases || now.timeouts > was.timeouts {
+                self.cc.recover_to = Some(self.req.max_sent);
+            }
+            count_cuts(ctx, &was, &now);
         }
     }
 
@@ -286,4 +301,5 @@ fn count_cuts(ctx: &mut Ctx<'_>, was: &CcStats, now: &CcStats) {
     c.cc_delay_decrease += now.delay_decreases.saturating_sub(was.delay_decreases);
     c.cc_loss_decrease += now.loss_decreases.saturating_sub(was.loss_decreases);
     c.cc_timeout += now.timeouts.saturating_sub(was.timeouts);
+    c.cc_base_probe += now.base_probes.saturating_sub(was.base_probes);
 }

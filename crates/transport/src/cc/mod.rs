@@ -35,12 +35,37 @@
 //!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
 //!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
 //! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
-//!   the first delay excess or loss: the target window on a 5 ms path is 100 times that
-//!   of a veth. Additive increase is one packet per millisecond of smoothed round trip,
-//!   so a long path regains its window about as fast as a short one.
-//! - A loss cuts the window (by half, once per round trip) only when the round trip is
-//!   over the target: a full queue that drops has one; a lossy link (1 % random loss)
-//!   does not, and halving there left a third of the throughput (TCP Veno's rule).
+//!   three samples in a row are over the target (HyStart++, RFC 9406, also takes
+//!   several), or a loss: the target window on a 5 ms path is 100 times that of a
+//!   veth. Waiting for a round's end, as the other decisions do, overshot a 10 ms
+//!   path's token bucket fourfold. Additive increase is one packet per millisecond of
+//!   smoothed round trip, so a long path regains its window about as fast as a short
+//!   one.
+//! - A loss cuts the window (by half) only when the round trip is over the target: a
+//!   full queue that drops has one; a lossy link (1 % random loss) does not, and
+//!   halving there left a third of the throughput (TCP Veno's rule). It cuts once per
+//!   recovery episode: losses found before everything sent at the cut is acknowledged
+//!   are the same congestion (NewReno's recovery point, RFC 6582). Go-back-N finds the
+//!   holes of one overshoot a round trip apart; each taken as new congestion cut a
+//!   10 ms path's window to its least.
+//! - The base must be the path's, not the path's plus a queue other flows hold: a flow
+//!   that starts while one stands takes it for part of its base, so its target is
+//!   higher and it takes the whole link (Vegas' and LEDBAT's latecomer advantage).
+//!   As LEDBAT++ does (its "slowdown", draft-irtf-iccrg-ledbat-plus-plus), a flow
+//!   probes the base two round trips after its first slow start ends: the window
+//!   falls to its least for two round trips and the least round trip of a packet sent
+//!   in that time may lower the base. The flows it displaced have given way by then
+//!   and send less than the link together, so the queue drains. A window-based flow
+//!   whose window is over the path's bandwidth-delay product keeps a queue by itself
+//!   until it has shrunk, so a second probe follows 16 round trips on, and another
+//!   after each that lowers the base by more than scheduling noise. A base not seen again
+//!   for `min_rtt_window` (10 s) is probed the same way and replaced by the probe's
+//!   least (a longer route), where taking the samples of a standing queue for it
+//!   would let the base climb at every expiry (LEDBAT's latency drift); BBR's
+//!   ProbeRTT does the same on expiry only, too late for a flow that starts late.
+//!   Swift needs neither (its target is set from the fabric's known base and hop
+//!   count, which an arbitrary IP path does not give), nor Copa (its oscillation
+//!   empties the queue every few round trips, part of a different window rule).
 //! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
 //!   (`Pacer`), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
 //!   opening at once does not become one line-rate burst into a shallow token bucket
@@ -62,10 +87,13 @@
 //! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
 //! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
-//! Known limits: a base taken while another flow's queue stands makes a flow's target
-//! higher (Vegas' and LEDBAT's latecomer bias; flow scaling bounds it); on a 10 ms path
-//! one loss costs go-back-N a window of 1.5 MB, so such paths reach 0.7-0.9 of a
-//! 1 Gb/s token bucket where TCP with SACK reaches 0.97; delay-based flows give way to
+//! Known limits: a base probe costs two round trips at the least window, twice after
+//! the first slow start and every 10 s in which the base is not seen (about 1-2 % of
+//! a 5 s run on a 10 ms path, 0.2 % after); it drains the queue only if the other flows give way
+//! (delay-based ones do, buffer-filling TCP does not: then the expired base takes
+//! TCP's queue, which keeps the delay-based flow its share); on a 10 ms path one loss
+//! costs go-back-N a window of up to 1.5 MB where TCP with SACK resends what was lost,
+//! so its rate varies more from run to run; delay-based flows give way to
 //! buffer-filling TCP only as far as the target allows.
 //!
 //! Multipath: a QP whose data uses several paths (`multipath`) has one controller and
@@ -161,6 +189,8 @@ pub struct CcStats {
     pub loss_decreases: u64,
     /// Retransmit timeouts seen.
     pub timeouts: u64,
+    /// Base probes: the window held at its least to see the base round trip.
+    pub base_probes: u64,
     /// Losses and timeouts with the round trip under the target (no queue: a lossy
     /// link, not congestion), which left the window as it was.
     pub random_losses: u64,
@@ -182,7 +212,7 @@ impl std::fmt::Display for CcStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} (not congestion {}) waits window {} pacing {}",
+            "srtt {}us min_rtt {}us target {}us window {} KiB rate {:.3} Gb/s{} cuts delay {} loss {} timeout {} (not congestion {}) base probes {} waits window {} pacing {}",
             self.srtt / 1000,
             self.min_rtt / 1000,
             self.target / 1000,
@@ -193,6 +223,7 @@ impl std::fmt::Display for CcStats {
             self.loss_decreases,
             self.timeouts,
             self.random_losses,
+            self.base_probes,
             self.window_limited,
             self.pacing_waits,
         )?;
