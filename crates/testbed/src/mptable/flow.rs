@@ -208,7 +208,11 @@ impl Bed<'_> {
             let to = self.target(second);
             c.args(["perf", "write", &to, "-p", port, "-D", &d, "--json"]);
             match kind {
-                Kind::Bulk => c.args(["-s", "65536", "-t", "64", "-Q", "1", "--verify"]),
+                // 256 messages (16 MiB) posted ahead, as a TCP sender's autotuned
+                // buffer keeps MPTCP's subflows fed: a message completes only once its
+                // slowest path has delivered, and 64 (4 MiB) held four 1 Gb/s paths to
+                // 1.6 Gb/s by the application's queue, not the transport's window.
+                Kind::Bulk => c.args(["-s", "65536", "-t", "256", "-Q", "1", "--verify"]),
                 Kind::Latency => c.args(["--lat", "-s", "4096"]),
             };
             c.args(["--progress", "0.01"]);
