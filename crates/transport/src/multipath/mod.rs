@@ -114,11 +114,13 @@
 //! - READ responses are paced by the responder's one `ResponseRate` for all paths.
 //! - Without `cc`, a loss-only window in slow start can fill a deep queue faster
 //!   than the smoothed RTT follows, and a path may be taken for silent once.
-//! - Between namespaces on a loaded host (`softhca-impair paths table`) the sum stays
-//!   well below the paths' rates, where the simulated bottlenecks reach over 0.9 of
-//!   it: loss detection by time across paths takes the paths' different queueing
-//!   delays and the host's scheduling for loss (packets found lost far outnumber the
-//!   shaper's drops), and each such loss costs a resend and may cut a window.
+//! - A message completes only once its slowest path has delivered, so an application
+//!   needs more posted ahead than on one path (the testbed's table posts 16 MiB).
+//! - Between namespaces (`softhca-impair paths table`) two paths reach 0.97 of their
+//!   sum, four about 0.7: loss detection by time across paths takes the paths'
+//!   different queueing delays and the host's scheduling for loss (packets found lost
+//!   far outnumber the shaper's drops), and each such loss costs a resend and may cut
+//!   a window.
 //! - Loss detection waits for the round trip's variation. On a loaded host that makes
 //!   the longest stall after a silent cut tens of milliseconds, not the one round trip
 //!   of the simulated tests.
