@@ -230,9 +230,7 @@ impl Qp {
         if w.rtt_sample {
             // A READ's first answer: a round-trip sample (see `complete_sends`), the
             // first one a connection gets when it starts with a window of READs.
-            let rtt = ctx.now.saturating_sub(w.sent_at);
-            self.req.srtt = rtt_update(self.req.srtt, rtt);
-            self.req.reorder.on_rtt(rtt);
+            self.on_rtt_sample(ctx.now.saturating_sub(w.sent_at));
             if let Some(w) = self.req.sq.get_mut(idx) {
                 w.rtt_sample = false;
             }
@@ -372,6 +370,13 @@ impl Qp {
         }
     }
 
+    /// A round trip measured from a WQE sent once: the smoothed one that times silence,
+    /// and the least one that sizes the reordering window.
+    fn on_rtt_sample(&mut self, rtt: Nanos) {
+        self.req.srtt = rtt_update(self.req.srtt, rtt);
+        self.req.reorder.on_rtt(rtt);
+    }
+
     /// The READ reorder timer: responses still missing in front of early ones are lost.
     fn on_read_gap_timer(&mut self, ctx: &mut Ctx<'_>) {
         match self.req.read_gap_at {
@@ -479,9 +484,7 @@ impl Qp {
             if self.req.last_retransmit_at.is_none_or(|t| w.sent_at > t) {
                 // Sent once and acknowledged: a round-trip sample (Karn: none from
                 // anything a retransmission may have answered).
-                let rtt = ctx.now.saturating_sub(w.sent_at);
-                self.req.srtt = rtt_update(self.req.srtt, rtt);
-                self.req.reorder.on_rtt(rtt);
+                self.on_rtt_sample(ctx.now.saturating_sub(w.sent_at));
             }
             if !self.req.probe_next.is_empty() {
                 if self.req.send_idx == 0 {
