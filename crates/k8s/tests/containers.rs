@@ -126,14 +126,15 @@ fn build_dir() -> PathBuf {
 fn lib_dir(dir: &Path) -> PathBuf {
     let lib = dir.join("lib");
     std::fs::create_dir_all(&lib).unwrap();
-    for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-        let src = build_dir().join(so);
-        assert!(
-            src.exists(),
-            "{} not built (cargo build --release)",
-            src.display()
-        );
-        std::fs::copy(&src, lib.join(so)).unwrap();
+    for so in ["libibverbs.so", "librdmacm.so"] {
+        // `cargo build` puts the cdylib in target/<profile>/, `cargo test` (a
+        // dev-dependency) only in its deps/.
+        let src = [build_dir(), build_dir().join("deps")]
+            .into_iter()
+            .map(|d| d.join(so))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{so} not built under {}", build_dir().display()));
+        std::fs::copy(&src, lib.join(format!("{so}.1"))).unwrap();
     }
     lib
 }

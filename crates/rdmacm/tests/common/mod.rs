@@ -17,10 +17,18 @@ pub const CLIENT: &str = "127.0.6.3";
 
 /// `target/<profile>`: where cargo leaves both libraries (and build.rs their `.so.1`
 /// links).
-fn profile_dir() -> PathBuf {
+/// A built cdylib: in `target/<profile>/deps/` (where `cargo test` leaves it) or one
+/// level up (`cargo build`).
+fn built_library(file: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps dir");
-    deps.parent().unwrap_or(deps).to_path_buf()
+    let up = deps.parent().unwrap_or(deps);
+    let so = deps.join(file);
+    if so.exists() {
+        so
+    } else {
+        up.join(file)
+    }
 }
 
 /// A private directory with `librdmacm.so.1` and `libibverbs.so.1`: the
@@ -29,8 +37,7 @@ fn profile_dir() -> PathBuf {
 pub fn lib_dir() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let p = profile_dir();
-        let (cm, verbs) = (p.join("librdmacm.so"), p.join("libibverbs.so"));
+        let (cm, verbs) = (built_library("librdmacm.so"), built_library("libibverbs.so"));
         if !cm.exists() || !verbs.exists() {
             eprintln!(
                 "SKIP: {} or {} missing (cargo build --release -p softhca-ibverbs -p softhca-rdmacm)",
