@@ -32,6 +32,10 @@ pub struct TableArgs {
     /// Only these rows (comma-separated; default: all).
     #[arg(long, value_delimiter = ',')]
     rows: Vec<Rows>,
+    /// Also print each throughput row's rate per this many seconds (where a shortfall
+    /// is; 0.5 without a value).
+    #[arg(long, num_args = 0..=1, default_missing_value = "0.5")]
+    intervals: Option<f64>,
 }
 
 /// The table's groups of rows.
@@ -74,6 +78,10 @@ struct Bench<'a> {
     t0: Instant,
     /// `SOFTHCA_CC` for every softhca process: the table is of congestion control.
     cc: &'static str,
+    /// Seconds per interval of a flow's rate.
+    interval: f64,
+    /// Print each throughput row's intervals.
+    show_intervals: bool,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
@@ -126,7 +134,8 @@ impl Bench<'_> {
         std::thread::sleep(Duration::from_millis(300));
         let addr = sa.to_string();
         let d = format!("{secs}");
-        let args = ["perf", op, &addr, "-p", &p, "-D", &d, "--interval", "0.5"];
+        let i = format!("{}", self.interval);
+        let args = ["perf", op, &addr, "-p", &p, "-D", &d, "--interval", &i];
         let client = self.spawn_at(End::A, ca, &strings(&args))?;
         let at = self.t0.elapsed().as_secs_f64();
         Ok(Flow {
@@ -145,7 +154,9 @@ impl Bench<'_> {
         std::thread::sleep(Duration::from_millis(300));
         let addr = self.link.addr(End::B).to_string();
         let t = format!("{}", secs.ceil() as u64);
-        let args = ["-c", &addr, "-p", &p, "-t", &t, "-i", "0.5", "--json"];
+        // iperf3 takes no interval under 0.1 s.
+        let i = format!("{}", self.interval.max(0.1));
+        let args = ["-c", &addr, "-p", &p, "-t", &t, "-i", &i, "--json"];
         let client = self.spawn(End::A, iperf, &strings(&args))?;
         let at = self.t0.elapsed().as_secs_f64();
         Ok(Flow {
@@ -284,6 +295,19 @@ fn throughput_rows(b: &Bench<'_>, secs: f64) -> Result<(), String> {
             o.gbps / rate,
             100.0 * dropped as f64 / (sent + dropped).max(1) as f64
         );
+        if b.show_intervals {
+            let rates: Vec<String> = o
+                .intervals
+                .iter()
+                .map(|(_, _, g)| format!("{:.2}", g / rate))
+                .collect();
+            let per = if test == "tcp" {
+                b.interval.max(0.1)
+            } else {
+                b.interval
+            };
+            println!("|   | × link per {per} s: {} | | | |", rates.join(" "));
+        }
     }
     Ok(())
 }
@@ -384,6 +408,8 @@ pub fn run(a: TableArgs) -> Result<(), String> {
             softhca: &softhca,
             t0,
             cc,
+            interval: a.intervals.unwrap_or(0.5),
+            show_intervals: a.intervals.is_some(),
         };
         throughput_rows(&b, a.seconds)?;
     }
@@ -409,6 +435,9 @@ pub fn run(a: TableArgs) -> Result<(), String> {
         softhca: &softhca,
         t0,
         cc,
+        // The convergence column reads half-second intervals.
+        interval: 0.5,
+        show_intervals: false,
     };
     let s = a.fair_seconds;
     fairness_row(&b, "two softhca flows", false, s, 0.0)?;

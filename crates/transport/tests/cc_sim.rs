@@ -211,9 +211,8 @@ fn converges_over(op: WrOpcode, rate: u64, delay: u64, (warm, ms): (u64, u64), s
     finish_and_verify(&mut net, &mut flows);
 }
 
-/// A 10 ms round trip, over its first second: slow start ends when the queue shows,
-/// the run of packets its last round still dropped costs one cut, and the base probe
-/// after it costs two round trips.
+/// A 10 ms round trip, over its first two seconds: slow start ends when the queue
+/// shows, and the base probe after it costs about a round trip.
 #[test]
 fn write_fills_a_long_path() {
     converges_over(WrOpcode::RdmaWrite, GBIT, 5 * MS, (0, 2000), 0.93);
@@ -455,4 +454,23 @@ fn random_loss_keeps_the_rate() {
         );
         assert!(on >= 0.9 * off, "{on} vs {off}");
     }
+}
+
+/// A 10 ms round trip behind a 5 ms token bucket: slow start ends before the queue
+/// overflows (nothing dropped, no loss cut), and one base probe finds the base where it
+/// was, so no second follows.
+#[test]
+fn slow_start_ends_before_a_long_paths_queue_overflows() {
+    let (mut net, mut flows) = net_with_flows(1, GBIT, WrOpcode::RdmaWrite);
+    net.faults.delay_ns = 5 * MS;
+    flows[0].started = true;
+    let r = rates_over(&mut net, &mut flows, 1000 * MS)[0];
+    let cc = net.nodes[0].engine.qp_cc_stats(flows[0].qp).unwrap();
+    eprintln!("{:.0} Mb/s over the first second, {cc:?}", r / 1e6);
+    assert_eq!(net.bottleneck.as_ref().unwrap().drops, 0);
+    assert_eq!(cc.loss_decreases, 0);
+    assert!(!cc.slow_start);
+    assert_eq!(cc.base_probes, 1);
+    assert_eq!(cc.min_rtt / MS, 10);
+    finish_and_verify(&mut net, &mut flows);
 }

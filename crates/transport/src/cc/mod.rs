@@ -35,13 +35,15 @@
 //!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
 //!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
 //! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
-//!   three samples in a row are over the target (HyStart++, RFC 9406, also takes
-//!   several), or a loss: the target window on a 5 ms path is 100 times that of a
-//!   veth. Waiting for a round's end, as the other decisions do, overshot a 10 ms
-//!   path's token bucket fourfold. Additive increase is one packet per millisecond of
+//!   three samples in a row are an eighth of the base (at least 0.5 ms) over it
+//!   (HyStart++, RFC 9406, also takes several), or a loss: the target window on a 5 ms
+//!   path is 100 times that of a veth. The window doubles while the first late samples
+//!   come back, so ending at the target, or at a round's end as the other decisions
+//!   do, overflowed a 10 ms path's token bucket. Additive increase is one packet per millisecond of
 //!   smoothed round trip, so a long path regains its window about as fast as a short
 //!   one.
-//! - A loss cuts the window (by half) only when the round trip is over the target: a
+//! - A loss cuts the window (to the base over the smoothed round trip, what the path
+//!   holds without its queue, by at most half) only when the round trip is over the target: a
 //!   full queue that drops has one; a lossy link (1 % random loss) does not, and
 //!   halving there left a third of the throughput (TCP Veno's rule). It cuts once per
 //!   recovery episode: losses found before everything sent at the cut is acknowledged
@@ -53,12 +55,14 @@
 //!   higher and it takes the whole link (Vegas' and LEDBAT's latecomer advantage).
 //!   As LEDBAT++ does (its "slowdown", draft-irtf-iccrg-ledbat-plus-plus), a flow
 //!   probes the base two round trips after its first slow start ends: the window
-//!   falls to its least for two round trips and the least round trip of a packet sent
-//!   in that time may lower the base. The flows it displaced have given way by then
-//!   and send less than the link together, so the queue drains. A window-based flow
-//!   whose window is over the path's bandwidth-delay product keeps a queue by itself
-//!   until it has shrunk, so a second probe follows 16 round trips on, and another
-//!   after each that lowers the base by more than scheduling noise. A base not seen again
+//!   falls to its least until what was in flight has come back, and the least round
+//!   trip of a packet sent from then on may lower the base (the first of them lead the
+//!   drained queue, so the window goes back at once: what follows queues behind them).
+//!   The flows it displaced have given way by then and send less than the link
+//!   together, so the queue drains. A window-based flow whose window is over the
+//!   path's bandwidth-delay product keeps a queue by itself until it has shrunk, so a
+//!   probe that lowers the base by more than scheduling noise is followed by another
+//!   16 round trips on. A base not seen again
 //!   for `min_rtt_window` (10 s) is probed the same way and replaced by the probe's
 //!   least (a longer route), where taking the samples of a standing queue for it
 //!   would let the base climb at every expiry (LEDBAT's latency drift); BBR's
@@ -87,9 +91,9 @@
 //! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
 //! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
-//! Known limits: a base probe costs two round trips at the least window, twice after
-//! the first slow start and every 10 s in which the base is not seen (about 1-2 % of
-//! a 5 s run on a 10 ms path, 0.2 % after); it drains the queue only if the other flows give way
+//! Known limits: a base probe costs about a round trip of an empty path, after the
+//! first slow start and every 10 s in which the base is not seen (under 1 % of a 5 s
+//! run on a 10 ms path, 0.1 % after); it drains the queue only if the other flows give way
 //! (delay-based ones do, buffer-filling TCP does not: then the expired base takes
 //! TCP's queue, which keeps the delay-based flow its share); on a 10 ms path one loss
 //! costs go-back-N a window of up to 1.5 MB where TCP with SACK resends what was lost,
