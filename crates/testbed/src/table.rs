@@ -174,11 +174,15 @@ fn strings(a: &[&str]) -> Vec<String> {
 
 impl Flow {
     /// Waits for both processes and reads the client's result.
-    fn finish(self) -> Result<Outcome, String> {
+    fn finish(mut self) -> Result<Outcome, String> {
         let out = self
             .client
             .wait_with_output()
             .map_err(|e| err("client", e))?;
+        if !out.status.success() {
+            // A server waits for a client that never came (iperf3 -s -1 forever).
+            let _ = self.server.kill();
+        }
         let srv = self
             .server
             .wait_with_output()

@@ -15,8 +15,6 @@ pub use process::{finish, serial, Done};
 pub const SERVER: &str = "127.0.6.2";
 pub const CLIENT: &str = "127.0.6.3";
 
-/// `target/<profile>`: where cargo leaves both libraries (and build.rs their `.so.1`
-/// links).
 /// A built cdylib: in `target/<profile>/deps/` (where `cargo test` leaves it) or one
 /// level up (`cargo build`).
 fn built_library(file: &str) -> PathBuf {
