@@ -42,6 +42,14 @@ impl Qp {
         }
         let una_before = self.req.una;
         let op = h.bth.opcode;
+        if op.is_ack()
+            && h.aeth
+                .is_some_and(|a| matches!(a.kind(), AethKind::Ack { .. }))
+        {
+            // The responder holds every request up to it, even where `una` waits for a
+            // READ's responses: the scoreboard must not take those for lost.
+            self.mp_held_through(ctx.now, psn);
+        }
         if op.is_ack() {
             self.on_ack(ctx, h);
         } else if op.is_atomic_ack() {
@@ -72,8 +80,8 @@ impl Qp {
     }
 
     /// Everything up to and including `last` is acknowledged. A READ/atomic in that
-    /// range still missing its response lost it (responses precede later ACKs): resend
-    /// from there. Returns false when such a loss was found.
+    /// range still missing its response lost it (responses precede later ACKs on one
+    /// path): resend from there. Returns false when such a loss was found.
     fn ack_through(&mut self, ctx: &mut Ctx<'_>, last: Psn) -> bool {
         let mut una = last.next();
         let mut loss = None;
@@ -102,6 +110,15 @@ impl Qp {
             self.req.una = una;
         }
         if let Some(p) = loss {
+            if self.mp_active() {
+                // Multipath: responses and ACKs take different paths, so a later ACK may
+                // overtake them. Missing ones are judged as early responses are, after
+                // the reorder wait (each judgement spends a retry).
+                if self.req.read_gap_at.is_none() {
+                    self.req.read_gap_at = Some(ctx.now + self.req.reorder.wait());
+                }
+                return false;
+            }
             self.retransmit_from(ctx, p, LossCause::Gap);
             return false;
         }

@@ -124,8 +124,12 @@ counters! {
     mp_resent,
     /// Multipath: paths failed.
     mp_path_failed,
+    /// Multipath: times a path went silent while others delivered (its packets moved).
+    mp_path_silent,
     /// Multipath: failed paths readmitted.
     mp_path_readmitted,
     /// Multipath: path probes sent.
     mp_probe_sent,
+    /// Multipath: path probes of the peer answered.
+    mp_probe_answered,
 }

@@ -260,7 +260,12 @@ fn cut(src: Option<IpAddr>, dst: Option<IpAddr>) -> PathFault {
 fn a_cut_link_fails_its_paths_and_nothing_is_lost() {
     // Link 1 goes dark both ways mid-transfer.
     let faults = [cut(None, Some(ip(1, 1))), cut(None, Some(ip(0, 1)))];
-    let (net, a, gap) = bulk_with_fault(4, 2, 300_000, &faults);
+    let (mut net, a, gap) = bulk_with_fault(4, 2, 300_000, &faults);
+    // Its paths went silent while the others delivered: their packets moved at once.
+    assert!(net.nodes[0].engine.counters().mp_path_silent >= 1);
+    // Their probes go unanswered: they fail.
+    let until = net.now + 100_000_000;
+    while net.now < until && net.step() {}
     let c = net.nodes[0].engine.counters();
     assert!(c.mp_path_failed >= 2, "{c:?}");
     assert!(c.mp_resent > 0);
@@ -286,7 +291,7 @@ fn one_way_black_holes_in_either_direction() {
     let (net, _a, gap) = bulk_with_fault(5, 2, 300_000, &[cut(None, Some(ip(1, 1)))]);
     let c = net.nodes[0].engine.counters();
     assert_eq!(c.retry_exceeded_err, 0);
-    assert!(c.mp_path_failed >= 1);
+    assert!(c.mp_path_silent + c.mp_path_failed >= 1, "{c:?}");
     assert!(
         gap < 5_000_000,
         "data-direction gap {gap} ns: {c:?} {:?}",
@@ -333,9 +338,74 @@ fn asymmetric_delay_and_loss() {
 }
 
 #[test]
+fn one_lossy_path_resends_about_what_it_lost() {
+    // 1 % of the packets towards one of node 1's two addresses vanish: RACK per path
+    // finds each one from the packets after it on its own path, and nothing that was
+    // only slower is sent again.
+    let faults = [PathFault {
+        dst: Some(ip(1, 0)),
+        loss: 0.01,
+        ..PathFault::default()
+    }];
+    let (net, a, _gap) = bulk_on(15, 2, &faults, 0, &[]);
+    let s = stats(&net, 0, a);
+    // Lost: what the faults dropped and what the responder's bounded reorder memory
+    // could not keep.
+    let r = net.nodes[1].engine.counters();
+    let lost = net.path_fault_drops + (r.out_of_seq_request - r.ooo_buffered);
+    assert!(net.path_fault_drops > 10, "{}", net.path_fault_drops);
+    assert!(
+        s.resends * 2 <= 3 * lost,
+        "resent {} for {lost} lost: {s:?}",
+        s.resends
+    );
+    // Nothing resent had arrived already.
+    assert!(r.duplicate_request * 10 <= lost, "{r:?}");
+    assert_eq!(net.nodes[0].engine.counters().mp_path_failed, 0);
+}
+
+#[test]
+fn a_path_ten_times_slower_is_neither_lossy_nor_silent() {
+    // Every packet towards node 1's second address takes 500 µs more each way: ten
+    // times the others' round trip. Its packets are late, not lost: the other paths'
+    // deliveries say nothing of them.
+    let faults = [
+        PathFault {
+            dst: Some(ip(1, 1)),
+            delay_ns: 500_000,
+            ..PathFault::default()
+        },
+        PathFault {
+            src: Some(ip(1, 1)),
+            delay_ns: 500_000,
+            ..PathFault::default()
+        },
+    ];
+    let (net, a, _gap) = bulk_on(16, 2, &faults, 0, &[]);
+    let s = stats(&net, 0, a);
+    let slow: u64 = s
+        .paths
+        .iter()
+        .filter(|p| p.dst.ip() == ip(1, 1))
+        .map(|p| p.pkts)
+        .sum();
+    assert!(slow > 100, "the slow path carried: {s:?}");
+    let pkts: u64 = s.paths.iter().map(|p| p.pkts).sum();
+    assert!(
+        s.resends * 100 <= pkts,
+        "resent {} of {pkts}: {s:?}",
+        s.resends
+    );
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.mp_path_failed, 0, "{c:?}");
+}
+
+#[test]
 fn four_links_one_cut_and_restored_is_readmitted() {
     let faults = [cut(None, Some(ip(1, 2))), cut(None, Some(ip(0, 2)))];
     let (mut net, a, _gap) = bulk_with_fault(8, 4, 200_000, &faults);
+    let until = net.now + 100_000_000;
+    while net.now < until && net.step() {}
     assert!(stats(&net, 0, a).paths.iter().any(|p| p.state == "failed"));
     net.path_faults.clear();
     let until = net.now + 1_000_000_000;

@@ -365,10 +365,16 @@ fn retransmissions(tl: &Timeline, t: Transport, retrans_tcp: u64) -> (u64, Optio
         Transport::Mptcp => Some(retrans_tcp),
         _ => {
             let (iters, size, mtu) = (j["iters"].as_u64(), j["size"].as_u64(), j["mtu"].as_u64());
-            let sent = tl.flow.counters.get("sent_pkts").copied();
-            match (iters, size, mtu, sent) {
+            let c = &tl.flow.counters;
+            // Path probes, their answers and the negotiation MADs are packets sent too,
+            // not retransmissions.
+            let extra: u64 = ["mp_probe_sent", "mp_probe_answered", "mp_hello_sent"]
+                .iter()
+                .filter_map(|k| c.get(*k))
+                .sum();
+            match (iters, size, mtu, c.get("sent_pkts").copied()) {
                 (Some(i), Some(s), Some(m), Some(sent)) if m > 0 => {
-                    Some(sent.saturating_sub(i * s.div_ceil(m)))
+                    Some(sent.saturating_sub(i * s.div_ceil(m) + extra))
                 }
                 _ => None,
             }

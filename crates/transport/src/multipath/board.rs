@@ -50,8 +50,6 @@ const UNTRACKED: Sent = Sent {
 pub(crate) struct Board {
     pub base: Psn,
     pub sent: VecDeque<Sent>,
-    /// The latest send time of any acknowledged or SACKed packet (RACK's reference).
-    pub newest_acked_at: Nanos,
 }
 
 /// What acknowledging or marking did, for the caller's bookkeeping.
@@ -120,7 +118,6 @@ impl Board {
             self.base = self.base.next();
             if s.mark == Mark::Out || s.mark == Mark::Sacked {
                 credit(&s, paths, now, s.mark == Mark::Out);
-                self.newest_acked_at = self.newest_acked_at.max(s.at);
             } else if s.mark == Mark::Lost {
                 late(&s, paths, now);
             }
@@ -141,7 +138,6 @@ impl Board {
                 s.mark = Mark::Sacked;
                 let s = *s;
                 credit(&s, paths, now, true);
-                self.newest_acked_at = self.newest_acked_at.max(s.at);
             } else if s.mark == Mark::Lost {
                 // Arrived after all (late, not lost): no resend needed.
                 s.mark = Mark::Sacked;
@@ -151,14 +147,15 @@ impl Board {
         }
     }
 
-    /// Find packets lost: three later packets on their path acknowledged, or, with a
-    /// later-sent packet acknowledged, older than their path's reorder wait; or, with
-    /// nothing sent after them acknowledged (a lost tail, a lost resend), older than
-    /// twice that (the probe timeout of RACK-TLP, RFC 8985).
+    /// Find packets lost, RACK per path (RFC 8985): a path is FIFO, so a packet is lost
+    /// once a packet sent after it on its own path was delivered and three later ones
+    /// were, or it is older than that one's round trip plus the path's reorder window.
+    /// The other paths' deliveries say nothing of it: their delays and queues differ.
+    /// With nothing sent after it on its path delivered (a lost tail, a lost resend),
+    /// it is lost after the path's probe timeout (RACK-TLP); a path that delivers
+    /// nothing while others do is found silent sooner (`PathState::silent_at`).
     pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
         let mut f = Found::default();
-        let newest = self.newest_acked_at;
-        let floor = super::paths::reorder_floor(paths);
         let mut psn = self.base;
         for s in self.sent.iter_mut() {
             let this = psn;
@@ -169,10 +166,13 @@ impl Board {
             let Some(p) = paths.get_mut(usize::from(s.path)) else {
                 continue;
             };
-            let later_acked = s.at < newest;
-            let by_seq = later_acked && p.acked_seq >= s.seq + 3;
-            let wait = p.reorder_wait(floor);
-            let due = s.at + if later_acked { wait } else { 2 * wait };
+            let overtaken = s.at < p.rack_at;
+            let by_seq = overtaken && p.acked_seq >= s.seq + 3;
+            let due = if overtaken {
+                s.at + p.rack_rtt + p.reo_wnd()
+            } else {
+                s.at + p.tail_wait()
+            };
             if by_seq || due <= now {
                 s.mark = Mark::Lost;
                 p.on_lost(s.at, now);
@@ -246,7 +246,8 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
         if !s.resent {
             p.on_rtt(now.saturating_sub(s.at));
         }
-        p.on_spurious();
+        p.on_delivered(s.at, now, false);
+        p.on_spurious(s.at, now);
     }
 }
 
@@ -256,6 +257,9 @@ fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
         if in_flight && !s.resent {
             p.on_rtt(rtt);
             p.data_rtt = true;
+        }
+        if in_flight {
+            p.on_delivered(s.at, now, !s.resent);
         }
         if in_flight {
             let sample = (!s.resent).then_some(RttSample {
@@ -307,23 +311,36 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_path_loses_by_time_and_failing_it_moves_its_packets() {
+    fn a_packet_overtaken_on_its_own_path_is_lost_after_the_reorder_window() {
         let mut ps = paths(2);
         let mut b = Board::default();
+        // Path 1 is slow (10 ms): its packet 0 is not lost for path 0's deliveries.
         b.record(Psn::new(0), 1, 1, 0, false);
-        b.record(Psn::new(1), 1, 2, 0, false);
-        b.record(Psn::new(2), 0, 1, 10, false);
+        b.record(Psn::new(1), 0, 1, 10, false);
+        b.record(Psn::new(2), 0, 2, 20, false);
+        b.record(Psn::new(3), 1, 2, 30, false);
         ps[1].inflight = 2;
-        ps[0].inflight = 1;
-        b.sack(Psn::new(2), Psn::new(2), &mut ps, 20_000);
-        let f = b.detect(&mut ps, 20_000);
+        ps[0].inflight = 2;
+        b.sack(Psn::new(1), Psn::new(2), &mut ps, 1_000);
+        let f = b.detect(&mut ps, 1_000);
         assert!(f.lost.is_empty());
-        let wait = ps[1].reorder_wait(0);
-        assert_eq!(f.next_check, Some(wait));
-        let f = b.detect(&mut ps, wait);
-        assert_eq!(f.lost, vec![Psn::new(0), Psn::new(1)]);
-        assert_eq!(ps[1].losses, 2);
-        b.record(Psn::new(0), 0, 2, wait, false);
-        assert!(b.fail_path(0, &mut ps).contains(&Psn::new(0)));
+        // Its tail waits for the probe timeout.
+        assert_eq!(f.next_check, Some(ps[1].tail_wait()));
+        // Packet 3, sent after it on path 1, arrives: 0 is lost a reorder window after
+        // 3's round trip would have brought it.
+        b.sack(Psn::new(3), Psn::new(3), &mut ps, 10_030);
+        let f = b.detect(&mut ps, 10_030);
+        assert!(f.lost.is_empty());
+        let due = ps[1].rack_rtt + ps[1].reo_wnd();
+        assert_eq!(f.next_check, Some(due));
+        let f = b.detect(&mut ps, due);
+        assert_eq!(f.lost, vec![Psn::new(0)]);
+        assert_eq!(ps[1].losses, 1);
+        // It arrives late after all: the path's reorder window grows.
+        b.sack(Psn::new(0), Psn::new(0), &mut ps, due + 100);
+        assert_eq!(ps[1].spurious, 1);
+        assert_eq!(ps[1].reo_mult, 2);
+        b.record(Psn::new(4), 0, 3, due, false);
+        assert!(b.fail_path(0, &mut ps).contains(&Psn::new(4)));
     }
 }

@@ -13,7 +13,7 @@ use crate::requester::{TxPlan, TxSource};
 use crate::verbs::*;
 
 use super::board::Found;
-use super::paths::{best, paced_until, reorder_floor};
+use super::paths::{best, paced_until};
 use super::wire::{self as mpw, Hello, Probe, Sack};
 use super::{
     MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, HELLO_TRIES, KEEPALIVE_NS,
@@ -237,9 +237,8 @@ impl Qp {
             if let Some(l) = m.pace_at {
                 min(l);
             }
-            let floor = reorder_floor(&m.paths);
-            for p in m.paths.iter().filter(|p| p.status == PathStatus::Active) {
-                if let Some(at) = p.silent_at(floor) {
+            for p in &m.paths {
+                if let Some(at) = p.silent_at() {
                     min(at);
                 }
             }
@@ -282,13 +281,16 @@ impl Qp {
         if m.pace_at.is_some_and(|t| t <= now) {
             m.pace_at = None;
         }
-        let floor = reorder_floor(&m.paths);
-        let silent = m.paths.iter().any(|p| {
-            p.status == PathStatus::Active && p.silent_at(floor).is_some_and(|t| t <= now)
-        });
-        if silent || m.loss_at.is_some_and(|t| t <= now) {
+        let silent = m
+            .paths
+            .iter()
+            .any(|p| p.silent_at().is_some_and(|t| t <= now));
+        if m.loss_at.is_some_and(|t| t <= now) {
             m.loss_at = None;
             self.mp_detect(ctx);
+        }
+        if silent {
+            self.mp_find_silent(ctx);
         }
         self.mp_probe_paths(ctx);
     }
@@ -359,6 +361,10 @@ impl Qp {
         if p.status == PathStatus::Failed {
             return;
         }
+        if p.suspect {
+            // Its silence was real: the allowance added after false ones shrinks.
+            p.silence_extra /= 2;
+        }
         p.set_status(PathStatus::Failed, now);
         ctx.counters.mp_path_failed += 1;
         let lost = m.board.fail_path(i as u8, &mut m.paths);
@@ -378,45 +384,57 @@ impl Qp {
         m.loss_at = found.next_check;
         ctx.counters.mp_lost += found.lost.len() as u64;
         m.resend.extend(found.lost.iter().copied());
-        let active = m
-            .paths
-            .iter()
-            .filter(|p| p.status == PathStatus::Active)
-            .count();
-        // A path fails when it is silent while another one carries: losses alone are
-        // a full queue's (a token bucket drops runs of packets), its controller's
-        // business; failing the path for them failed and readmitted it over and over.
-        let floor = reorder_floor(&m.paths);
+    }
+
+    /// Paths silent while another delivers: their packets move to the others at once,
+    /// and they carry no new ones until they deliver or answer a probe (sent now);
+    /// unanswered probes fail them. Judged at the timer only, after the step's
+    /// received datagrams were all fed: after a pause of the hosts, the deliveries of
+    /// every path arrive in one burst, and one path's ACKs must not make another look
+    /// silent before its own are in. Losses alone never do: a token bucket's queue drops
+    /// runs of packets, its controller's business; failing the path for them failed
+    /// and readmitted it over and over, each time with a new controller.
+    fn mp_find_silent(&mut self, ctx: &mut Ctx<'_>) {
+        let now = ctx.now;
+        let Some(m) = self.mp.as_deref_mut() else {
+            return;
+        };
         let paths = &m.paths;
-        let failing: Vec<usize> = paths
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| {
-                let Some((since, at)) = p.waiting_since.zip(p.silent_at(floor)) else {
-                    return false;
-                };
-                p.status == PathStatus::Active
-                    && at <= now
-                    && paths.iter().enumerate().any(|(j, q)| {
-                        j != *i && q.status == PathStatus::Active && q.alive_at > since
-                    })
-            })
-            .map(|(i, _)| i)
-            .collect();
-        // A path silent with no other carrying either is left to the retransmit timer;
-        // its silence is timed again from now (its deadline is not one in the past).
-        for p in m
-            .paths
-            .iter_mut()
-            .filter(|p| p.status == PathStatus::Active)
-        {
-            if p.silent_at(floor).is_some_and(|t| t <= now) {
-                p.waiting_since = Some(now);
+        let mut silent = Vec::new();
+        let mut alone = Vec::new();
+        for (i, p) in paths.iter().enumerate() {
+            let Some(at) = p.silent_at().filter(|&t| t <= now) else {
+                continue;
+            };
+            // Another path delivered after this one's packet was due: the peer and the
+            // hosts work, this path does not.
+            let due = at - p.silence_allow();
+            let others = paths.iter().enumerate().any(|(j, q)| {
+                j != i && q.status == PathStatus::Active && !q.suspect && q.alive_at > due
+            });
+            if others {
+                silent.push(i);
+            } else {
+                alone.push(i);
             }
         }
-        if active > failing.len() {
-            for i in failing {
-                self.mp_fail_path(ctx, i);
+        // Silent with no other path delivering either: the retransmit timer's
+        // business; judged again later, not at a deadline in the past.
+        for i in alone {
+            if let Some(p) = m.paths.get_mut(i) {
+                p.silence_recheck = now + p.silence_allow();
+            }
+        }
+        for i in silent {
+            let lost = m.board.fail_path(i as u8, &mut m.paths);
+            if let Some(p) = m.paths.get_mut(i) {
+                p.on_silent(now);
+            }
+            ctx.counters.mp_path_silent += 1;
+            ctx.counters.mp_lost += lost.len() as u64;
+            m.resend.extend(lost);
+            if m.cur == Some(i) {
+                m.cur = None;
             }
         }
     }
@@ -425,11 +443,25 @@ impl Qp {
     pub(crate) fn mp_progress(&mut self, ctx: &mut Ctx<'_>) {
         let una = self.req.una;
         let now = ctx.now;
-        let Some(m) = self.mp.as_deref_mut().filter(|m| m.active) else {
+        if !self.mp_active() {
+            return;
+        }
+        let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
         m.board.ack_to(una, &mut m.paths, now);
         self.mp_detect(ctx);
+    }
+
+    /// The responder acknowledged every request up to `psn`: the scoreboard marks them
+    /// held (a READ's responses may still be missing; the completer judges those).
+    pub(crate) fn mp_held_through(&mut self, now: Nanos, psn: Psn) {
+        if let Some(m) = self.mp.as_deref_mut().filter(|m| m.active) {
+            let base = m.board.base;
+            if !psn.is_before(base) {
+                m.board.sack(base, psn, &mut m.paths, now);
+            }
+        }
     }
 
     /// Choose the path of the next new request packet: None when every active path's
@@ -540,7 +572,6 @@ impl Qp {
         };
         p.pkts += 1;
         p.bytes += plan.wire_len() as u64;
-        p.on_sent(now, plan.wire_len() as u64);
         if resend {
             p.retransmits += 1;
             m.resends += 1;
@@ -548,6 +579,7 @@ impl Qp {
         }
         let seq = p.next_seq;
         let psn = plan.hdr.bth.psn;
+        p.on_sent(seq, now, plan.wire_len() as u64);
         if let Some(prev) = m.board.record(psn, plan.path, seq, now, app_limited) {
             p.next_seq += 1;
             p.inflight += 1;
@@ -696,6 +728,7 @@ impl Qp {
                     return;
                 };
                 if let Some(bytes) = mpw::encode_probe(self.attr.dest_qp_num, true, p) {
+                    ctx.counters.mp_probe_answered += 1;
                     let sport = self.path.sport;
                     let port = ctx.cfg.udp_port;
                     ctx.mp_out.push_back(MpPacket {
@@ -740,11 +773,21 @@ impl Qp {
 
     /// A SACK: its cumulative part is an ACK; its ranges mark packets held.
     fn mp_on_sack(&mut self, ctx: &mut Ctx<'_>, cum: Psn, s: &Sack) {
+        let now = ctx.now;
+        let active = self.mp_active();
+        if active {
+            // The ranges first: the cumulative part's loss detection then sees every
+            // delivery this SACK reports (a path whose packets are only in the ranges
+            // is not silent).
+            if let Some(m) = self.mp.as_deref_mut() {
+                for &(a, b) in &s.ranges {
+                    m.board.sack(a, b, &mut m.paths, now);
+                }
+            }
+        }
         let mut h = Headers::new(Bth::new(Opcode::RC_ACKNOWLEDGE, self.qpn_t(), cum));
         h.aeth = Some(Aeth::ack(s.msn, Aeth::CREDITS_INVALID));
         self.on_response(ctx, &h, &[]);
-        let now = ctx.now;
-        let active = self.mp_active();
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
@@ -756,9 +799,6 @@ impl Qp {
                 self.retransmit_from(ctx, cum.next(), LossCause::Gap);
             }
             return;
-        }
-        for &(a, b) in &s.ranges {
-            m.board.sack(a, b, &mut m.paths, now);
         }
         self.mp_detect(ctx);
     }
@@ -800,7 +840,7 @@ impl Qp {
             m.resend.clear();
             m.board.clear(&mut m.paths);
             for p in &mut m.paths {
-                p.waiting_since = None;
+                p.sent_at.clear();
             }
             m.cur = None;
         }

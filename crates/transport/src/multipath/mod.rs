@@ -66,24 +66,36 @@
 //!
 //! # Loss detection (requester)
 //! A scoreboard keeps, per PSN in flight, the path, per-path sequence number and send
-//! time. A packet is lost when three later packets on its path were acknowledged
-//! (paths are FIFO; packets sent twice give no order, Karn) or, RACK-style (RFC 8985),
-//! when a packet sent after it on any path was acknowledged and it is older than its
-//! path's reorder wait: RTT plus the larger of 4 × variation, RTT/4 and 100 µs, never
-//! less than the slowest active path's RTT (all paths share the host's queues), plus
-//! an allowance that grows with every spurious loss and decays with acknowledgements.
-//! With nothing later acknowledged (a lost tail or resend) twice that wait is the
-//! probe timeout. Lost packets are resent alone, on another healthy path, with AckReq.
-//! A READ or atomic request found lost is re-requested as plain RC does it (a READ
-//! alone), spending no retry; READ responses reorder and repair as in plain RC.
+//! time. Each path is FIFO, so loss is judged per path, RACK-style (RFC 8985): a packet
+//! is lost once a packet sent after it on its own path was delivered (acknowledged or
+//! SACKed) and three later ones were, or it is older than that one's round trip plus
+//! the path's reorder window (a quarter of its least round trip, at least 100 µs, times
+//! a multiplier that grows when a loss proves spurious, a packet taken for lost
+//! arriving after all, and starts over after 16 recoveries). The other paths'
+//! deliveries say nothing of it: their delays and queues differ (judged against them,
+//! late packets of a slower or more queued path were taken for lost by the thousand).
+//! Every ACK tells the scoreboard what the responder holds, even where the QP's oldest
+//! unacknowledged PSN waits for a READ's responses. A packet with nothing sent after
+//! it on its path delivered (a lost tail) is lost after twice the longest round trip
+//! the path should take plus its silence allowance. Lost packets are resent alone, on
+//! another healthy path, with AckReq. A READ or atomic request found lost is
+//! re-requested as plain RC does it (a READ alone), spending no retry; READ responses
+//! reorder and repair as in plain RC, except that an ACK overtaking them (it may come
+//! by another path) is no loss until the reorder wait has passed.
 //!
-//! # Failure and readmission
-//! A path fails when it is silent while another active path carries: nothing sent on
-//! it acknowledged for twice its reorder wait (RACK-TLP's probe timeout) since a packet
-//! began to wait (a send with nothing in flight, or its last acknowledgement). Losses
-//! do not fail a path: a token bucket's queue drops runs of packets but lets others
-//! through, whose ACKs keep the path alive; that is congestion, for its controller.
-//! A path also fails after `PROBE_MISSES` unanswered probes (never the last active path: that one the
+//! # Silence, failure and readmission
+//! A path is silent when the next packet it should deliver (the oldest sent after its
+//! newest delivered one) is overdue: past its send time plus the longest round trip the
+//! path should take (the last delivery's or the smoothed one, plus two variations),
+//! plus an allowance (its deliveries' spacing plus four variations, at least two round
+//! trips between 200 µs and 1 ms, plus what silences that were not added), while another
+//! path delivered after it was due. It is judged at the timer only, after all received
+//! datagrams were fed: after a pause of the hosts, every path's deliveries arrive in
+//! one burst. A silent path's packets in flight move to the other paths at once, it
+//! takes no new ones and is probed at once; a delivery or a probe answer puts it back
+//! in use. Losses do not fail a path: a token bucket's queue drops runs of packets but
+//! lets others through; that is congestion, for its controller.
+//! A path fails after `PROBE_MISSES` unanswered probes (never the last active path: that one the
 //! retransmit timer judges); its in-flight packets move to the other paths at once and
 //! the QP stays in RTS. Active paths are probed every `KEEPALIVE_NS` (which is what
 //! finds a dead ACK direction); a probe may take three smoothed round trips plus
@@ -117,12 +129,11 @@
 //! - A message completes only once its slowest path has delivered, so an application
 //!   needs more posted ahead than on one path (the testbed's table posts 16 MiB).
 //! - Between namespaces (`softhca-impair paths table`) two paths reach 0.97 of their
-//!   sum, four about 0.7: loss detection by time across paths takes the paths'
-//!   different queueing delays and the host's scheduling for loss (packets found lost
-//!   far outnumber the shaper's drops), and each such loss costs a resend and may cut
-//!   a window.
-//! - Loss detection waits for the round trip's variation. On a loaded host that makes
-//!   the longest stall after a silent cut tens of milliseconds, not the one round trip
+//!   sum, four about 0.7 (the 2 cores are the limit there). Four links between two
+//!   hosts with four addresses each make 16 address pairs, each with a thin share of
+//!   the traffic and its own silence timing; a host's scheduling noise (round-trip
+//!   variations of several ms) sets how soon a silent path is found, and the longest
+//!   stall after a silent cut stays tens of milliseconds there, not the one round trip
 //!   of the simulated tests.
 
 mod board;
@@ -302,6 +313,8 @@ pub struct MpPathStats {
     pub spurious: u64,
     /// Retransmissions sent on this path.
     pub retransmits: u64,
+    /// Times its packets moved to the other paths because it went silent.
+    pub silences: u64,
     /// State changes (probing/active/failed).
     pub state_changes: u64,
     /// Probes sent and answered.
@@ -340,11 +353,11 @@ impl MpState {
 
 impl std::fmt::Display for MpPathStats {
     /// One line: `10.0.0.1 -> 10.0.1.2:4791 sport 49901 active srtt 84us cwnd 96
-    /// rate 1.000 Gb/s inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 changes 1 probes 4/4`.
+    /// rate 1.000 Gb/s inflight 12 pkts 5120 bytes 5.3 MB lost 3 (late 1) resent 2 silent 0 changes 1 probes 4/4`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} -> {} sport {} {} srtt {}us cwnd {} rate {:.3} Gb/s inflight {} pkts {} bytes {} lost {} (late {}) resent {} changes {} probes {}/{}",
+            "{} -> {} sport {} {} srtt {}us cwnd {} rate {:.3} Gb/s inflight {} pkts {} bytes {} lost {} (late {}) resent {} silent {} changes {} probes {}/{}",
             self.src,
             self.dst,
             self.sport,
@@ -358,6 +371,7 @@ impl std::fmt::Display for MpPathStats {
             self.losses,
             self.spurious,
             self.retransmits,
+            self.silences,
             self.state_changes,
             self.probe_acks,
             self.probes,

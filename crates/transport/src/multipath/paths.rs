@@ -1,6 +1,8 @@
 //! Per-path state: status, round trip, window, probes, counters; and the choice of
 //! path for the next packet.
 
+use std::collections::VecDeque;
+
 use crate::cc::{Congestion, CongestionControl, Pacer, RttSample};
 use crate::path::Path;
 use crate::timers::rtt_update;
@@ -18,6 +20,20 @@ const MAX_CWND: u32 = 1024;
 const PROBE_TIMEOUT_MIN_NS: Nanos = 5_000_000;
 /// First wait before probing a failed path again.
 const READMIT_FIRST_NS: Nanos = 1_000_000;
+/// Least reorder window of a path (a host's scheduling of one batch).
+const REO_MIN_NS: Nanos = 100_000;
+/// Largest multiplier of the reorder window.
+const REO_MULT_MAX: u32 = 16;
+/// Loss recoveries after which a grown reorder window is reset (RFC 8985 7.2).
+const REO_RESET_RECOVERIES: u32 = 16;
+/// Least silence of a path, past its expected acknowledgement, that makes it suspect
+/// (a host's scheduling noise), and its floor on a path of a few microseconds.
+const SILENCE_MIN_NS: Nanos = 1_000_000;
+const SILENCE_FLOOR_NS: Nanos = 200_000;
+/// Most added to a path's silence allowance after silences that were not.
+const SILENCE_EXTRA_MAX_NS: Nanos = 8_000_000;
+/// Most send times a path keeps for its silence (a window's worth and more).
+const SENT_AT_MAX: usize = 4096;
 
 /// Where a path stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,17 +78,40 @@ pub(crate) struct PathState {
     pub pacer: Pacer,
     /// Packet size the controller counts in.
     pub mtu: u64,
-    /// Since when a packet sent on this path waits for an acknowledgement with none
-    /// come: set by a send with nothing in flight, moved by every acknowledgement of
-    /// one of its packets (None: nothing waits).
-    pub waiting_since: Option<Nanos>,
+    /// Sequence number and send time of the packets sent on this path after the newest
+    /// one delivered: the oldest is the next this FIFO path should deliver.
+    pub sent_at: VecDeque<(u32, Nanos)>,
+    /// RACK per path (RFC 8985): the send time and round trip of the packet delivered
+    /// last by send time (sent once).
+    pub rack_at: Nanos,
+    pub rack_rtt: Nanos,
+    /// Least round trip of a data packet.
+    pub min_rtt: Nanos,
+    /// The reorder window in quarters of `min_rtt` (RACK's reo_wnd_mult): grows when a
+    /// loss proves spurious, at most once per round trip; reset after
+    /// `REO_RESET_RECOVERIES` loss recoveries.
+    pub reo_mult: u32,
+    pub reo_grown_at: Nanos,
+    pub recoveries: u32,
+    /// Smoothed spacing of this path's deliveries while it had packets in flight, and
+    /// its variation.
+    pub ack_gap: Nanos,
+    pub ack_gap_var: Nanos,
+    /// Silent while others delivered: its packets moved to the other paths, no new
+    /// ones until it delivers or answers a probe.
+    pub suspect: bool,
+    /// When its packets last moved for silence (0: none since): a packet sent before
+    /// that and delivered after all shows the silence was not one.
+    pub moved_at: Nanos,
+    /// Added to the silence allowance after silences that were not.
+    pub silence_extra: Nanos,
+    /// Found silent with no other path delivering either (left to the retransmit
+    /// timer): not judged again before this.
+    pub silence_recheck: Nanos,
     /// The window was last cut for a packet sent before this time.
     pub cut_at: Nanos,
     /// Acknowledged packets since the window last grew (congestion avoidance).
     pub acked_since_grow: u32,
-    /// Added to the reorder wait after losses that were not (RACK's reorder window
-    /// grows on spurious retransmissions, RFC 8985 6.2); decays as packets are acked.
-    pub reo_extra: Nanos,
     /// The window before the last cut (0: none to undo).
     pub prior_cwnd: u32,
     /// Losses in the current loss round, and when the last one was found.
@@ -99,6 +138,8 @@ pub(crate) struct PathState {
     /// Packets taken for lost that arrived after all.
     pub spurious: u64,
     pub retransmits: u64,
+    /// Times its packets moved for silence.
+    pub silences: u64,
     pub state_changes: u64,
     pub probes: u64,
     pub probe_acks: u64,
@@ -118,10 +159,21 @@ impl PathState {
             cc: None,
             pacer: Pacer::default(),
             mtu: 4096,
-            waiting_since: None,
+            sent_at: VecDeque::new(),
+            rack_at: 0,
+            rack_rtt: 0,
+            min_rtt: 0,
+            reo_mult: 1,
+            reo_grown_at: 0,
+            recoveries: 0,
+            ack_gap: 0,
+            ack_gap_var: 0,
+            suspect: false,
+            moved_at: 0,
+            silence_extra: 0,
+            silence_recheck: 0,
             cut_at: 0,
             acked_since_grow: 0,
-            reo_extra: 0,
             prior_cwnd: 0,
             round_losses: 0,
             last_loss_at: 0,
@@ -137,6 +189,7 @@ impl PathState {
             losses: 0,
             spurious: 0,
             retransmits: 0,
+            silences: 0,
             state_changes: 0,
             probes: 0,
             probe_acks: 0,
@@ -147,7 +200,8 @@ impl PathState {
         if self.status != s {
             self.status = s;
             self.state_changes += 1;
-            self.waiting_since = None;
+            self.sent_at.clear();
+            self.suspect = false;
             if s == PathStatus::Failed {
                 self.backoff = READMIT_FIRST_NS;
                 self.probe_at = now + self.backoff;
@@ -161,16 +215,42 @@ impl PathState {
         (3 * (self.srtt + 4 * self.rttvar)).max(PROBE_TIMEOUT_MIN_NS)
     }
 
-    /// How long past its send time an unacknowledged packet on this path may be, with
-    /// later ones acknowledged, before it counts as lost: its smoothed RTT plus the
-    /// larger of four variations (queueing that grows), a quarter RTT (RACK's reorder
-    /// window) and 100 µs; 1 ms before a measurement. Never less than `floor` (see
-    /// [`reorder_floor`]).
-    pub fn reorder_wait(&self, floor: Nanos) -> Nanos {
+    /// RACK's reorder window on this path (RFC 8985 6.2): a quarter of its least round
+    /// trip (at least `REO_MIN_NS`) times `reo_mult`, at most its smoothed round trip.
+    /// A path is FIFO, so a packet overtaken on its own path is lost after this short
+    /// wait, whatever the other paths' delays.
+    pub fn reo_wnd(&self) -> Nanos {
+        let quarter = (self.min_rtt / 4).max(REO_MIN_NS);
+        (quarter * u64::from(self.reo_mult)).min(self.srtt.max(quarter))
+    }
+
+    /// How long past its send time a packet with nothing sent after it on its path
+    /// delivered may be before it counts as lost (RACK-TLP's probe timeout, RFC 8985
+    /// 7.2): twice the longest round trip expected plus the silence allowance, so that
+    /// while other paths deliver, a path that delivers nothing is found silent first
+    /// (its packets move once, and a probe asks whether it works); this is for a tail
+    /// with no path delivering.
+    pub fn tail_wait(&self) -> Nanos {
+        2 * self.expect_rtt() + self.silence_allow()
+    }
+
+    /// The longest round trip the next delivery on this path should take: the last
+    /// one's (RACK's) or the smoothed one, whichever is longer, plus two variations (a
+    /// queue that grows, a host's scheduling); 1 ms before a measurement.
+    fn expect_rtt(&self) -> Nanos {
         if self.srtt == 0 {
-            return floor.max(1_000_000) + self.reo_extra;
+            return 1_000_000;
         }
-        (self.srtt + (4 * self.rttvar).max(self.srtt / 4).max(100_000)).max(floor) + self.reo_extra
+        self.rack_rtt.max(self.srtt) + 2 * self.rttvar
+    }
+
+    /// How long a working path may stay silent past its expected delivery: its
+    /// deliveries' spacing plus four variations (with many paths, each gets a burst now
+    /// and then), at least two round trips between `SILENCE_FLOOR_NS` and
+    /// `SILENCE_MIN_NS`, plus what silences that were not added.
+    pub fn silence_allow(&self) -> Nanos {
+        let floor = (2 * self.srtt).clamp(SILENCE_FLOOR_NS, SILENCE_MIN_NS);
+        (self.ack_gap + 4 * self.ack_gap_var).max(floor) + self.silence_extra
     }
 
     pub fn on_rtt(&mut self, sample: Nanos) {
@@ -193,8 +273,7 @@ impl PathState {
             self.acked_seq = self.acked_seq.max(seq);
         }
         self.alive_at = now;
-        self.waiting_since = (self.inflight > 0).then_some(now);
-        self.reo_extra -= self.reo_extra / 256;
+        self.suspect = false;
         if let Some(ctl) = self.cc.as_mut() {
             ctl.on_ack(now, self.mtu, rtt);
             return;
@@ -214,10 +293,19 @@ impl PathState {
     pub fn on_lost(&mut self, sent_at: Nanos, now: Nanos) {
         self.inflight = self.inflight.saturating_sub(1);
         self.losses += 1;
+        if now > self.last_loss_at + self.srtt.max(REO_MIN_NS) {
+            // A new recovery: after enough of them a grown reorder window starts over.
+            self.recoveries += 1;
+            if self.recoveries >= REO_RESET_RECOVERIES {
+                self.reo_mult = 1;
+                self.recoveries = 0;
+            }
+        }
         if let Some(ctl) = self.cc.as_mut() {
             // The controller tells a full queue (round trip over its target) from a
             // lossy or cut link, and cuts at most once per round trip.
             ctl.on_congestion(now, Congestion::Loss);
+            self.last_loss_at = now;
             return;
         }
         if now > self.last_loss_at + self.srtt.max(100_000) {
@@ -239,16 +327,75 @@ impl PathState {
         }
     }
 
-    /// A packet taken for lost arrived after all: the losses were reordering or a slow
-    /// ACK, not a full queue; the window cut they made is undone (TCP's undo, RFC 3522).
-    pub fn on_spurious(&mut self) {
+    /// A packet sent at `sent_at`, taken for lost, arrived after all: reordering or a
+    /// slow ACK, not a full queue; the window cut is undone (TCP's undo, RFC 3522). If
+    /// it was moved for silence, the silence was not one: the allowance grows, once
+    /// per silence; else the reorder window grows, once per round trip (RFC 8985 7.2,
+    /// where DSACKs show it).
+    pub fn on_spurious(&mut self, sent_at: Nanos, now: Nanos) {
         self.spurious += 1;
-        let step = (self.srtt / 4).max(100_000);
-        self.reo_extra = (self.reo_extra + step).min((4 * self.srtt).max(4_000_000));
+        self.suspect = false;
+        if self.moved_at != 0 && sent_at < self.moved_at {
+            let step = self.silence_allow() - self.silence_extra;
+            self.silence_extra = (self.silence_extra + step).min(SILENCE_EXTRA_MAX_NS);
+            self.moved_at = 0;
+        } else if now > self.reo_grown_at + self.srtt.max(REO_MIN_NS) {
+            self.reo_mult = (self.reo_mult + 1).min(REO_MULT_MAX);
+            self.reo_grown_at = now;
+            self.recoveries = 0;
+        }
         if self.prior_cwnd > self.cwnd {
             self.cwnd = self.prior_cwnd;
         }
         self.prior_cwnd = 0;
+    }
+
+    /// A packet sent at `sent_at` on this path was delivered at `now` (`once`: sent
+    /// once, its round trip known): RACK's reference, the least round trip, the
+    /// deliveries' spacing, and the send times of those still expected (the path is
+    /// FIFO: those sent before it are delivered or lost).
+    pub fn on_delivered(&mut self, sent_at: Nanos, now: Nanos, once: bool) {
+        let rtt = now.saturating_sub(sent_at);
+        if once && sent_at >= self.rack_at {
+            self.rack_at = sent_at;
+            self.rack_rtt = rtt;
+        }
+        if once && (self.min_rtt == 0 || rtt < self.min_rtt) {
+            self.min_rtt = rtt;
+        }
+        // A gap between two deliveries with a packet in flight all along (sent before
+        // the previous one) is the path's own spacing, not idleness.
+        let busy = self
+            .sent_at
+            .front()
+            .is_some_and(|&(_, at)| at < self.alive_at);
+        if once && now > self.alive_at && busy {
+            let gap = now - self.alive_at;
+            if self.ack_gap == 0 {
+                self.ack_gap = gap;
+                self.ack_gap_var = gap / 2;
+            } else {
+                let dev = self.ack_gap.abs_diff(gap);
+                self.ack_gap_var = self.ack_gap_var - self.ack_gap_var / 4 + dev / 4;
+                self.ack_gap = rtt_update(self.ack_gap, gap);
+            }
+        }
+        while self.sent_at.front().is_some_and(|&(_, at)| at <= sent_at) {
+            self.sent_at.pop_front();
+        }
+    }
+
+    /// The path stopped delivering while others went on: its packets move (`board`
+    /// does that), it carries no new ones until it delivers or answers a probe, which
+    /// is sent now.
+    pub fn on_silent(&mut self, now: Nanos) {
+        self.suspect = true;
+        self.moved_at = now;
+        self.silences += 1;
+        self.sent_at.clear();
+        if self.probe.is_none() {
+            self.probe_at = now;
+        }
     }
 
     /// A probe answer with this nonce.
@@ -266,6 +413,7 @@ impl PathState {
         }
         self.last_probe = (0, 0);
         self.alive_at = now;
+        self.suspect = false;
         self.probe_acks += 1;
         if self.probe.is_none_or(|(p, _)| p != nonce) {
             // Answered after its time: a round trip, not yet a working path again.
@@ -289,6 +437,8 @@ impl PathState {
                 at
             }
             PathStatus::Probing => now + self.probe_timeout(),
+            // A suspect path is probed again as soon as a probe is missed.
+            PathStatus::Active if self.suspect => now,
             PathStatus::Active => now + keepalive,
         };
     }
@@ -316,27 +466,36 @@ impl PathState {
 
     /// Whether a new packet may go on this path now: active, window and pacer allow.
     pub fn sendable(&self, now: Nanos) -> bool {
-        self.status == PathStatus::Active && self.room() && self.paced_until(now).is_none()
+        self.status == PathStatus::Active
+            && !self.suspect
+            && self.room()
+            && self.paced_until(now).is_none()
     }
 
-    /// A packet of `bytes` left on this path at `now`.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u64) {
-        // Nothing in flight: the path was idle (or all it had was found lost and it
-        // was not chosen since); silence is timed from this packet.
-        if self.waiting_since.is_none() || self.inflight == 0 {
-            self.waiting_since = Some(now);
+    /// A packet of `bytes` left on this path at `now` as its `seq`-th.
+    pub fn on_sent(&mut self, seq: u32, now: Nanos, bytes: u64) {
+        if self.sent_at.len() >= SENT_AT_MAX {
+            self.sent_at.pop_front();
         }
+        self.sent_at.push_back((seq, now));
         if let Some(rate) = self.cc.as_ref().and_then(|c| c.pacing_rate()) {
             self.pacer.on_sent(now, bytes, rate);
         }
     }
 
-    /// When this path counts as silent: nothing it carried acknowledged for twice its
-    /// reorder wait (RACK-TLP's probe timeout, RFC 8985 7.2) since a packet began to
-    /// wait. A full queue that drops still lets most packets through, whose
-    /// acknowledgements move `waiting_since`; a cut or black hole lets none.
-    pub fn silent_at(&self, floor: Nanos) -> Option<Nanos> {
-        Some(self.waiting_since? + 2 * self.reorder_wait(floor))
+    /// When this active path counts as silent: the next packet it should deliver (the
+    /// oldest sent after the newest delivered) is `silence_allow` past its expected
+    /// round trip and past the last delivery. A full queue that drops still delivers
+    /// most packets; a cut or black hole delivers none.
+    pub fn silent_at(&self) -> Option<Nanos> {
+        // Packets found lost by time still count: a dead path that keeps being chosen
+        // would otherwise never be found silent, only lose every packet it carries.
+        if self.status != PathStatus::Active || self.suspect {
+            return None;
+        }
+        let &(_, at) = self.sent_at.front()?;
+        let t = (at + self.expect_rtt()).max(self.alive_at) + self.silence_allow();
+        Some(t.max(self.silence_recheck))
     }
 
     pub fn stats(&self) -> MpPathStats {
@@ -354,25 +513,12 @@ impl PathState {
             losses: self.losses,
             spurious: self.spurious,
             retransmits: self.retransmits,
+            silences: self.silences,
             state_changes: self.state_changes,
             probes: self.probes,
             probe_acks: self.probe_acks,
         }
     }
-}
-
-/// The least reorder wait of any path: the largest smoothed RTT of the active paths plus
-/// a quarter. Why: every path of a QP leaves through the same host queues (socket
-/// buffer, qdisc), and a path's own samples may be old or come from probes; a packet
-/// is not taken for lost before the slowest working path could have delivered it.
-pub(crate) fn reorder_floor(paths: &[PathState]) -> Nanos {
-    let m = paths
-        .iter()
-        .filter(|p| p.status == PathStatus::Active)
-        .map(|p| p.srtt)
-        .max()
-        .unwrap_or(0);
-    m + m / 4
 }
 
 /// The active path with room in its window and its pacer and the lowest round trip

@@ -194,6 +194,8 @@ pub struct SimNet {
     pub max_batch: usize,
     /// Drop every packet for which this returns true (targeted loss in tests).
     pub filter: Option<Filter>,
+    /// Packets `path_faults` dropped (cut or lost).
+    pub path_fault_drops: u64,
     /// Serialization time per byte in picoseconds (800: 10 Gb/s); 0: packets of one
     /// flight all leave at the same instant.
     pub link_ps_per_byte: u64,
@@ -261,6 +263,7 @@ impl SimNet {
             mtu,
             max_batch: 0,
             filter: None,
+            path_fault_drops: 0,
             link_ps_per_byte: 0,
             link_free_at: vec![0; n],
             bottleneck: None,
@@ -425,6 +428,7 @@ impl SimNet {
         for pf in &self.path_faults {
             if pf.matches(t.src, t.dst.ip()) {
                 if pf.cut || (pf.loss > 0.0 && self.rng.gen_bool(pf.loss)) {
+                    self.path_fault_drops += 1;
                     return;
                 }
                 path_delay += pf.delay_ns;
