@@ -1,8 +1,8 @@
 //! Debian 12's rdma_cm programs, unmodified, between two network namespaces joined by a
-//! link (softhca-testbed's, no impairment): each side's device serves its own
-//! interface address with no softhca configuration (10.99.0.1 and 10.99.0.2), as on two
-//! hosts. Needs root and iproute2; skipped with a message otherwise. Each test checks
-//! the exit status and the program's own success output.
+//! veth pair (softhca-testbed's `Veth`): each side's device serves its own interface
+//! address with no softhca configuration (10.98.0.1 and 10.98.0.2), as on two hosts
+//! joined by a cable. Needs root and iproute2; skipped with a message otherwise. Each
+//! test checks the exit status and the program's own success output.
 
 mod common;
 
@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{have, lib_dir, pair_of, with_our_libs, Done};
-use softhca_testbed::{check_available, End, Link, LinkConfig};
+use softhca_testbed::{check_available, End, Veth, VethLayout};
 
 const T: Duration = Duration::from_secs(60);
 /// The server's address, in namespace A.
-const SERVER: &str = "10.99.0.1";
+const SERVER: &str = "10.98.0.1";
 
-/// A link of our own (namespaces `shcm<pid><n>-a` and `-b`), or `None` with the reason
-/// printed.
-fn link(bins: &[&str]) -> Option<Link> {
+/// A veth pair of our own (namespaces `cmv<pid>n<n>-a` and `-b`), or `None` with the
+/// reason printed.
+fn link(bins: &[&str]) -> Option<Veth> {
     if lib_dir().is_none() || !bins.iter().all(|b| have(b)) {
         return None;
     }
@@ -29,14 +29,11 @@ fn link(bins: &[&str]) -> Option<Link> {
     }
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let name = format!(
-        "shcm{}n{}",
+        "cmv{}n{}",
         std::process::id() % 100_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
-    match Link::up(LinkConfig {
-        name: Some(name),
-        ..LinkConfig::default()
-    }) {
+    match Veth::up(&name, VethLayout::TwoHosts) {
         Ok(l) => Some(l),
         Err(e) => {
             eprintln!("SKIP: could not build the namespaces: {e}");
@@ -46,7 +43,7 @@ fn link(bins: &[&str]) -> Option<Link> {
 }
 
 /// `bin args` in namespace `end`, against our libraries, with no softhca configuration.
-fn at(l: &Link, end: End, bin: &str, args: &[&str]) -> Command {
+fn at(l: &Veth, end: End, bin: &str, args: &[&str]) -> Command {
     let mut c = l.command(end, bin);
     c.args(args)
         .env_remove("SOFTHCA_ADDR")
@@ -56,7 +53,7 @@ fn at(l: &Link, end: End, bin: &str, args: &[&str]) -> Command {
 
 /// Server in A, client in B.
 fn run(
-    l: &Link,
+    l: &Veth,
     server: (&str, &[&str]),
     client: (&str, &[&str]),
     server_exits: bool,
@@ -108,6 +105,25 @@ fn ucmatose_between_namespaces() {
 }
 
 #[test]
+fn ucmatose_with_tos_between_namespaces() {
+    let Some(l) = link(&["ucmatose"]) else { return };
+    // -t sets RDMA_OPTION_ID_TOS on the client's ids before they resolve their route;
+    // the passive side takes the REQ's traffic class (tshark.rs checks the IP header).
+    let (s, c) = run(
+        &l,
+        ("ucmatose", &["-b", SERVER, "-c", "4"]),
+        (
+            "ucmatose",
+            &["-s", SERVER, "-c", "4", "-C", "10", "-t", "32"],
+        ),
+        true,
+    );
+    both_ok(&s, &c);
+    assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
+    assert!(s.stdout.contains("disconnected"), "{}", s.all());
+}
+
+#[test]
 fn udaddy_between_namespaces() {
     let Some(l) = link(&["udaddy"]) else { return };
     let (s, c) = run(
@@ -121,19 +137,44 @@ fn udaddy_between_namespaces() {
     assert!(s.stdout.contains("data transfers complete"), "{}", s.all());
 }
 
+/// perftest's `bin -R` server in A, client in B: both exit 0, the client prints its
+/// result line.
+fn perftest(bin: &str, result_line: &str) {
+    let Some(l) = link(&[bin]) else { return };
+    let (s, c) = run(&l, (bin, &["-R"]), (bin, &["-R", SERVER]), true);
+    both_ok(&s, &c);
+    assert!(c.stdout.contains(result_line), "{}", c.all());
+}
+
 #[test]
 fn ib_send_bw_rdma_cm_between_namespaces() {
-    let Some(l) = link(&["ib_send_bw"]) else {
+    perftest("ib_send_bw", "BW average[MB/sec]");
+}
+
+#[test]
+fn ib_write_bw_rdma_cm_between_namespaces() {
+    perftest("ib_write_bw", "BW average[MB/sec]");
+}
+
+#[test]
+fn ib_read_lat_rdma_cm_between_namespaces() {
+    perftest("ib_read_lat", "t_avg[usec]");
+}
+
+#[test]
+fn rdma_server_and_client_between_namespaces() {
+    let Some(l) = link(&["rdma_server", "rdma_client"]) else {
         return;
     };
     let (s, c) = run(
         &l,
-        ("ib_send_bw", &["-R"]),
-        ("ib_send_bw", &["-R", SERVER]),
+        ("rdma_server", &["-s", SERVER]),
+        ("rdma_client", &["-s", SERVER]),
         true,
     );
     both_ok(&s, &c);
-    assert!(c.stdout.contains("BW average[MB/sec]"), "{}", c.all());
+    assert!(c.stdout.contains("rdma_client: end 0"), "{}", c.all());
+    assert!(s.stdout.contains("rdma_server: end 0"), "{}", s.all());
 }
 
 #[test]
@@ -162,7 +203,7 @@ fn ucmatose_from_a_second_address_between_namespaces() {
     // The client's device serves a second address of its interface, not the one the
     // route to the server leaves from: its MADs must still leave from it (the kernel's
     // CM sends from the cm_id's source GID), else the REQ is never sent.
-    let second = "10.99.0.12";
+    let second = "10.98.0.12";
     let ok = softhca_testbed::ip(&[
         "-n",
         &l.netns(End::B),
@@ -170,7 +211,7 @@ fn ucmatose_from_a_second_address_between_namespaces() {
         "add",
         &format!("{second}/24"),
         "dev",
-        &format!("{}b", l.name()),
+        &l.ifname(End::B),
     ]);
     if let Err(e) = ok {
         eprintln!("SKIP: second address: {e}");
