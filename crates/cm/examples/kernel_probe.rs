@@ -260,6 +260,7 @@ fn main() {
                 sock.send(&[Transmit {
                     dst: SocketAddr::new(dst, PORT),
                     src_ip: None,
+                    tos: 0,
                     contents: &buf[..n],
                     pieces: &[],
                     segment_size: None,

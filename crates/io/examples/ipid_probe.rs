@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gso = [Transmit {
         dst,
         src_ip: None,
+        tos: 0,
         contents: &data,
         pieces: &[],
         segment_size: Some(seg),
@@ -30,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let plain = [Transmit {
             dst,
             src_ip: None,
+            tos: 0,
             contents: &[i; 100],
             pieces: &[],
             segment_size: None,

@@ -18,8 +18,9 @@ impl<const N: usize> CmsgBuf<N> {
     }
 }
 
-/// Send side: UDP_SEGMENT (u16 data, 24 B with header) + IPV6_PKTINFO (40 B) = 64 B.
-pub(crate) const SEND_CMSG_LEN: usize = 64;
+/// Send side: UDP_SEGMENT (u16 data, 24 B with header) + IPV6_PKTINFO (40 B) + IP_TOS /
+/// IPV6_TCLASS (int, 24 B) = 88 B.
+pub(crate) const SEND_CMSG_LEN: usize = 88;
 /// Receive side: IPV6_PKTINFO (40 B) + UDP_GRO (24 B) + IP_TOS / IPV6_TCLASS (24 B) = 88 B,
 /// with room for one unexpected message so none is cut off (MSG_CTRUNC).
 pub(crate) const RECV_CMSG_LEN: usize = 128;

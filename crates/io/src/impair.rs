@@ -87,6 +87,7 @@ impl Impair {
                 contents,
                 pieces: this.iov.get(iov).unwrap_or_default(),
                 segment_size: t.segment_size.filter(|&s| s < end - start),
+                tos: t.tos,
             };
             (i, part)
         }));
@@ -125,6 +126,7 @@ mod tests {
         Transmit {
             dst: "127.0.0.1:4791".parse().unwrap(),
             src_ip: None,
+            tos: 0,
             contents,
             pieces: &[],
             segment_size: Some(seg),

@@ -71,6 +71,8 @@ pub struct Transmit<'a> {
     /// `Some(n)`: the bytes are several datagrams of `n` bytes each (the last may be
     /// shorter). `None` (or `Some(0)`, or `n >= len`): one datagram.
     pub segment_size: Option<usize>,
+    /// The IPv4 TOS / IPv6 traffic class byte (DSCP << 2 | ECN); 0 leaves the socket's.
+    pub tos: u8,
 }
 
 impl Transmit<'_> {
@@ -674,7 +676,7 @@ fn chunk_of(
     (chunk, (chunk > seg).then_some(seg))
 }
 
-/// A message's control data: the GSO segment size, then the source address.
+/// A message's control data: the GSO segment size, the source address, then the TOS.
 fn control(tr: &Transmit<'_>, gso_seg: Option<usize>) -> (CmsgBuf<SEND_CMSG_LEN>, usize) {
     let mut ctrl = CmsgBuf::<SEND_CMSG_LEN>::zeroed();
     let mut clen = 0usize;
@@ -700,7 +702,19 @@ fn control(tr: &Transmit<'_>, gso_seg: Option<usize>) -> (CmsgBuf<SEND_CMSG_LEN>
         }
         None => None,
     };
-    (ctrl, pushed.unwrap_or(clen))
+    clen = pushed.unwrap_or(clen);
+    if tr.tos != 0 {
+        // ip(7) IP_TOS and ipv6(7) IPV6_TCLASS as ancillary data: this datagram only, as
+        // rxe sets each packet's IP header from its address vector.
+        let (level, ty) = if tr.dst.is_ipv4() {
+            (libc::IPPROTO_IP, libc::IP_TOS)
+        } else {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+        };
+        let tos = libc::c_int::from(tr.tos);
+        clen = cmsg::push(&mut ctrl, clen, level, ty, tos).unwrap_or(clen);
+    }
+    (ctrl, clen)
 }
 
 /// Per-call stack scratch for one `sendmmsg`: headers, iovecs, addresses and control

@@ -104,6 +104,7 @@ fn plain_batch_v4_carries_addresses() {
         .map(|m| Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: m,
             pieces: &[],
             segment_size: None,
@@ -139,6 +140,7 @@ fn gso_round_trip(sender: SocketAddr, receiver: SocketAddr, rx_opts: BindOptions
     let t = [Transmit {
         dst: b.local_addr(),
         src_ip: None,
+        tos: 0,
         contents: &data,
         pieces: &[],
         segment_size: Some(SEG),
@@ -208,6 +210,7 @@ fn one_datagram_after_an_empty_receive_keeps_its_metadata() {
     let t = [Transmit {
         dst,
         src_ip: None,
+        tos: 0,
         contents: &data,
         pieces: &[],
         segment_size: Some(100),
@@ -270,6 +273,7 @@ fn without_gso_segments_are_split_in_user_space() {
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &big,
             pieces: &[],
             segment_size: Some(256),
@@ -277,6 +281,7 @@ fn without_gso_segments_are_split_in_user_space() {
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &one,
             pieces: &[],
             segment_size: None,
@@ -284,6 +289,7 @@ fn without_gso_segments_are_split_in_user_space() {
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &two,
             pieces: &[],
             segment_size: Some(200),
@@ -315,6 +321,7 @@ fn oversized_gso_transmit_is_split_into_several_gso_sends() {
         let t = [Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &data,
             pieces: &[],
             segment_size: Some(seg),
@@ -348,6 +355,7 @@ fn wildcard_socket_reports_dst_and_sends_from_chosen_source() {
         let t = [Transmit {
             dst,
             src_ip: Some(src),
+            tos: 0,
             contents: &msg,
             pieces: &[],
             segment_size: None,
@@ -382,6 +390,7 @@ fn tos_is_sent_and_reported() {
         let t = [Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: b"x",
             pieces: &[],
             segment_size: None,
@@ -389,6 +398,22 @@ fn tos_is_sent_and_reported() {
         assert_eq!(a.send(&t).unwrap(), 1);
         let got = recv_segments(&b, 1);
         assert_eq!(got[0].0.tos, 0x8a, "for {a_addr}");
+        // A Transmit's own TOS wins over the socket's, for every GSO segment, next to
+        // a source address (all three control messages in one send).
+        let data = [7u8; 300];
+        let t = [Transmit {
+            dst: b.local_addr(),
+            src_ip: Some(a.local_addr().ip()),
+            tos: 0x20, // DSCP 8 (CS1): ucmatose -t 32
+            contents: &data,
+            pieces: &[],
+            segment_size: Some(100),
+        }];
+        assert_eq!(a.send(&t).unwrap(), 1);
+        let got = recv_segments(&b, 3);
+        let n: usize = got.iter().map(|(m, d)| segments(m, d).count()).sum();
+        assert_eq!(n, 3, "for {a_addr}");
+        assert!(got.iter().all(|(m, _)| m.tos == 0x20), "for {a_addr}");
     }
 }
 
@@ -400,6 +425,7 @@ fn truncation_is_flagged() {
     let t = [Transmit {
         dst: b.local_addr(),
         src_ip: None,
+        tos: 0,
         contents: &big,
         pieces: &[],
         segment_size: None,
@@ -445,6 +471,7 @@ fn errors_are_typed_with_clear_messages() {
     let t = [Transmit {
         dst: "[::1]:4791".parse().unwrap(),
         src_ip: None,
+        tos: 0,
         contents: b"x",
         pieces: &[],
         segment_size: None,
@@ -455,6 +482,7 @@ fn errors_are_typed_with_clear_messages() {
     let good = Transmit {
         dst: b.local_addr(),
         src_ip: None,
+        tos: 0,
         contents: b"ok",
         pieces: &[],
         segment_size: None,
@@ -467,6 +495,7 @@ fn errors_are_typed_with_clear_messages() {
     let t = [Transmit {
         dst: b.local_addr(),
         src_ip: None,
+        tos: 0,
         contents: &huge,
         pieces: &[],
         segment_size: None,
@@ -532,6 +561,7 @@ fn gathered_pieces_arrive_as_joined_segments() {
         let t = [Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &[],
             pieces: &pieces,
             segment_size: Some(1020),
@@ -564,6 +594,7 @@ fn connected_sender_counts_the_ids_linux_writes() {
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &plain,
             pieces: &[],
             segment_size: None,
@@ -571,6 +602,7 @@ fn connected_sender_counts_the_ids_linux_writes() {
         Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &gso,
             pieces: &[],
             segment_size: Some(200),
@@ -626,6 +658,7 @@ fn short_last_segment_keeps_a_transmit_in_one_gso_message() {
         &[Transmit {
             dst: b.local_addr(),
             src_ip: None,
+            tos: 0,
             contents: &data,
             pieces: &[],
             segment_size: Some(4112),

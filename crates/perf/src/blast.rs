@@ -182,6 +182,7 @@ fn send_credit(socket: &RoceSocket, to: SocketAddr, count: u64) {
     let t = Transmit {
         dst: to,
         src_ip: None,
+        tos: 0,
         contents: &d,
         pieces: &[],
         segment_size: None,
@@ -214,6 +215,7 @@ pub fn blast_send(
     let t = Transmit {
         dst,
         src_ip: None,
+        tos: 0,
         contents: &payload,
         pieces: &[],
         segment_size: Some(seg),

@@ -110,3 +110,67 @@ fn cm_messages_decode_cleanly_in_tshark() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ucmatose -t 32` (RDMA_OPTION_ID_TOS): every RC packet of its connections (their
+/// SENDs and ACKs, both ways) carries TOS 0x20 in its IPv4 header, as the kernel's rdma_cm puts the id's TOS
+/// in the path's traffic class and rxe writes the AV's traffic class into the IP header;
+/// the passive side takes it from the REQ's primary path.
+#[test]
+fn ucmatose_tos_is_in_the_ip_header_of_its_rc_packets() {
+    if lib_dir().is_none() || !have("ucmatose") {
+        return;
+    }
+    let (server, client) = ("127.0.0.200", "127.0.0.201");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("softhca-rdmacm-tos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("capture dir");
+    let filter = format!("udp port 4791 and host {server} and host {client}");
+    let cap = match Capture::start("lo", &filter, &dir.join("tos.pcapng")) {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+    };
+    let (s, c) = pair_of(
+        || cmd(server, "ucmatose", &["-b", server, "-p", "7476", "-c", "2"]),
+        || {
+            cmd(
+                client,
+                "ucmatose",
+                &[
+                    "-s", server, "-p", "7476", "-c", "2", "-C", "10", "-t", "32",
+                ],
+            )
+        },
+        T,
+        true,
+        true,
+    );
+    let file = cap.stop();
+    both_ok(&s, &c);
+    assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
+    // Everything but QP1's MADs: SENDs, their ACKs, both directions.
+    let rc = fields(
+        &file,
+        None,
+        "infiniband.bth.destqp != 1",
+        &["ip.src", "ip.dsfield", "infiniband.bth.opcode"],
+    );
+    // Opcodes 4 (SEND Only) and 17 (ACKNOWLEDGE), IBTA table 38.
+    let has = |ip: &str, op: &str| rc.iter().any(|l| *l == format!("{ip}\t0x20\t{op}"));
+    for ip in [server, client] {
+        assert!(
+            has(ip, "4") && has(ip, "17"),
+            "no SEND and ACK from {ip} (capture kept at {}):\n{rc:?}",
+            file.display()
+        );
+    }
+    let wrong: Vec<&String> = rc.iter().filter(|l| !l.contains("\t0x20\t")).collect();
+    assert!(
+        wrong.is_empty(),
+        "packets without TOS 0x20 (capture kept at {}):\n{wrong:?}",
+        file.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -32,6 +32,9 @@ pub struct Transmit {
     /// UDP source port of the packets (the ICRC covers it): rxe's fixed per-QP port, or
     /// the one set by [`crate::Engine::set_source_port`].
     pub src_port: u16,
+    /// The IPv4 TOS / IPv6 traffic class of the packets (the QP's or AH's GRH traffic
+    /// class); the ICRC masks it (IBTA A17.4.1), so it is not sealed in.
+    pub tos: u8,
     /// Every packet is an RC ACKNOWLEDGE (ACK or NAK): nothing in it is a request or a
     /// READ or atomic response, so it may leave after transmits built later (an ACK is
     /// cumulative, IBTA 9.7.5.1).

@@ -178,7 +178,7 @@ pub(crate) fn same_ip(a: IpAddr, b: IpAddr) -> bool {
     Gid::from_ip(a) == Gid::from_ip(b)
 }
 
-/// The destination, source, packet size and UDP source port every packet of a
+/// The destination, source, packet size, UDP source port and IP TOS every packet of a
 /// Transmit shares (GSO sends one datagram's segments on one flow).
 #[derive(Debug, Clone, Copy)]
 struct Flow {
@@ -186,6 +186,7 @@ struct Flow {
     src: IpAddr,
     seg: usize,
     sport: u16,
+    tos: u8,
 }
 
 /// A Transmit being filled by `transmit_into`.
@@ -238,6 +239,7 @@ impl<'p> Batch<'p> {
                     src: p.src,
                     seg: p.segment_size,
                     sport: p.src_port,
+                    tos: p.tos,
                 });
             }
             (_, Some(list)) => list.clear(),
@@ -263,7 +265,8 @@ impl<'p> Batch<'p> {
             let wl = plan.wire_len();
             let sport = sealed_sport(source_port, plan.sport, &ctx.cfg.mp.ports);
             if let Some(f) = &self.flow {
-                if plan.dst != f.dst || plan.src != f.src || sport != f.sport || wl > f.seg {
+                let same = plan.dst == f.dst && plan.src == f.src && plan.tos == f.tos;
+                if !same || sport != f.sport || wl > f.seg {
                     return RunEnd::Ended;
                 }
             }
@@ -281,7 +284,7 @@ impl<'p> Batch<'p> {
             let Some(built) = qp.build_placed(ctx, &plan, pkt, in_place) else {
                 return RunEnd::Ended;
             };
-            let (dst, src) = (plan.dst, plan.src);
+            let (dst, src, tos) = (plan.dst, plan.src, plan.tos);
             // A gathered transmit is sealed by the caller; a copied one here, each packet
             // with the IPv4 ID of its GSO segment index.
             let pseudo = (!in_place).then(|| {
@@ -306,6 +309,7 @@ impl<'p> Batch<'p> {
                 src,
                 seg: total,
                 sport,
+                tos,
             });
             let short = total < seg.seg;
             self.off += in_buf;
@@ -836,6 +840,7 @@ impl Engine {
             len: batch.wire_len,
             segment_size: f.seg,
             src_port: f.sport,
+            tos: f.tos,
             only_acks: batch.only_acks,
         })
     }
@@ -1042,6 +1047,7 @@ impl Engine {
             len: total,
             segment_size: total,
             src_port: sport,
+            tos: 0,
             only_acks: false,
         })
     }

@@ -16,6 +16,9 @@ pub(crate) struct Path {
     pub src: IpAddr,
     pub dst: SocketAddr,
     pub sport: u16,
+    /// The IPv4 TOS / IPv6 traffic class of its packets: the address vector's GRH
+    /// traffic class, as rxe writes it into the IP header (`prepare_ipv4_hdr`).
+    pub tos: u8,
 }
 
 impl Default for Path {
@@ -24,6 +27,7 @@ impl Default for Path {
             src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             dst: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 4791),
             sport: 0xc000,
+            tos: 0,
         }
     }
 }
@@ -41,6 +45,7 @@ impl Path {
             src,
             dst: SocketAddr::new(dst, av.dest_udp_port.unwrap_or(cfg.udp_port)),
             sport: softhca_wire::rxe_udp_sport(Qpn::new(qpn)),
+            tos: av.traffic_class,
         })
     }
 

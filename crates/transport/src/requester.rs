@@ -68,6 +68,8 @@ pub(crate) struct TxPlan {
     pub src: IpAddr,
     pub dst: SocketAddr,
     pub sport: u16,
+    /// The IP header's TOS / traffic class.
+    pub tos: u8,
     /// Multipath: the index of the path in the QP's path table (0 otherwise).
     pub path: u8,
 }
@@ -208,6 +210,7 @@ impl Qp {
             src: path.src,
             dst: path.dst,
             sport: path.sport,
+            tos: path.tos,
             path: 0,
         })
     }
@@ -265,7 +268,7 @@ impl Qp {
         };
         let (mut hdr, payload_len, last) = w.request_at(&at)?;
         let mut path_idx = 0;
-        let (src, dst, sport) = if ty == QpType::Ud {
+        let path = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
             let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
             hdr.bth.dest_qp = Qpn::new(ud.remote_qpn);
@@ -279,14 +282,13 @@ impl Qp {
                 qkey,
                 src_qp: Qpn::new(self.qpn),
             });
-            (path.src, path.dst, path.sport)
+            path
         } else if self.mp_active() {
             let (i, p) = self.mp_request_path(ctx.now)?;
             path_idx = i;
-            (p.src, p.dst, p.sport)
+            p
         } else {
-            let p = self.path.for_psn(psn);
-            (p.src, p.dst, p.sport)
+            *self.path.for_psn(psn)
         };
         if ty == QpType::Rc {
             // Coalesced ACKs: ask on the last packet of a message, and periodically in
@@ -304,9 +306,10 @@ impl Qp {
             source: TxSource::Requester,
             hdr,
             payload_len,
-            src,
-            dst,
-            sport,
+            src: path.src,
+            dst: path.dst,
+            sport: path.sport,
+            tos: path.tos,
             path: path_idx,
         })
     }
@@ -344,6 +347,7 @@ impl Qp {
             src: p.src,
             dst: p.dst,
             sport: p.sport,
+            tos: p.tos,
             path: path as u8,
         })
     }

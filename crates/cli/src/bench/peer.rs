@@ -400,6 +400,7 @@ fn roce_send(s: &ConnectedSender, to: SocketAddr, step: &[u8], size: usize) -> s
         .send(&[Transmit {
             dst: to,
             src_ip: None,
+            tos: 0,
             contents: step,
             pieces: &[],
             segment_size: Some(size + ROCE_OVERHEAD),
@@ -501,6 +502,7 @@ fn roce_pingpong_client(
     s.send(&[Transmit {
         dst: to,
         src_ip: None,
+        tos: 0,
         contents: &[0; HELLO],
         pieces: &[],
         segment_size: None,
@@ -531,6 +533,7 @@ fn roce_pingpong_client(
         let _ = s.send(&[Transmit {
             dst: to,
             src_ip: None,
+            tos: 0,
             contents: &[0],
             pieces: &[],
             segment_size: None,

@@ -266,6 +266,7 @@ fn io_transmit<'a>(
     sio::Transmit {
         dst: t.dst,
         src_ip: None,
+        tos: t.tos,
         // For a gathered transmit `pieces` has the bytes (`contents` is the buffer,
         // which starts with its first packet's header all the same).
         contents: &bufs[b][..t.len.min(TX_BUF)],

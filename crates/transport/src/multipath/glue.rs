@@ -195,6 +195,7 @@ impl Qp {
                         src: *l,
                         dst: SocketAddr::new(*r, primary.dst.port()),
                         sport: nth_sport(primary.sport, k, ports),
+                        tos: primary.tos,
                     };
                     if paths.iter().any(|q| q.path == p) {
                         continue;
