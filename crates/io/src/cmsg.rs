@@ -128,9 +128,19 @@ mod tests {
         };
         let o = push(&mut buf, o, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, pi).unwrap();
         assert_eq!(o, 64);
-        assert!(push(&mut buf, o, libc::SOL_UDP, libc::UDP_SEGMENT, 1u64).is_none());
+        let o = push(
+            &mut buf,
+            o,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_TCLASS,
+            0x20 as libc::c_int,
+        );
+        let o = o.unwrap();
+        assert_eq!(o, SEND_CMSG_LEN, "all three fill the send buffer");
+        assert!(push(&mut buf, o, libc::SOL_UDP, libc::UDP_SEGMENT, 1u16).is_none());
         let got: Vec<_> = iter(&buf, o).collect();
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[2].read::<libc::c_int>(), Some(0x20));
         assert_eq!(got[0].read::<u16>(), Some(1400));
         assert_eq!(
             (got[1].level, got[1].ty),

@@ -707,3 +707,50 @@ fn transmits_and_segments_say_whether_they_are_acks() {
     );
     assert_eq!(net.nodes[0].engine.send_cq(a), Some(net.nodes[0].cq));
 }
+
+/// The AV's GRH traffic class is the IP TOS of all of a QP's packets, requests and
+/// ACKs (rxe's `prepare_ipv4_hdr` takes it from the AV): QPs to one peer that differ
+/// only in it do not share a GSO batch, whose packets leave with one TOS.
+#[test]
+fn traffic_class_is_the_tos_of_a_qps_packets() {
+    let mut net = SimNet::new(9, 2, Mtu::M4096);
+    for n in &mut net.nodes {
+        n.engine.set_source_port(Some(4791));
+    }
+    let marked = RcOpts {
+        traffic_class: 0x20,
+        ..RcOpts::default()
+    };
+    let qps = [
+        pair(&mut net, QpType::Rc, &marked),
+        pair(&mut net, QpType::Rc, &RcOpts::default()),
+    ];
+    let la = net.reg(0, 2 * 4096, full_access());
+    let rb = net.reg(1, 2 * 4096, full_access());
+    net.fill_random(&la);
+    for (i, (a, _)) in qps.iter().enumerate() {
+        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * 4096, 4096));
+        w.remote_addr = rb.addr + (i * 4096) as u64;
+        w.rkey = rb.rkey;
+        net.nodes[0].engine.post_send(0, *a, w).unwrap();
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut toses = |node: usize, net: &mut SimNet| {
+        let mut got = Vec::new();
+        while let Some(t) = net.nodes[node].engine.poll_transmit(0, &mut buf) {
+            let info = DatagramInfo {
+                src: std::net::SocketAddr::new(t.src, t.src_port),
+                dst: t.dst.ip(),
+                segment_index: 0,
+            };
+            got.push((t.tos, t.packets()));
+            let pkt = buf[..t.len].to_vec();
+            net.nodes[1 - node].engine.handle_datagram(0, &info, &pkt);
+        }
+        got.sort_unstable();
+        got
+    };
+    assert_eq!(toses(0, &mut net), [(0, 1), (0x20, 1)], "WRITEs");
+    assert_eq!(toses(1, &mut net), [(0, 1), (0x20, 1)], "ACKs");
+    assert!(net.mem(&rb) == net.mem(&la));
+}

@@ -660,6 +660,8 @@ pub struct RcOpts {
     pub sq_sig_all: bool,
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
+    /// The AV's GRH traffic class (the IP TOS of the QP's packets).
+    pub traffic_class: u8,
 }
 
 impl Default for RcOpts {
@@ -678,6 +680,7 @@ impl Default for RcOpts {
             sq_sig_all: false,
             max_send_wr: 4096,
             max_recv_wr: 4096,
+            traffic_class: 0,
         }
     }
 }
@@ -739,6 +742,7 @@ pub fn connect_one(
             dgid: Gid::from_ip(peer_ip),
             hop_limit: 64,
             port_num: 1,
+            traffic_class: o.traffic_class,
             ..AddressVector::default()
         },
         path_mtu: o.mtu.unwrap_or(net_mtu),
