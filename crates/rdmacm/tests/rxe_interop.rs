@@ -1,5 +1,5 @@
 //! rdma_cm interop with the Linux kernel's rdma_cm over Soft-RoCE (rdma_rxe) in a VM, in
-//! one boot: unmodified `rping`, `ucmatose`, `udaddy` (SIDR) and `ib_write_bw -R` on
+//! one boot: unmodified `rping -C 50 -v`, `ucmatose`, `udaddy` (SIDR) and `ib_write_bw -R` on
 //! softhca (LD_LIBRARY_PATH = our libraries) against the same programs on kernel rxe,
 //! kernel as server then softhca as server; a connect to a port nobody listens on,
 //! rejected with reason 8 by each side; and a peer that is gone before its REP (a
@@ -54,7 +54,7 @@ fn harness() -> Option<PathBuf> {
 /// `wbw`: include `ib_write_bw -R` (see [`kernel_perftest_server`]).
 fn servers(addr: &str, tag: &str, wbw: bool) -> String {
     let mut s = format!(
-        "timeout 150 rping -s -a {addr} -v -C 10; echo {tag}-rping=$?; \
+        "timeout 150 rping -s -a {addr} -v -C 50; echo {tag}-rping=$?; \
          timeout 90 ucmatose -b {addr} -c 2; echo {tag}-ucmatose=$?; \
          timeout 60 udaddy -b {addr}; echo {tag}-udaddy=$?"
     );
@@ -86,7 +86,7 @@ fn clients(addr: &str, tag: &str, wbw: bool) -> String {
     [
         (
             "rping",
-            format!("timeout 120 rping -c -a {addr} -v -C 10"),
+            format!("timeout 120 rping -c -a {addr} -v -C 50"),
             20,
         ),
         (
@@ -191,10 +191,10 @@ fn rdma_cm_programs_both_ways_with_kernel_rdma_cm() {
     }
     // Each side's rping client and server saw the last ping.
     assert!(
-        t.matches("server ping data: rdma-ping-9").count() >= 2,
+        t.matches("server ping data: rdma-ping-49").count() >= 2,
         "{t}"
     );
-    assert!(t.matches("\nping data: rdma-ping-9").count() >= 2, "{t}");
+    assert!(t.matches("\nping data: rdma-ping-49").count() >= 2, "{t}");
     // The kernel's REJ and ours: reason 8, which ucmatose reports and exits with.
     for tag in ["guest", "host"] {
         assert!(t.contains(&format!("{tag}-rej=8")), "{tag} REJ: {t}");
