@@ -70,7 +70,8 @@ pub(crate) fn route_source(dst: IpAddr) -> Result<IpAddr> {
         errno: e.raw_os_error().unwrap_or(libc::ENETUNREACH),
     };
     let s = UdpSocket::bind(any).map_err(os)?;
-    s.connect((dst, 4791)).map_err(os)?;
+    s.connect((dst, 4791))
+        .map_err(|e| Error::NoRoute(e.raw_os_error().unwrap_or(libc::ENETUNREACH)))?;
     Ok(s.local_addr().map_err(os)?.ip())
 }
 

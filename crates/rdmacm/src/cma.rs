@@ -951,6 +951,10 @@ pub(crate) fn resolve_addr(idr: IdRef, src: Option<SocketAddr>, dst: SocketAddr)
                 fill_addr(idr, &dev, Some(local), Some(dst));
                 0
             }
+            // rdma_resolve_ip: a failed route lookup fails the call itself, with no
+            // event; a route from an interface that is no RDMA device is an ADDR_ERROR
+            // (cma addr_handler, cma_acquire_dev_by_src_ip).
+            Err(e @ Error::NoRoute(_)) => return Err(e),
             Err(e) => -e.errno(),
         };
         let event = if status == 0 {

@@ -29,6 +29,8 @@ pub(crate) enum Error {
     ConnRefused,
     #[error("{what}: errno {errno}")]
     Os { what: &'static str, errno: c_int },
+    #[error("no route to the destination (errno {0})")]
+    NoRoute(c_int),
     #[error("connection manager: {0}")]
     Cm(#[from] softhca_cm::CmError),
     #[error("event status {0}")]
@@ -46,7 +48,7 @@ impl Error {
             Error::NoSys(_) => libc::ENOSYS,
             Error::Busy => libc::EBUSY,
             Error::ConnRefused => libc::ECONNREFUSED,
-            Error::Os { errno, .. } => *errno,
+            Error::Os { errno, .. } | Error::NoRoute(errno) => *errno,
             Error::Status(s) => s.abs(),
         }
     }

@@ -236,3 +236,25 @@ fn ucmatose_from_a_second_address_between_namespaces() {
     both_ok(&s, &c);
     assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
 }
+
+#[test]
+fn rping_to_a_destination_with_no_route_fails_at_once() {
+    let Some(l) = link(&["rping"]) else { return };
+    // No default route in the namespace: rdma_resolve_addr itself fails with
+    // ENETUNREACH, as the kernel's rdma_resolve_ip does, and rping says so and exits.
+    let start = std::time::Instant::now();
+    let c = common::finish(
+        at(&l, End::B, "rping", &["-c", "-a", "192.0.2.1", "-C", "1"])
+            .spawn()
+            .expect("spawn rping"),
+        T,
+    );
+    assert_eq!(c.status, Some(255), "{}", c.all());
+    assert!(
+        c.stderr
+            .contains("rdma_resolve_addr: Network is unreachable"),
+        "{}",
+        c.all()
+    );
+    assert!(start.elapsed() < Duration::from_secs(10), "{}", c.all());
+}
