@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use softhca_cm::ip::{service_id, CmaHdr, PortSpace, RDMA_UDP_QKEY};
 use softhca_cm::mad::{self, GSI_QKEY};
 use softhca_cm::{
-    AcceptParams, CmEvent, ConnectParams, Endpoint, EndpointConfig, SidrRequestParams,
+    AcceptParams, CmEvent, ConnectParams, Endpoint, EndpointConfig, Outgoing, SidrRequestParams,
 };
 use softhca_io::{BindOptions, RecvBatch, RoceSocket, Transmit};
 use softhca_wire::{
@@ -235,7 +235,7 @@ fn main() {
             }
         }
         // Send.
-        while let Some((dst, m)) = ep.poll_transmit() {
+        while let Some(Outgoing { dst, mad: m, .. }) = ep.poll_transmit() {
             assert_eq!(dst, IpAddr::V4(PEER));
             let mut h = Headers::new(Bth::new(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(psn)));
             psn = psn.wrapping_add(1);

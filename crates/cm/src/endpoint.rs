@@ -316,6 +316,8 @@ pub struct SidrRequestParams {
     pub peer: IpAddr,
     /// Service ID to resolve.
     pub service_id: ServiceId,
+    /// The path's traffic class (the IP TOS of the SIDR_REQ).
+    pub traffic_class: u8,
     /// P_Key.
     pub pkey: u16,
     /// Retransmission interval in ms (rdma_cm: `1 << (20 - 8)` = 4096).
@@ -332,6 +334,7 @@ impl SidrRequestParams {
         SidrRequestParams {
             peer,
             service_id,
+            traffic_class: 0,
             pkey: 0xffff,
             timeout_ms: 4096,
             max_cm_retries: 15,
@@ -540,6 +543,9 @@ struct Conn {
     av_timeout: u8,
     /// Service timeout of the MRA we send on duplicates.
     service_timeout: u8,
+    /// The primary path's traffic class: its MADs leave with it as their IP TOS (the
+    /// kernel's CM sends on an address handle made from the path, `cm_init_av_by_path`).
+    traffic_class: u8,
     /// Private data of the RTU, DREP or MRA we repeat on duplicates.
     resp_pd: Vec<u8>,
     retx: Option<Retx>,
@@ -572,6 +578,7 @@ impl Conn {
             max_cm_retries: 0,
             av_timeout: 0,
             service_timeout: 0,
+            traffic_class: 0,
             resp_pd: Vec::new(),
             retx: None,
             timewait_until: None,
@@ -586,6 +593,18 @@ impl Conn {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// A MAD to send to QP 1 of `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The peer's IP address (its GID).
+    pub dst: IpAddr,
+    /// The IP TOS to send it with: its connection's path traffic class, 0 for a MAD that
+    /// belongs to none (a REJ or DREP for an unknown connection).
+    pub traffic_class: u8,
+    /// The MAD.
+    pub mad: [u8; MAD_LEN],
 }
 
 /// The CM endpoint of one device (one CA GUID).
@@ -608,7 +627,7 @@ pub struct Endpoint {
     /// Requests for a service ID nobody listens on yet, waiting until their deadline
     /// ([`EndpointConfig::no_listener_grace`]; 0 once a listener came).
     unclaimed: Vec<Unclaimed>,
-    transmits: VecDeque<(IpAddr, [u8; MAD_LEN])>,
+    transmits: VecDeque<Outgoing>,
     events: VecDeque<CmEvent>,
     counters: Counters,
 }
@@ -670,8 +689,8 @@ impl Endpoint {
         })
     }
 
-    /// Next MAD to send: `(destination IP, MAD)`, to QP1 with Q_Key [`mad::GSI_QKEY`].
-    pub fn poll_transmit(&mut self) -> Option<(IpAddr, [u8; MAD_LEN])> {
+    /// Next MAD to send, to QP1 with Q_Key [`mad::GSI_QKEY`].
+    pub fn poll_transmit(&mut self) -> Option<Outgoing> {
         self.transmits.pop_front()
     }
 
@@ -776,6 +795,7 @@ impl Endpoint {
             + cm_convert_to_ms(p.remote_cm_response_timeout);
         c.max_cm_retries = p.max_cm_retries;
         c.av_timeout = p.packet_life_time.saturating_add(1);
+        c.traffic_class = p.traffic_class;
         self.conns.insert(local_id, c);
         self.send_request(now, local_id, mad);
         Ok(CmId(local_id))
@@ -866,13 +886,13 @@ impl Endpoint {
                     remote_comm_id: c.remote_id,
                     private_data: private_data(rtu_private)?,
                 };
-                let (tid, peer) = (c.tid, c.peer);
+                let (tid, peer, tc) = (c.tid, c.peer, c.traffic_class);
                 let mad = encode(tid, CmBody::Rtu(rtu))?;
                 if let Some(c) = self.conns.get_mut(&id.0) {
                     c.resp_pd = rtu_private.to_vec();
                 }
                 self.set_state(id.0, CmState::Established);
-                self.transmit(peer, mad);
+                self.transmit(peer, tc, mad);
                 Ok(())
             }
             CmState::RepSent | CmState::MraRepRcvd => {
@@ -910,13 +930,13 @@ impl Endpoint {
                     remote_comm_id: c.remote_id,
                     private_data: private_data(private)?,
                 };
-                let (tid, peer) = (c.tid, c.peer);
+                let (tid, peer, tc) = (c.tid, c.peer, c.traffic_class);
                 let mad = encode(tid, CmBody::Drep(drep))?;
                 if let Some(c) = self.conns.get_mut(&id.0) {
                     c.resp_pd = private.to_vec();
                 }
                 self.enter_timewait(now, id.0);
-                self.transmit(peer, mad);
+                self.transmit(peer, tc, mad);
                 Ok(())
             }
             s => Err(CmError::InvalidState(s)),
@@ -1012,6 +1032,7 @@ impl Endpoint {
         c.tid = tid;
         c.timeout_ms = p.timeout_ms;
         c.max_cm_retries = p.max_cm_retries;
+        c.traffic_class = p.traffic_class;
         self.conns.insert(local_id, c);
         self.send_request(now, local_id, mad);
         Ok(CmId(local_id))
@@ -1035,9 +1056,9 @@ impl Endpoint {
             add_info: [0; mad::SIDR_REP_INFO_LEN],
             private_data: private_data(&p.private_data)?,
         };
-        let (tid, peer) = (c.tid, c.peer);
+        let (tid, peer, tc) = (c.tid, c.peer, c.traffic_class);
         let mad = encode(tid, CmBody::SidrRep(rep))?;
-        self.transmit(peer, mad);
+        self.transmit(peer, tc, mad);
         self.remove(id.0);
         Ok(())
     }
@@ -1115,9 +1136,9 @@ impl Endpoint {
             if r.retries_left > 0 {
                 r.retries_left -= 1;
                 r.deadline = now.saturating_add(r.interval);
-                let (dst, m) = (r.dst, r.mad);
+                let (dst, m, tc) = (r.dst, r.mad, c.traffic_class);
                 self.counters.tx_retries += 1;
-                self.transmit(dst, m);
+                self.transmit(dst, tc, m);
             } else {
                 c.retx = None;
                 let state = c.state;
@@ -1217,6 +1238,7 @@ impl Endpoint {
         c.max_cm_retries = req.max_cm_retries;
         // Path lifetime = LocalAckTimeout - 1 (`cm_format_paths_from_req`), av.timeout = + 1.
         c.av_timeout = req.primary.local_ack_timeout.max(1);
+        c.traffic_class = req.primary.traffic_class;
         c.in_tables = true;
         self.remote_ids
             .insert((req.local_comm_id, req.local_ca_guid), local);
@@ -1252,9 +1274,9 @@ impl Endpoint {
                     service_timeout: c.service_timeout,
                     private_data: private_data(&c.resp_pd).unwrap_or([0; 222]),
                 };
-                let (tid, peer) = (c.tid, c.peer);
+                let (tid, peer, tc) = (c.tid, c.peer, c.traffic_class);
                 if let Ok(m) = encode(tid, CmBody::Mra(mra)) {
-                    self.transmit(peer, m);
+                    self.transmit(peer, tc, m);
                 }
             }
             CmState::Timewait => {
@@ -1287,7 +1309,7 @@ impl Endpoint {
                 return;
             };
             self.counters.rx_duplicates += 1;
-            let (tid, peer, remote) = (c.tid, c.peer, c.remote_id);
+            let (tid, peer, remote, tc) = (c.tid, c.peer, c.remote_id, c.traffic_class);
             let body = match c.state {
                 CmState::Established => CmBody::Rtu(Rtu {
                     local_comm_id: rep.remote_comm_id,
@@ -1304,7 +1326,7 @@ impl Endpoint {
                 _ => return,
             };
             if let Ok(m) = encode(tid, body) {
-                self.transmit(peer, m);
+                self.transmit(peer, tc, m);
             }
             return;
         }
@@ -1492,7 +1514,7 @@ impl Endpoint {
                 private_data: [0; mad::private_data_len::DREP],
             };
             if let Ok(m) = encode(tid, CmBody::Drep(drep)) {
-                self.transmit(src, m);
+                self.transmit(src, 0, m);
             }
             return;
         };
@@ -1510,9 +1532,9 @@ impl Endpoint {
                     remote_comm_id: c.remote_id,
                     private_data: private_data(&c.resp_pd).unwrap_or([0; 224]),
                 };
-                let peer = c.peer;
+                let (peer, tc) = (c.peer, c.traffic_class);
                 if let Ok(m) = encode(tid, CmBody::Drep(drep)) {
-                    self.transmit(peer, m);
+                    self.transmit(peer, tc, m);
                 }
                 return;
             }
@@ -1589,7 +1611,7 @@ impl Endpoint {
                 private_data: [0; mad::private_data_len::SIDR_REP],
             };
             if let Ok(m) = encode(tid, CmBody::SidrRep(rep)) {
-                self.transmit(src, m);
+                self.transmit(src, 0, m);
             }
             return;
         }
@@ -1721,9 +1743,13 @@ impl Endpoint {
         }
     }
 
-    fn transmit(&mut self, dst: IpAddr, mad: [u8; MAD_LEN]) {
+    fn transmit(&mut self, dst: IpAddr, traffic_class: u8, mad: [u8; MAD_LEN]) {
         self.counters.tx_mads += 1;
-        self.transmits.push_back((dst, mad));
+        self.transmits.push_back(Outgoing {
+            dst,
+            traffic_class,
+            mad,
+        });
     }
 
     /// Send a request that expects an answer and arm its retransmission.
@@ -1739,8 +1765,8 @@ impl Endpoint {
             interval,
             retries_left: c.max_cm_retries,
         });
-        let peer = c.peer;
-        self.transmit(peer, mad);
+        let (peer, tc) = (c.peer, c.traffic_class);
+        self.transmit(peer, tc, mad);
     }
 
     /// REJ for connection `id` as `cm_format_rej` fills it from the state.
@@ -1771,9 +1797,9 @@ impl Endpoint {
             ari: ari_arr,
             private_data: pd,
         };
-        let (tid, peer) = (c.tid, c.peer);
+        let (tid, peer, tc) = (c.tid, c.peer, c.traffic_class);
         if let Ok(m) = encode(tid, CmBody::Rej(rej)) {
-            self.transmit(peer, m);
+            self.transmit(peer, tc, m);
         }
     }
 
@@ -1816,7 +1842,7 @@ impl Endpoint {
             private_data: [0; mad::private_data_len::REJ],
         };
         if let Ok(m) = encode(tid, CmBody::Rej(rej)) {
-            self.transmit(dst, m);
+            self.transmit(dst, 0, m);
         }
     }
 }

@@ -23,16 +23,16 @@
 //! let ca = a.connect(0, &ConnectParams::new(a_ip, b_ip, sid, Qpn::new(0x11), Psn::new(1))).unwrap();
 //! // The device sends what poll_transmit returns to QP1 of that IP; the peer's device
 //! // hands it to handle_mad with the source IP.
-//! let (_, req) = a.poll_transmit().unwrap();
+//! let req = a.poll_transmit().unwrap().mad;
 //! b.handle_mad(0, a_ip, &req);
 //! let Some(CmEvent::ReqReceived { id: cb, .. }) = b.poll_event() else { panic!() };
 //! b.accept(0, cb, &AcceptParams::new(Qpn::new(0x22), Psn::new(2))).unwrap();
-//! let (_, rep) = b.poll_transmit().unwrap();
+//! let rep = b.poll_transmit().unwrap().mad;
 //! a.handle_mad(0, b_ip, &rep);
 //! let Some(CmEvent::RepReceived { .. }) = a.poll_event() else { panic!() };
 //! // Move the QP to RTR/RTS with a.qp_attrs(ca), then:
 //! a.establish(0, ca, &[]).unwrap();
-//! let (_, rtu) = a.poll_transmit().unwrap();
+//! let rtu = a.poll_transmit().unwrap().mad;
 //! b.handle_mad(0, a_ip, &rtu);
 //! assert_eq!(b.poll_event(), Some(CmEvent::Established { id: cb }));
 //! assert_eq!(a.state(ca), Some(CmState::Established));
@@ -68,7 +68,7 @@ pub mod mad;
 
 pub use endpoint::{
     AcceptParams, CmEvent, CmId, CmState, ConnectParams, Counters, Endpoint, EndpointConfig, Nanos,
-    QpAttrs, SidrReplyParams, SidrRequestParams,
+    Outgoing, QpAttrs, SidrReplyParams, SidrRequestParams,
 };
 pub use error::CmError;
 pub use ip::{CmaHdr, PortSpace};

@@ -7,7 +7,9 @@ use std::net::IpAddr;
 
 use proptest::prelude::*;
 use softhca_cm::ip::{service_id, PortSpace};
-use softhca_cm::{AcceptParams, CmEvent, ConnectParams, Endpoint, EndpointConfig, Psn, Qpn};
+use softhca_cm::{
+    AcceptParams, CmEvent, ConnectParams, Endpoint, EndpointConfig, Outgoing, Psn, Qpn,
+};
 
 #[derive(Clone, Copy, Debug)]
 enum Fate {
@@ -48,7 +50,7 @@ proptest! {
                 for from_a in [true, false] {
                     loop {
                         let out = if from_a { a.poll_transmit() } else { b.poll_transmit() };
-                        let Some((_, m)) = out else { break };
+                        let Some(Outgoing { mad: m, .. }) = out else { break };
                         moved = true;
                         let f = fates.get(n).copied().unwrap_or(Fate::Deliver);
                         n += 1;

@@ -8,8 +8,8 @@ use softhca_cm::endpoint::{cm_ack_timeout, cm_convert_to_ms};
 use softhca_cm::ip::{service_id, CmaHdr, PortSpace};
 use softhca_cm::mad::{self, CmBody, CmMessage, MadHeader, MsgResponse};
 use softhca_cm::{
-    AcceptParams, CmEvent, CmId, CmState, ConnectParams, Endpoint, EndpointConfig, Psn, Qpn,
-    RejReason, SidrReplyParams, SidrRequestParams, SidrStatus,
+    AcceptParams, CmEvent, CmId, CmState, ConnectParams, Endpoint, EndpointConfig, Outgoing, Psn,
+    Qpn, RejReason, SidrReplyParams, SidrRequestParams, SidrStatus,
 };
 
 const MS: u64 = 1_000_000;
@@ -69,12 +69,12 @@ impl Net {
     fn settle(&mut self) {
         loop {
             let mut moved = false;
-            while let Some((dst, m)) = self.a.poll_transmit() {
+            while let Some(Outgoing { dst, mad: m, .. }) = self.a.poll_transmit() {
                 assert_eq!(dst, ip_b());
                 moved = true;
                 self.deliver(ip_a(), &m);
             }
-            while let Some((dst, m)) = self.b.poll_transmit() {
+            while let Some(Outgoing { dst, mad: m, .. }) = self.b.poll_transmit() {
                 assert_eq!(dst, ip_a());
                 moved = true;
                 self.deliver(ip_b(), &m);
@@ -320,7 +320,7 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
     let mut m = [0u8; 256];
     mad::emit(&rep, &mut m).unwrap();
     net.a.handle_mad(net.now, ip_b(), &m);
-    let (_, mra) = net.a.poll_transmit().unwrap();
+    let mra = net.a.poll_transmit().unwrap().mad;
     let CmBody::Mra(mra) = mad::parse(&mra).unwrap().body else {
         panic!()
     };
@@ -391,7 +391,7 @@ fn lost_rep_is_retransmitted_and_taken_once() {
     let mut m = [0u8; 256];
     mad::emit(&rep, &mut m).unwrap();
     net.a.handle_mad(net.now, ip_b(), &m);
-    let (_, again) = net.a.poll_transmit().unwrap();
+    let again = net.a.poll_transmit().unwrap().mad;
     assert!(matches!(mad::parse(&again).unwrap().body, CmBody::Rtu(_)));
     assert_eq!(net.a.counters().rx_duplicates, 1);
 }
@@ -628,7 +628,7 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     mad::emit(&dreq, &mut m).unwrap();
     // Again while B is in timewait: DREP with the same private data.
     net.b.handle_mad(net.now, ip_a(), &m);
-    let (_, d) = net.b.poll_transmit().unwrap();
+    let d = net.b.poll_transmit().unwrap().mad;
     let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
         panic!()
     };
@@ -637,7 +637,7 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     // After timewait B has forgotten it; a stray DREQ still gets a DREP (cm_issue_drep).
     while net.advance() {}
     net.b.handle_mad(net.now, ip_a(), &m);
-    let (dst, d) = net.b.poll_transmit().unwrap();
+    let Outgoing { dst, mad: d, .. } = net.b.poll_transmit().unwrap();
     assert_eq!(dst, ip_a());
     let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
         panic!()
@@ -675,12 +675,12 @@ fn req_from_a_live_remote_qp_is_stale() {
     // the old connection: REJ 10, and B tears the old one down with a DREQ.
     let mut a2 = Endpoint::new(EndpointConfig::new(GUID_A, 0x9999));
     a2.connect(net.now, &connect_params(rping_sid())).unwrap();
-    let (_, req) = a2.poll_transmit().unwrap();
+    let req = a2.poll_transmit().unwrap().mad;
     net.b.handle_mad(net.now, ip_a(), &req);
     let out: Vec<_> = std::iter::from_fn(|| net.b.poll_transmit()).collect();
     let names: Vec<_> = out
         .iter()
-        .map(|(_, m)| mad::parse(m).unwrap().body)
+        .map(|o| mad::parse(&o.mad).unwrap().body)
         .collect();
     assert!(
         matches!(names.as_slice(), [CmBody::Rej(r), CmBody::Dreq(_)] if r.reason == RejReason::StaleConn),
@@ -804,7 +804,7 @@ fn req_flood_is_bounded() {
         a.connect(0, &p).unwrap();
     }
     let mut n = 0;
-    while let Some((_, m)) = a.poll_transmit() {
+    while let Some(Outgoing { mad: m, .. }) = a.poll_transmit() {
         b.handle_mad(0, ip_a(), &m);
         n += 1;
     }
@@ -826,7 +826,7 @@ fn req_flood_is_bounded() {
     assert_eq!(b.connection_count(), 7);
     a.handle_timeout(6144 * MS);
     let mut taken = 0;
-    while let Some((_, m)) = a.poll_transmit() {
+    while let Some(Outgoing { mad: m, .. }) = a.poll_transmit() {
         b.handle_mad(6144 * MS, ip_a(), &m);
         taken += 1;
     }
@@ -885,4 +885,42 @@ fn destroy_sends_what_the_kernel_sends() {
     while net.advance() {}
     assert!(net.take_a().is_empty());
     assert_eq!(net.a.connection_count(), 0);
+}
+
+/// A connection's MADs go with its primary path's traffic class as their IP TOS, both
+/// ways (the kernel's CM sends on an address handle built from the path, and the passive
+/// side's path is the REQ's); a REJ to a REQ nobody listens for goes with 0.
+#[test]
+fn mads_carry_the_paths_traffic_class() {
+    let mut a = Endpoint::new(EndpointConfig::new(GUID_A, 1));
+    let mut b = Endpoint::new(EndpointConfig::new(GUID_B, 2));
+    b.listen(rping_sid()).unwrap();
+    let mut p = connect_params(rping_sid());
+    p.traffic_class = 0x20;
+    let ca = a.connect(0, &p).unwrap();
+    let req = a.poll_transmit().unwrap();
+    assert_eq!((req.dst, req.traffic_class), (ip_b(), 0x20));
+    b.handle_mad(0, ip_a(), &req.mad);
+    let Some(CmEvent::ReqReceived { id: cb, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(0, cb, &AcceptParams::new(Qpn::new(0x22), Psn::new(2)))
+        .unwrap();
+    let rep = b.poll_transmit().unwrap();
+    assert_eq!((rep.dst, rep.traffic_class), (ip_a(), 0x20));
+    a.handle_mad(0, ip_b(), &rep.mad);
+    a.establish(0, ca, &[]).unwrap();
+    let rtu = a.poll_transmit().unwrap();
+    assert_eq!(rtu.traffic_class, 0x20, "RTU");
+    b.handle_mad(0, ip_a(), &rtu.mad);
+    b.disconnect(0, cb, &[]).unwrap();
+    assert_eq!(b.poll_transmit().unwrap().traffic_class, 0x20, "DREQ");
+    // No listener on another port: the REJ belongs to no connection.
+    let mut p = connect_params(service_id(PortSpace::Tcp, 7175));
+    p.traffic_class = 0x20;
+    a.connect(0, &p).unwrap();
+    b.handle_mad(0, ip_a(), &a.poll_transmit().unwrap().mad);
+    let rej = b.poll_transmit().unwrap();
+    assert!(matches!(mad::parse(&rej.mad).unwrap().body, CmBody::Rej(_)));
+    assert_eq!(rej.traffic_class, 0);
 }

@@ -10,6 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use softhca_cm::mad::{GSI_QKEY, MAD_LEN};
+use softhca_cm::Outgoing;
 
 use crate::abi::*;
 use crate::error::{Error, Result};
@@ -47,8 +48,10 @@ unsafe impl Sync for Dev {}
 
 /// Mutable per-device state, under the global CM lock.
 pub(crate) struct DevState {
-    /// GSI address handles by destination, with their source GID index.
-    ahs: rustc_hash::FxHashMap<IpAddr, (usize, u8)>,
+    /// The source GID index of the MADs to each destination.
+    sources: rustc_hash::FxHashMap<IpAddr, u8>,
+    /// GSI address handles by destination and traffic class, with their source GID index.
+    ahs: rustc_hash::FxHashMap<(IpAddr, u8), (usize, u8)>,
     free_send: Vec<usize>,
 }
 
@@ -114,29 +117,42 @@ impl Dev {
     /// route's source: a device with two addresses on one interface), as the kernel's
     /// CM sends from the cm_id's source GID.
     pub fn use_source(&self, st: &mut DevState, dst: IpAddr, src: IpAddr) {
-        let Some(sgid) = self.gid_index(src) else {
-            return;
-        };
-        if st.ahs.get(&dst).is_some_and(|&(_, g)| g == sgid) {
-            return;
-        }
-        if let Some((old, _)) = st.ahs.remove(&dst) {
-            // SAFETY: our AH; every GSI send completes before `send` returns.
-            unsafe { ibv_destroy_ah(old as *mut ibv_ah) };
-        }
-        if let Err(e) = self.create_ah(st, dst, sgid) {
-            crate::error::debug(format_args!("GSI address handle to {dst}: {e}"));
+        if let Some(sgid) = self.gid_index(src) {
+            st.sources.insert(dst, sgid);
         }
     }
 
-    fn create_ah(&self, st: &mut DevState, dst: IpAddr, sgid: u8) -> Result<*mut ibv_ah> {
+    /// The address handle for MADs to `dst` with traffic class `tc` (their IP TOS), from
+    /// the destination's source GID; one whose source changed is made again.
+    fn ah_for(&self, st: &mut DevState, dst: IpAddr, tc: u8) -> Result<*mut ibv_ah> {
+        let sgid = match st.sources.get(&dst) {
+            Some(&g) => g,
+            None => {
+                let (g, _) = self.source_for(dst)?;
+                st.sources.insert(dst, g);
+                g
+            }
+        };
+        match st.ahs.get(&(dst, tc)) {
+            Some(&(ah, g)) if g == sgid => return Ok(ah as *mut ibv_ah),
+            Some(&(old, _)) => {
+                st.ahs.remove(&(dst, tc));
+                // SAFETY: our AH; every GSI send completes before `send` returns.
+                unsafe { ibv_destroy_ah(old as *mut ibv_ah) };
+            }
+            None => {}
+        }
+        self.create_ah(st, dst, tc, sgid)
+    }
+
+    fn create_ah(&self, st: &mut DevState, dst: IpAddr, tc: u8, sgid: u8) -> Result<*mut ibv_ah> {
         let mut attr = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: ip_to_gid(dst),
                 flow_label: 0,
                 sgid_index: sgid,
                 hop_limit: 64,
-                traffic_class: 0,
+                traffic_class: tc,
             },
             is_global: 1,
             port_num: 1,
@@ -147,7 +163,7 @@ impl Dev {
         if ah.is_null() {
             return Err(Error::last_os("ibv_create_ah (GSI)"));
         }
-        st.ahs.insert(dst, (ah as usize, sgid));
+        st.ahs.insert((dst, tc), (ah as usize, sgid));
         Ok(ah)
     }
 
@@ -209,6 +225,7 @@ impl Dev {
         // SAFETY: valid CQ.
         unsafe { softhca_rdmacm_req_notify_cq(recv_cq, 0) };
         let st = DevState {
+            sources: Default::default(),
             ahs: Default::default(),
             free_send: (0..SEND_SLOTS).collect(),
         };
@@ -235,15 +252,10 @@ impl Dev {
         Ok(())
     }
 
-    /// Sends a MAD to QP 1 of `dst`.
-    pub fn send(&self, st: &mut DevState, dst: IpAddr, mad: &[u8; MAD_LEN]) -> Result<()> {
-        let ah = match st.ahs.get(&dst) {
-            Some(&(a, _)) => a as *mut ibv_ah,
-            None => {
-                let (sgid, _) = self.source_for(dst)?;
-                self.create_ah(st, dst, sgid)?
-            }
-        };
+    /// Sends a MAD to QP 1 of `out.dst` with IP TOS `out.traffic_class`.
+    pub fn send(&self, st: &mut DevState, out: &Outgoing) -> Result<()> {
+        let (dst, mad) = (out.dst, &out.mad);
+        let ah = self.ah_for(st, dst, out.traffic_class)?;
         let deadline = Instant::now() + Duration::from_secs(1);
         let slot = loop {
             self.reap_sends(st);

@@ -167,10 +167,10 @@ impl Cma {
             let mut did = false;
             {
                 let e = &mut self.devs[d];
-                while let Some((dst, mad)) = e.ep.poll_transmit() {
+                while let Some(out) = e.ep.poll_transmit() {
                     did = true;
-                    if let Err(err) = e.dev.send(&mut e.st, dst, &mad) {
-                        crate::error::debug(format_args!("send to {dst}: {err}"));
+                    if let Err(err) = e.dev.send(&mut e.st, &out) {
+                        crate::error::debug(format_args!("send to {}: {err}", out.dst));
                     }
                 }
             }
@@ -1148,6 +1148,7 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
         let st = c.state(idr)?;
         let cm = if st.ud {
             let mut sp = SidrRequestParams::new(remote.ip(), sid);
+            sp.traffic_class = st.tos;
             sp.private_data = cma_private(
                 local,
                 remote,

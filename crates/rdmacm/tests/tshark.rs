@@ -111,12 +111,13 @@ fn cm_messages_decode_cleanly_in_tshark() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `ucmatose -t 32` (RDMA_OPTION_ID_TOS): every RC packet of its connections (their
-/// SENDs and ACKs, both ways) carries TOS 0x20 in its IPv4 header, as the kernel's rdma_cm puts the id's TOS
-/// in the path's traffic class and rxe writes the AV's traffic class into the IP header;
-/// the passive side takes it from the REQ's primary path.
+/// `ucmatose -t 32` (RDMA_OPTION_ID_TOS): every packet of its connections, their SENDs
+/// and ACKs and their CM MADs, both ways, carries TOS 0x20 in its IPv4 header, as the
+/// kernel's rdma_cm puts the id's TOS in the path's traffic class, its CM sends on an
+/// address handle made from the path and rxe writes the AV's traffic class into the IP
+/// header; the passive side takes it from the REQ's primary path.
 #[test]
-fn ucmatose_tos_is_in_the_ip_header_of_its_rc_packets() {
+fn ucmatose_tos_is_in_the_ip_header_of_its_packets() {
     if lib_dir().is_none() || !have("ucmatose") {
         return;
     }
@@ -170,6 +171,25 @@ fn ucmatose_tos_is_in_the_ip_header_of_its_rc_packets() {
     assert!(
         wrong.is_empty(),
         "packets without TOS 0x20 (capture kept at {}):\n{wrong:?}",
+        file.display()
+    );
+    // The connections' CM MADs too: REQ, REP, RTU, DREQ, DREP.
+    let cm = fields(
+        &file,
+        None,
+        "infiniband.mad.mgmtclass == 0x07",
+        &["ip.dsfield", "infiniband.mad.attributeid"],
+    );
+    for id in ["0x0010", "0x0013", "0x0014", "0x0015", "0x0016"] {
+        assert!(
+            cm.iter().any(|l| *l == format!("0x20\t{id}")),
+            "no CM attribute {id} with TOS 0x20 (capture kept at {}):\n{cm:?}",
+            file.display()
+        );
+    }
+    assert!(
+        cm.iter().all(|l| l.starts_with("0x20\t")),
+        "CM MADs without TOS 0x20 (capture kept at {}):\n{cm:?}",
         file.display()
     );
     let _ = std::fs::remove_dir_all(&dir);

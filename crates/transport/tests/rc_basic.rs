@@ -281,6 +281,21 @@ fn split_write_is_one_batch_of_write_only_packets() {
 /// With one UDP source port for the device (softhca's sockets), packets of several QPs
 /// to one peer share a GSO batch: four QPs' one-packet WRITEs leave as one Transmit, and
 /// the four ACKs as one. Each QP's data lands where it should.
+/// Node 0 posts one 4 KiB RDMA WRITE of random bytes on each of `qps` (WR ID its index),
+/// into its own 4 KiB of an MR on node 1; returns (source MR, target MR).
+fn one_write_each(net: &mut SimNet, qps: &[(Qpn, Qpn)]) -> (Mr, Mr) {
+    let la = net.reg(0, qps.len() * 4096, full_access());
+    let rb = net.reg(1, qps.len() * 4096, full_access());
+    net.fill_random(&la);
+    for (i, (a, _)) in qps.iter().enumerate() {
+        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * 4096, 4096));
+        w.remote_addr = rb.addr + (i * 4096) as u64;
+        w.rkey = rb.rkey;
+        net.nodes[0].engine.post_send(0, *a, w).unwrap();
+    }
+    (la, rb)
+}
+
 #[test]
 fn qps_to_one_peer_share_a_gso_batch() {
     let mut net = SimNet::new(8, 2, Mtu::M4096);
@@ -290,15 +305,7 @@ fn qps_to_one_peer_share_a_gso_batch() {
     let qps: Vec<(Qpn, Qpn)> = (0..4)
         .map(|_| pair(&mut net, QpType::Rc, &RcOpts::default()))
         .collect();
-    let la = net.reg(0, 4 * 4096, full_access());
-    let rb = net.reg(1, 4 * 4096, full_access());
-    net.fill_random(&la);
-    for (i, (a, _)) in qps.iter().enumerate() {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * 4096, 4096));
-        w.remote_addr = rb.addr + (i * 4096) as u64;
-        w.rkey = rb.rkey;
-        net.nodes[0].engine.post_send(0, *a, w).unwrap();
-    }
+    let (la, rb) = one_write_each(&mut net, &qps);
     let mut buf = vec![0u8; 256 * 1024];
     let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
     assert_eq!(t.len / t.segment_size, 4, "four QPs' WRITEs in one batch");
@@ -725,15 +732,7 @@ fn traffic_class_is_the_tos_of_a_qps_packets() {
         pair(&mut net, QpType::Rc, &marked),
         pair(&mut net, QpType::Rc, &RcOpts::default()),
     ];
-    let la = net.reg(0, 2 * 4096, full_access());
-    let rb = net.reg(1, 2 * 4096, full_access());
-    net.fill_random(&la);
-    for (i, (a, _)) in qps.iter().enumerate() {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * 4096, 4096));
-        w.remote_addr = rb.addr + (i * 4096) as u64;
-        w.rkey = rb.rkey;
-        net.nodes[0].engine.post_send(0, *a, w).unwrap();
-    }
+    let (la, rb) = one_write_each(&mut net, &qps);
     let mut buf = vec![0u8; 256 * 1024];
     let mut toses = |node: usize, net: &mut SimNet| {
         let mut got = Vec::new();
