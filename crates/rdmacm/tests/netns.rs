@@ -139,26 +139,33 @@ fn udaddy_between_namespaces() {
 
 /// perftest's `bin -R` server in A, client in B: both exit 0, the client prints its
 /// result line.
-fn perftest(bin: &str, result_line: &str) {
+fn perftest(bin: &str, extra: &[&str], result_line: &str) {
     let Some(l) = link(&[bin]) else { return };
-    let (s, c) = run(&l, (bin, &["-R"]), (bin, &["-R", SERVER]), true);
+    let sargs = [&["-R"], extra].concat();
+    let cargs = [&sargs[..], &[SERVER]].concat();
+    let (s, c) = run(&l, (bin, &sargs), (bin, &cargs), true);
     both_ok(&s, &c);
     assert!(c.stdout.contains(result_line), "{}", c.all());
 }
 
 #[test]
 fn ib_send_bw_rdma_cm_between_namespaces() {
-    perftest("ib_send_bw", "BW average[MB/sec]");
+    perftest("ib_send_bw", &[], "BW average[MB/sec]");
+}
+
+#[test]
+fn ib_send_bw_rdma_cm_ud_between_namespaces() {
+    perftest("ib_send_bw", &["-c", "UD"], "BW average[MB/sec]");
 }
 
 #[test]
 fn ib_write_bw_rdma_cm_between_namespaces() {
-    perftest("ib_write_bw", "BW average[MB/sec]");
+    perftest("ib_write_bw", &[], "BW average[MB/sec]");
 }
 
 #[test]
 fn ib_read_lat_rdma_cm_between_namespaces() {
-    perftest("ib_read_lat", "t_avg[usec]");
+    perftest("ib_read_lat", &[], "t_avg[usec]");
 }
 
 #[test]
@@ -178,23 +185,36 @@ fn rdma_server_and_client_between_namespaces() {
 }
 
 #[test]
-fn qperf_cm1_rc_bw_between_namespaces() {
+fn qperf_cm1_between_namespaces() {
     let Some(l) = link(&["qperf"]) else { return };
     // qperf's server is a daemon: killed once the client is done.
+    let tests = ["rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_bw"];
+    let args = [&["-cm1", "-t", "1", SERVER][..], &tests].concat();
+    let (_s, c) = run(&l, ("qperf", &[]), ("qperf", &args), false);
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    for t in tests {
+        let after = c.stdout.split(&format!("{t}:")).nth(1).unwrap_or_default();
+        let want = if t == "rc_lat" { "latency  =" } else { "bw  =" };
+        assert!(after.trim_start().starts_with(want), "{t} {}", c.all());
+    }
+}
+
+#[test]
+fn cmtime_between_namespaces() {
+    let Some(l) = link(&["cmtime"]) else { return };
+    // 100 connections set up and torn down; the server is a daemon.
     let (_s, c) = run(
         &l,
-        ("qperf", &[]),
-        (
-            "qperf",
-            &["-cm1", "-t", "2", SERVER, "rc_bw", "rc_rdma_write_bw"],
-        ),
+        ("cmtime", &["-b", SERVER]),
+        ("cmtime", &["-s", SERVER]),
         false,
     );
     assert_eq!(c.status, Some(0), "client: {}", c.all());
-    for t in ["rc_bw:", "rc_rdma_write_bw:"] {
-        let after = c.stdout.split(t).nth(1).unwrap_or_default();
-        assert!(after.trim_start().starts_with("bw  ="), "{t} {}", c.all());
-    }
+    assert!(
+        c.stdout.contains("destroying id") && c.stdout.contains("connect      :"),
+        "{}",
+        c.all()
+    );
 }
 
 #[test]
