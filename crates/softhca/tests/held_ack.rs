@@ -162,7 +162,7 @@ fn ping_pong(a: &End, b: &End, rounds: u64) -> u64 {
             assert_eq!(buf[..], pattern(LEN, i as u8)[..], "answer {i}");
         }
         // No more polling here: what the last step left is the datapath thread's to
-        // feed, at the end of the polling window (2 ms).
+        // feed, at the end of the polling window.
         let t = Instant::now();
         while counter(&a.ctx, "rcvd_pkts") < 2 * rounds {
             assert!(

@@ -36,7 +36,11 @@ const TX_BUF: usize = 65_507;
 /// After an application thread progressed the datapath, the datapath thread leaves the
 /// sockets to it for this long. An application that stops polling without saying so
 /// (no `req_notify`, no blocking wait) delays its traffic by at most this much, and one
-/// that keeps doing it gets no windows for a while ([`takeover`]).
-const APP_WINDOW_NS: u64 = 2_000_000;
+/// that keeps doing it gets no windows for a while ([`takeover`]). Short, because a
+/// responder's application owes one-sided operations (READ, atomics, WRITE) no poll,
+/// and one that polls now and then (UCX progresses about every millisecond) must not
+/// hold its peer's READs for a window each. A polling application costs the sleeping
+/// datapath thread one wake-up per window.
+const APP_WINDOW_NS: u64 = 200_000;
 /// Inline steps per poll when each one fills every transmit buffer.
 const INLINE_STEPS: usize = 4;

@@ -68,7 +68,7 @@ mod tests {
 
     const MS: Nanos = 1_000_000;
 
-    /// `ib_write_lat`: a stranding every round trip (one window, 2 ms).
+    /// `ib_write_lat`: a stranding every round trip (at most one window each).
     #[test]
     fn a_burst_starts_serving_and_periods_double() {
         let mut p = Takeover::default();
