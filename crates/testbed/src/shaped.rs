@@ -193,6 +193,23 @@ impl ShapedLink {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The MTU of the shaped device of `end` (9000, so that RoCE's 4096-byte path MTU
+    /// fits), from `ip -o link show` (`2: shcc1a@if3: <...> mtu 9000 qdisc tbf ...`).
+    pub fn mtu(&self, end: End) -> Result<u64, TestbedError> {
+        let dev = self.dev(end);
+        let text = self.run(end, "ip", ["-o", "link", "show", "dev", &dev])?;
+        let words: Vec<&str> = text.split_whitespace().collect();
+        words
+            .iter()
+            .position(|w| *w == "mtu")
+            .and_then(|i| words.get(i + 1))
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| TestbedError::Command {
+                cmd: format!("ip -o link show dev {dev}"),
+                stderr: format!("no mtu in {text:?}"),
+            })
+    }
+
     /// The token bucket counters of `end` (what it sent toward the other end).
     pub fn qdisc(&self, end: End) -> Result<QdiscStats, TestbedError> {
         let dev = self.dev(end);
