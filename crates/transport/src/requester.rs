@@ -255,6 +255,7 @@ impl Qp {
         let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
         let psn = w.first_psn.add((off / mtu) as u32);
+        let msg_last = w.last_psn();
         let at = PacketAt {
             tr: ty.transport(),
             off,
@@ -298,6 +299,7 @@ impl Qp {
             hdr.bth.ack_req = last
                 || self.req.pkts_since_ack_req + 1 >= every
                 || self.cc_window_closes_at(ctx.cfg, psn, path_idx)
+                || self.cc_first_request(ctx.cfg, psn, msg_last)
                 || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
