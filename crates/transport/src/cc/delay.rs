@@ -68,7 +68,7 @@ const PROBE_AGAIN_ROUNDS: u64 = 16;
 /// The least queueing delay that ends slow start, ns.
 const SLOW_START_MIN_EXCESS: Nanos = 500_000;
 /// Samples in a row over the slow-start limit that end it.
-const SLOW_START_EXIT_SAMPLES: u32 = 3;
+const SLOW_START_EXIT_SAMPLES: u32 = 4;
 /// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
 /// long enough for the queue to drain while the other flows send at most the link's
 /// rate, and for a packet sent after it to come back).
@@ -563,9 +563,9 @@ mod tests {
         // Every sample 3 ms: 1 ms of path and 2 ms of another flow's queue.
         let now = run_rounds(&mut c, 0, 8, 3_000_000);
         assert_eq!(c.stats().min_rtt, 3_000_000);
-        // The queue grows past the target: slow start ends at the third sample.
+        // The queue grows past the target: slow start ends at the fourth sample.
         let mut t = now;
-        for _ in 0..3 {
+        for _ in 0..SLOW_START_EXIT_SAMPLES {
             t += 100_000;
             c.on_ack(t, MTU, busy(6_000_000));
         }

@@ -35,7 +35,7 @@
 //!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
 //!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
 //! - Slow start (by what is acknowledged, at most quadrupling per round up to 256 KiB,
-//!   then doubling) from 16 KiB until three samples in a row are a sixteenth of the
+//!   then doubling) from 16 KiB until four samples in a row are a sixteenth of the
 //!   base (at least 0.5 ms) over it (HyStart++, RFC 9406, also takes several), or a
 //!   loss: the target window on a 5 ms path is 100 times that of a veth. The window
 //!   grows while the first late samples come back, so ending at the target, or at a
