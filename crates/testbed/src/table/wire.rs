@@ -14,7 +14,9 @@ const IPV4: u64 = 20;
 const TCP_TIMESTAMPS: u64 = 20 + 12;
 /// RoCEv2's headers of every packet besides IP: UDP 8, BTH 12, ICRC 4.
 const ROCE: u64 = 8 + 12 + 4;
-/// RETH, on the first packet of a WRITE (IBTA 9.3.3).
+/// RETH, on every packet of a WRITE: softhca sends each as a WRITE Only for its part
+/// (`SOFTHCA_WRITE_SPLIT`, on by default; rxe's First/Middle/Last carry it only on the
+/// first, IBTA 9.3.3).
 const RETH: u64 = 16;
 /// AETH, on the first and the last READ response (IBTA 9.3.6).
 const AETH: u64 = 4;
@@ -29,7 +31,7 @@ pub fn goodput_ceiling(test: &str, link_mtu: u64, pmtu: u64, msg: u64) -> f64 {
     }
     let pkts = msg.div_ceil(pmtu.max(1)).max(1);
     let extra = match test {
-        "write" => RETH,
+        "write" => RETH * pkts,
         "read" => AETH * pkts.min(2),
         _ => 0,
     };
@@ -142,11 +144,11 @@ mod tests {
 
     #[test]
     fn ceilings_at_a_9000_byte_link() {
-        // 8948 of 9014 bytes; 65536 of 16 × 4154 (+ RETH, + two AETHs).
+        // 8948 of 9014 bytes; 65536 of 16 × 4154 (+ a RETH each, + two AETHs).
         let c = |t| goodput_ceiling(t, 9000, 4096, 65536);
         assert!((c("tcp") - 8948.0 / 9014.0).abs() < 1e-12);
         assert!((c("send") - 65536.0 / 66464.0).abs() < 1e-12);
-        assert!((c("write") - 65536.0 / 66480.0).abs() < 1e-12);
+        assert!((c("write") - 65536.0 / 66720.0).abs() < 1e-12);
         assert!((c("read") - 65536.0 / 66472.0).abs() < 1e-12);
         assert!((goodput_ceiling("send", 9000, 4096, 1000) - 1000.0 / 1058.0).abs() < 1e-12);
     }
