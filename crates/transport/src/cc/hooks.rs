@@ -195,7 +195,10 @@ impl Qp {
             self.cc.rtt.on_sent(psn, now, app_limited);
         }
         if let Some(rate) = ctl.pacing_rate() {
-            self.cc.pacer.on_sent(now, bytes, rate);
+            // A READ request takes what it asks for, but not more than the window: the
+            // window lets one READ go whatever its size, and at a base probe's least
+            // window and rate a whole 64 KiB READ held the next one back for 80 ms.
+            self.cc.pacer.on_sent(now, bytes.min(ctl.window()), rate);
         }
     }
 
