@@ -9,13 +9,8 @@ pub struct DelayAimdConfig {
     /// Window a QP starts with, bytes: four 4096-byte packets, which leave at once (no
     /// round trip is known to pace them by). A line-rate start as Swift's fills a
     /// shallow queue before the first round trip is known, and each round trip sampled
-    /// then includes that burst; `fast_start_below` makes up for the small start.
+    /// then includes that burst.
     pub initial_window: u64,
-    /// Slow start quadruples the window per round trip while it is under this many
-    /// bytes, and doubles it from there (0: only doubles). A 10 ms path holds 1.25 MB at
-    /// 1 Gb/s: doubling from 16 KiB took six round trips to fill it, against TCP's
-    /// initial window of 10 full-size segments (89 KB at MTU 9000) without its burst.
-    pub fast_start_below: u64,
     /// Least window, packets.
     pub min_window_pkts: u64,
     /// Least queueing delay allowed above the base round trip, ns: a software host's
@@ -43,7 +38,6 @@ impl Default for DelayAimdConfig {
     fn default() -> Self {
         DelayAimdConfig {
             initial_window: 16 * 1024,
-            fast_start_below: 256 * 1024,
             min_window_pkts: 2,
             min_queue_delay: 2_000_000,
             queue_delay_fraction: 0.25,
@@ -68,7 +62,7 @@ const PROBE_AGAIN_ROUNDS: u64 = 16;
 /// The least queueing delay that ends slow start, ns.
 const SLOW_START_MIN_EXCESS: Nanos = 500_000;
 /// Samples in a row over the slow-start limit that end it.
-const SLOW_START_EXIT_SAMPLES: u32 = 4;
+const SLOW_START_EXIT_SAMPLES: u32 = 3;
 /// A base probe holds the least window this many round trips (LEDBAT++'s slowdown:
 /// long enough for the queue to drain while the other flows send at most the link's
 /// rate, and for a packet sent after it to come back).
@@ -166,13 +160,12 @@ impl DelayAimd {
         self.min_rtt + q.max(self.cfg.min_queue_delay) + fs
     }
 
-    /// The round trip over which slow start ends: a sixteenth of the base over it (at
+    /// The round trip over which slow start ends: an eighth of the base over it (at
     /// least 0.5 ms of scheduling noise), lower than the target. A window that doubles
     /// per round trip overshoots by what is acknowledged while the first late samples
-    /// come back; ending at the target overflowed a 5 ms token bucket on a 10 ms path,
-    /// and at an eighth a start that quadrupled to 1 MB on it.
+    /// come back; ending at the target overflowed a 5 ms token bucket on a 10 ms path.
     fn slow_start_limit(&self) -> Nanos {
-        self.min_rtt + (self.min_rtt / 16).max(SLOW_START_MIN_EXCESS)
+        self.min_rtt + (self.min_rtt / 8).max(SLOW_START_MIN_EXCESS)
     }
 
     fn clamp(&mut self) {
@@ -312,14 +305,8 @@ impl DelayAimd {
 
 impl CongestionControl for DelayAimd {
     fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>) {
-        // Slow start grows by what is acknowledged (thrice that while the window is
-        // small), at most doubling (quadrupling) per round; not while the last sample
-        // was over the limit: the queue shows, and what is acknowledged meanwhile only
-        // adds to the overshoot (HyStart++'s conservative slow start, taken to a halt).
-        if self.slow_start && self.slow_start_over == 0 {
-            let small = self.round_cwnd < self.cfg.fast_start_below as f64;
-            let g = if small { 4.0 } else { 2.0 };
-            self.cwnd = (self.cwnd + (g - 1.0) * acked as f64).min(g * self.round_cwnd);
+        if self.slow_start {
+            self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
             self.clamp();
             if self.cwnd >= self.ssthresh {
                 self.slow_start = false;
@@ -563,7 +550,7 @@ mod tests {
         // Every sample 3 ms: 1 ms of path and 2 ms of another flow's queue.
         let now = run_rounds(&mut c, 0, 8, 3_000_000);
         assert_eq!(c.stats().min_rtt, 3_000_000);
-        // The queue grows past the target: slow start ends at the fourth sample.
+        // The queue grows past the target: slow start ends at the third sample.
         let mut t = now;
         for _ in 0..SLOW_START_EXIT_SAMPLES {
             t += 100_000;

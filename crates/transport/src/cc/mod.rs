@@ -34,21 +34,20 @@
 //!   application-limited flow cannot build a queue (BBR's app-limited samples; RFC
 //!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
 //!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
-//! - Slow start (by what is acknowledged, at most quadrupling per round up to 256 KiB,
-//!   then doubling) from 16 KiB until four samples in a row are a sixteenth of the
-//!   base (at least 0.5 ms) over it (HyStart++, RFC 9406, also takes several), or a
-//!   loss: the target window on a 5 ms path is 100 times that of a veth. The window
-//!   grows while the first late samples come back, so ending at the target, or at a
-//!   round's end as the other decisions do, overflowed a 10 ms path's token bucket; it
-//!   does not grow while the last sample was over the limit. The quadrupling stands in
-//!   for TCP's larger initial window (10 segments) without its line-rate burst: a
-//!   burst's last packet waits behind the rest at the bottleneck, and flows started
-//!   together took that for part of their base round trip (a 64 KiB initial window
-//!   left two such flows at 0.2 and 0.8 of the link). For the same reason the QP's
-//!   first request packet asks for an ACK: the first sample is of a packet with
-//!   nothing of its own ahead of it. Additive increase is one packet per millisecond of
-//!   smoothed round trip, so a long path regains its window about as fast as a short
-//!   one.
+//! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
+//!   three samples in a row are an eighth of the base (at least 0.5 ms) over it
+//!   (HyStart++, RFC 9406, also takes several), or a loss: the target window on a 5 ms
+//!   path is 100 times that of a veth. The window doubles while the first late samples
+//!   come back, so ending at the target, or at a round's end as the other decisions
+//!   do, overflowed a 10 ms path's token bucket. The initial window stays small (TCP's
+//!   is 10 segments)
+//!   because it leaves as one burst: the burst's last packet waits behind the rest at
+//!   the bottleneck, and flows started together took that for part of their base
+//!   round trip (a 64 KiB initial window left two such flows at 0.2 and 0.8 of the
+//!   link). For the same reason a QP's first message larger than the window asks for
+//!   an ACK on its first packet: the first sample is of a packet with nothing of its
+//!   own ahead of it. Additive increase is one packet per millisecond of smoothed
+//!   round trip, so a long path regains its window about as fast as a short one.
 //! - A loss cuts the window (to the base over the smoothed round trip, what the path
 //!   holds without its queue, by at most half) only when the round trip is over the target: a
 //!   full queue that drops has one; a lossy link (1 % random loss) does not, and
@@ -255,25 +254,5 @@ pub(crate) fn new_controller(alg: CcAlgorithm, mtu: u64) -> Option<Box<dyn Conge
     match alg {
         CcAlgorithm::Off => None,
         CcAlgorithm::DelayAimd(c) => Some(Box::new(DelayAimd::new(c, mtu))),
-    }
-}
-
-/// A new controller for one path of a multipath QP: its slow start only doubles. The
-/// QP's paths start together, so its window already grows a path's worth at a time, and
-/// a path cut in its first round trips loses what it has in flight (the stall after a
-/// cut grew past 5 ms when each path quadrupled).
-pub(crate) fn new_path_controller(
-    alg: CcAlgorithm,
-    mtu: u64,
-) -> Option<Box<dyn CongestionControl>> {
-    match alg {
-        CcAlgorithm::Off => None,
-        CcAlgorithm::DelayAimd(c) => Some(Box::new(DelayAimd::new(
-            DelayAimdConfig {
-                fast_start_below: 0,
-                ..c
-            },
-            mtu,
-        ))),
     }
 }

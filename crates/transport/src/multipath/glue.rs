@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use softhca_wire::{Aeth, Bth, Headers, Opcode};
 
-use crate::cc::{new_path_controller, Congestion};
+use crate::cc::{new_controller, Congestion};
 use crate::path::Path;
 use crate::qp::{Ctx, Qp};
 use crate::recovery::LossCause;
@@ -212,7 +212,7 @@ impl Qp {
             // one controller for the QP held the sum of the paths to one path's rate.
             for p in &mut paths {
                 p.mtu = mtu;
-                p.cc = new_path_controller(alg, mtu);
+                p.cc = new_controller(alg, mtu);
             }
         }
         m.paths = paths;
@@ -760,7 +760,7 @@ impl Qp {
                             // Its controller starts over: what it knew of the path's
                             // queue may be stale too.
                             if path.cc.is_some() {
-                                path.cc = new_path_controller(ctx.cfg.cc, path.mtu);
+                                path.cc = new_controller(ctx.cfg.cc, path.mtu);
                             }
                         }
                         path.set_status(PathStatus::Active, now);
