@@ -40,6 +40,10 @@ impl Shape {
 pub struct QdiscStats {
     /// Packets it sent.
     pub sent: u64,
+    /// Bytes it sent: whole Ethernet frames as the token bucket counts them (`skb->len`
+    /// at the qdisc, the 14-byte header included; no preamble, FCS or gap), each
+    /// segment's headers counted for a GSO packet.
+    pub bytes: u64,
     /// Packets it dropped (queue full).
     pub dropped: u64,
 }
@@ -112,7 +116,14 @@ impl ShapedLink {
         ip(&["netns", "add", &nb])?;
         let (va, vb) = (self.dev(End::A), self.dev(End::B));
         let (aa, ab) = (Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 2));
-        crate::veth::veth_pair([(&na, &va, aa), (&nb, &vb, ab)])
+        crate::veth::veth_pair([(&na, &va, aa), (&nb, &vb, ab)])?;
+        // No IPv6 on the link (as the forwarder's taps): router solicitations and MLD
+        // reports would pass the token bucket too and blur its byte counts.
+        for end in [End::A, End::B] {
+            let knob = format!("net.ipv6.conf.{}.disable_ipv6=1", self.dev(end));
+            self.run(end, "sysctl", ["-qw", knob.as_str()])?;
+        }
+        Ok(())
     }
 
     /// Adds `addr` (on the link's /24) to end `end`'s device: a second softhca device
@@ -182,6 +193,23 @@ impl ShapedLink {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The MTU of the shaped device of `end` (9000, so that RoCE's 4096-byte path MTU
+    /// fits), from `ip -o link show` (`2: shcc1a@if3: <...> mtu 9000 qdisc tbf ...`).
+    pub fn mtu(&self, end: End) -> Result<u64, TestbedError> {
+        let dev = self.dev(end);
+        let text = self.run(end, "ip", ["-o", "link", "show", "dev", &dev])?;
+        let words: Vec<&str> = text.split_whitespace().collect();
+        words
+            .iter()
+            .position(|w| *w == "mtu")
+            .and_then(|i| words.get(i + 1))
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| TestbedError::Command {
+                cmd: format!("ip -o link show dev {dev}"),
+                stderr: format!("no mtu in {text:?}"),
+            })
+    }
+
     /// The token bucket counters of `end` (what it sent toward the other end).
     pub fn qdisc(&self, end: End) -> Result<QdiscStats, TestbedError> {
         let dev = self.dev(end);
@@ -212,6 +240,7 @@ pub fn parse_qdisc(text: &str) -> QdiscStats {
         .unwrap_or(0);
     QdiscStats {
         sent: pkts,
+        bytes: num("Sent"),
         dropped: num("(dropped"),
     }
 }
@@ -238,6 +267,7 @@ mod tests {
             parse_qdisc(text),
             QdiscStats {
                 sent: 446404,
+                bytes: 1827748156,
                 dropped: 21
             }
         );

@@ -2,6 +2,12 @@
 //! and TCP (iperf3) over one link shaped by tbf at 1 Gb/s, at 100 Mb/s and at 1 Gb/s
 //! with 5 ms of delay each way, with the packets the shaper dropped; then fairness on
 //! the 1 Gb/s link: two softhca flows, softhca against TCP, and a flow that starts late.
+//!
+//! Each throughput row has the goodput (bytes the application moved) and, beside it,
+//! what fills the link: the bytes the token bucket sent on the data's side while the
+//! flow measured, over the rate. The two differ by the headers of each frame, which
+//! differ by protocol (RoCEv2 carries at most 4096 bytes of payload in a frame, TCP at
+//! MTU 9000 nearly 9000), so the row has the goodput's ceiling too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,6 +15,12 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use softhca_testbed::{End, Shape, ShapedLink};
+
+mod wire;
+use wire::LiveLines;
+
+/// The message size of the softhca rows.
+const MSG: u64 = 64 * 1024;
 
 /// Options of `softhca-impair shaped`.
 #[derive(Debug, Args)]
@@ -55,20 +67,24 @@ pub enum Rows {
     Fair,
 }
 
-/// A flow's result: its average, and its intervals (start, end, Gb/s) in seconds since
-/// the run began.
+/// A flow's result: its average, its intervals (start, end, Gb/s) in seconds since
+/// the run began, and softhca's path MTU.
 #[derive(Debug, Default, Clone)]
 struct Outcome {
     gbps: f64,
     intervals: Vec<(f64, f64, f64)>,
+    pmtu: Option<u64>,
 }
 
-/// A running flow: its server and client processes, and when the client started.
+/// A running flow: its server and client processes, when the client started, and the
+/// output that tells when it began measuring (softhca's progress lines on the client's
+/// stderr, the iperf3 receiver's interval lines on the server's stdout).
 struct Flow {
     server: Child,
     client: Child,
     tcp: bool,
     at: f64,
+    live: LiveLines,
 }
 
 /// What the runs share: the link, the binary, when the run began.
@@ -136,13 +152,16 @@ impl Bench<'_> {
         let d = format!("{secs}");
         let i = format!("{}", self.interval);
         let args = ["perf", op, &addr, "-p", &p, "-D", &d, "--interval", &i];
-        let client = self.spawn_at(End::A, ca, &strings(&args))?;
+        let args = [&args[..], &["--progress", "1"]].concat();
+        let mut client = self.spawn_at(End::A, ca, &strings(&args))?;
         let at = self.t0.elapsed().as_secs_f64();
+        let live = LiveLines::new(client.stderr.take().ok_or("softhca's stderr")?);
         Ok(Flow {
             server,
             client,
             tcp: false,
             at,
+            live,
         })
     }
 
@@ -150,20 +169,26 @@ impl Bench<'_> {
     fn tcp(&self, port: u16, secs: f64) -> Result<Flow, String> {
         let iperf = Path::new("iperf3");
         let p = port.to_string();
-        let server = self.spawn(End::B, iperf, &strings(&["-s", "-1", "-p", &p]))?;
+        // iperf3 takes no interval under 0.1 s.
+        let i = format!("{}", self.interval.max(0.1));
+        // The receiver's intervals, as they come (in Kbit/s): what arrived, as softhca's
+        // intervals count what completed (the sender's count what entered its socket
+        // buffer, ahead of the link by up to the buffer).
+        let srv = ["-s", "-1", "-p", &p, "-i", &i, "-f", "k", "--forceflush"];
+        let mut server = self.spawn(End::B, iperf, &strings(&srv))?;
         std::thread::sleep(Duration::from_millis(300));
         let addr = self.link.addr(End::B).to_string();
         let t = format!("{}", secs.ceil() as u64);
-        // iperf3 takes no interval under 0.1 s.
-        let i = format!("{}", self.interval.max(0.1));
         let args = ["-c", &addr, "-p", &p, "-t", &t, "-i", &i, "--json"];
         let client = self.spawn(End::A, iperf, &strings(&args))?;
         let at = self.t0.elapsed().as_secs_f64();
+        let live = LiveLines::new(server.stdout.take().ok_or("iperf3's stdout")?);
         Ok(Flow {
             server,
             client,
             tcp: true,
             at,
+            live,
         })
     }
 }
@@ -173,6 +198,30 @@ fn strings(a: &[&str]) -> Vec<String> {
 }
 
 impl Flow {
+    /// When the flow began measuring: softhca's first progress line; the iperf3
+    /// receiver's first intervals, each of which came at most a little after its end
+    /// (None if the output says neither within 30 s).
+    fn start(&mut self) -> Option<Instant> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut best: Option<Instant> = None;
+        let mut seen = 0;
+        while let Some((at, line)) = self.live.next(deadline) {
+            if !self.tcp {
+                if let Some((unix, _)) = wire::progress(&line) {
+                    return Some(wire::instant_of(unix));
+                }
+            } else if let Some((_, end, _)) = wire::iperf_interval(&line) {
+                let s = at.checked_sub(Duration::from_secs_f64(end))?;
+                best = Some(best.map_or(s, |b| b.min(s)));
+                seen += 1;
+                if seen == 3 {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
     /// Waits for both processes and reads the client's result.
     fn finish(mut self) -> Result<Outcome, String> {
         let out = self
@@ -188,15 +237,15 @@ impl Flow {
             .wait_with_output()
             .map_err(|e| err("server", e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let live = self.live.all();
         if !out.status.success() {
             let s = String::from_utf8_lossy(&srv.stderr);
-            return Err(format!("client failed: {stdout}{stderr}\nserver: {s}"));
+            return Err(format!("client failed: {stdout}{live}\nserver: {s}"));
         }
         let mut o = if self.tcp {
-            parse_iperf(&stdout)?
+            parse_iperf(&stdout, &live)?
         } else {
-            parse_softhca(&stdout, &stderr)?
+            parse_softhca(&stdout, &live)?
         };
         for i in o.intervals.iter_mut() {
             i.0 += self.at;
@@ -206,14 +255,18 @@ impl Flow {
     }
 }
 
-/// The bandwidth row of `softhca perf` (` 65536  <iters>  <Gb/s>  <Mpps>`) and its
-/// `interval <start> <end> <Gb/s>` lines.
+/// The goodput of `softhca perf` from its progress lines (its bandwidth row,
+/// ` 65536  <iters>  <Gb/s>  <Mpps>`, has two decimals), its `interval <start> <end>
+/// <Gb/s>` lines and its path MTU.
 fn parse_softhca(stdout: &str, stderr: &str) -> Result<Outcome, String> {
-    let gbps = stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("65536 "))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|v| v.parse().ok())
+    let gbps = wire::progress_gbps(stderr)
+        .or_else(|| {
+            stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with("65536 "))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|v| v.parse().ok())
+        })
         .ok_or_else(|| format!("no bandwidth in softhca's output: {stdout}"))?;
     let intervals = stderr
         .lines()
@@ -226,32 +279,26 @@ fn parse_softhca(stdout: &str, stderr: &str) -> Result<Outcome, String> {
             (v.len() == 3).then(|| (v[0], v[1], v[2]))
         })
         .collect();
-    Ok(Outcome { gbps, intervals })
+    Ok(Outcome {
+        gbps,
+        intervals,
+        pmtu: wire::perf_mtu(stdout),
+    })
 }
 
-/// iperf3's JSON: the received rate, and the intervals.
-fn parse_iperf(stdout: &str) -> Result<Outcome, String> {
+/// iperf3's JSON: the received rate; the receiver's intervals from the server's text.
+fn parse_iperf(stdout: &str, server: &str) -> Result<Outcome, String> {
     let j: serde_json::Value = serde_json::from_str(stdout).map_err(|e| err("iperf3 JSON", e))?;
     let gbps = j["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .ok_or("iperf3 JSON without end.sum_received")?
         / 1e9;
-    let intervals = j["intervals"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|i| {
-                    let s = &i["sum"];
-                    Some((
-                        s["start"].as_f64()?,
-                        s["end"].as_f64()?,
-                        s["bits_per_second"].as_f64()? / 1e9,
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Outcome { gbps, intervals })
+    let intervals = server.lines().filter_map(wire::iperf_interval).collect();
+    Ok(Outcome {
+        gbps,
+        intervals,
+        pmtu: None,
+    })
 }
 
 /// A flow's average rate over `[from, to)` (seconds since the run began), from its
@@ -274,44 +321,80 @@ fn shaper(link: &ShapedLink) -> (u64, u64) {
     (a.sent + b.sent, a.dropped + b.dropped)
 }
 
+/// The token bucket's bytes sent from `end` over the time from `start` to `secs` after
+/// it, as a share of the link's rate; `bytes0` is the count before the flow's client
+/// started (what went before `start` is its connection's setup, a few packets).
+fn wire_share(link: &ShapedLink, end: End, bytes0: u64, start: Instant, secs: f64) -> Option<f64> {
+    let until = start + Duration::from_secs_f64(secs);
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    let t = Instant::now();
+    let q = link.qdisc(end).ok()?;
+    // `tc` takes a few milliseconds: the counters are of about halfway.
+    let t = t + t.elapsed() / 2;
+    let bits = q.bytes.checked_sub(bytes0)? as f64 * 8.0;
+    Some(bits / (t - start).as_secs_f64() / link.shape().rate as f64)
+}
+
+/// One throughput row: `test`'s goodput as a share of the link, the most it could be
+/// at this MTU, and the link's utilization on the data's side while it was measured.
+fn throughput_row(b: &Bench<'_>, test: &str, secs: f64, mtu: u64) -> Result<(), String> {
+    let rate = b.link.shape().rate as f64 / 1e9;
+    // The side the data leaves from: READ responses come from B.
+    let side = if test == "read" { End::B } else { End::A };
+    let before = shaper(b.link);
+    let q0 = b.link.qdisc(side).map_err(|e| err("tc", e))?;
+    let mut flow = if test == "tcp" {
+        b.tcp(5201, secs)?
+    } else {
+        b.softhca(test, 0, secs)?
+    };
+    let wire = flow
+        .start()
+        .and_then(|s| wire_share(b.link, side, q0.bytes, s, secs));
+    let o = flow.finish()?;
+    let after = shaper(b.link);
+    let q1 = b.link.qdisc(side).map_err(|e| err("tc", e))?;
+    let (sent, dropped) = (after.0 - before.0, after.1 - before.1);
+    let name = if test == "tcp" {
+        "TCP (iperf3)".to_string()
+    } else {
+        format!("softhca {} 64 KiB", test.to_uppercase())
+    };
+    let ceiling = wire::goodput_ceiling(test, mtu, o.pmtu.unwrap_or(4096), MSG);
+    let frame = (q1.bytes - q0.bytes) / (q1.sent - q0.sent).max(1);
+    println!(
+        "| {} | {name} | {:.3} | {:.3} | {ceiling:.3} | {} | {frame} | {:.3} % |",
+        b.link.shape().label(),
+        o.gbps,
+        o.gbps / rate,
+        wire.map_or("-".to_string(), |w| format!("{w:.3}")),
+        100.0 * dropped as f64 / (sent + dropped).max(1) as f64
+    );
+    if b.show_intervals {
+        let rates: Vec<String> = o
+            .intervals
+            .iter()
+            .map(|(_, _, g)| format!("{:.2}", g / rate))
+            .collect();
+        let (per, whose) = if test == "tcp" {
+            (b.interval.max(0.1), " (receiver)")
+        } else {
+            (b.interval, "")
+        };
+        let first = o.intervals.first().map_or(0.0, |i| i.1 - o.intervals[0].0);
+        println!(
+            "|   | × link per {per} s{whose}, the first {first:.3} s: {} | | | | | |",
+            rates.join(" ")
+        );
+    }
+    Ok(())
+}
+
 /// The throughput rows of one link.
 fn throughput_rows(b: &Bench<'_>, secs: f64) -> Result<(), String> {
-    let rate = b.link.shape().rate as f64 / 1e9;
+    let mtu = b.link.mtu(End::A).map_err(|e| err("link MTU", e))?;
     for test in ["send", "write", "read", "tcp"] {
-        let before = shaper(b.link);
-        let flow = if test == "tcp" {
-            b.tcp(5201, secs)?
-        } else {
-            b.softhca(test, 0, secs)?
-        };
-        let o = flow.finish()?;
-        let after = shaper(b.link);
-        let (sent, dropped) = (after.0 - before.0, after.1 - before.1);
-        let name = if test == "tcp" {
-            "TCP (iperf3)".to_string()
-        } else {
-            format!("softhca {} 64 KiB", test.to_uppercase())
-        };
-        println!(
-            "| {} | {name} | {:.3} | {:.2} | {:.3} % |",
-            b.link.shape().label(),
-            o.gbps,
-            o.gbps / rate,
-            100.0 * dropped as f64 / (sent + dropped).max(1) as f64
-        );
-        if b.show_intervals {
-            let rates: Vec<String> = o
-                .intervals
-                .iter()
-                .map(|(_, _, g)| format!("{:.2}", g / rate))
-                .collect();
-            let per = if test == "tcp" {
-                b.interval.max(0.1)
-            } else {
-                b.interval
-            };
-            println!("|   | × link per {per} s: {} | | | |", rates.join(" "));
-        }
+        throughput_row(b, test, secs, mtu)?;
     }
     Ok(())
 }
@@ -400,8 +483,10 @@ pub fn run(a: TableArgs) -> Result<(), String> {
         (Rows::Mbit100, 100_000_000, ms(0)),
         (Rows::GbitDelay, 1_000_000_000, ms(5)),
     ];
-    println!("| link (tbf both ends, burst 256 KiB, latency 5 ms) | test | Gb/s | × link | shaper drops |");
-    println!("|---|---|---|---|---|");
+    println!("goodput: what the application moved (softhca: completed, TCP: received); ceiling: the most goodput there can be in the frames the link carries, at its MTU; on the wire: the bytes tbf sent on the data's side while the flow measured (whole Ethernet frames), over the rate.");
+    println!();
+    println!("| link (tbf both ends, burst 256 KiB, latency 5 ms) | test | goodput Gb/s | × link | goodput ceiling × link | on the wire × link | mean frame bytes | shaper drops |");
+    println!("|---|---|---|---|---|---|---|---|");
     for (i, (rows, rate, delay)) in shapes.into_iter().enumerate() {
         if !want(rows) {
             continue;

@@ -7,9 +7,10 @@
 
 mod common;
 
+use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use softhca_testbed::{check_available, End, Shape, ShapedLink};
+use softhca_testbed::{check_available, spawn_in_netns, End, Shape, ShapedLink};
 
 #[test]
 fn a_shaped_link_is_filled_with_verified_data() {
@@ -43,5 +44,55 @@ fn a_shaped_link_is_filled_with_verified_data() {
             "{op}: {:.3} Gb/s on a 1 Gb/s link",
             r.gbps
         );
+    }
+}
+
+/// The token bucket counts whole Ethernet frames, the 14-byte header included (no FCS,
+/// preamble or gap), on a veth and on the forwarder's taps alike: `softhca-impair shaped`
+/// divides these bytes by the rate for the link's utilization. Datagrams of a known size
+/// and count add exactly their frames to the sender's qdisc.
+#[test]
+fn the_shaper_counts_whole_ethernet_frames() {
+    if let Err(e) = check_available() {
+        eprintln!("skipped: needs root and ip netns ({e})");
+        return;
+    }
+    const PAYLOAD: usize = 1000;
+    const COUNT: u64 = 100;
+    for delay in [Duration::ZERO, Duration::from_millis(5)] {
+        let link = ShapedLink::up(Shape {
+            rate: 1_000_000_000,
+            delay,
+        })
+        .expect("build the shaped link");
+        // A socket listens at the far end, so that nothing comes back (an ICMP port
+        // unreachable, then an ARP probe answered through the measured qdisc).
+        let at = SocketAddr::new(link.addr(End::B), 17_000);
+        let sink = spawn_in_netns(&link.netns(End::B), move || UdpSocket::bind(at))
+            .join()
+            .expect("bind in B")
+            .expect("bind the sink");
+        let send = |n: u64| {
+            spawn_in_netns(&link.netns(End::A), move || {
+                let s = UdpSocket::bind("0.0.0.0:0").expect("bind in A");
+                for _ in 0..n {
+                    s.send_to(&[7u8; PAYLOAD], at).expect("send");
+                }
+            })
+            .join()
+            .expect("send from A");
+        };
+        // The first resolves the neighbour (an ARP exchange on the veth).
+        send(1);
+        std::thread::sleep(Duration::from_millis(100) + 2 * delay);
+        let before = link.qdisc(End::A).unwrap();
+        send(COUNT);
+        std::thread::sleep(Duration::from_millis(100) + 2 * delay);
+        let after = link.qdisc(End::A).unwrap();
+        drop(sink);
+        let frame = (PAYLOAD + 8 + 20 + 14) as u64;
+        assert_eq!(after.sent - before.sent, COUNT, "{delay:?}");
+        assert_eq!(after.bytes - before.bytes, COUNT * frame, "{delay:?}");
+        assert_eq!(after.dropped, before.dropped);
     }
 }

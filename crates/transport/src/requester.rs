@@ -78,6 +78,19 @@ impl TxPlan {
     pub fn wire_len(&self) -> usize {
         self.hdr.packet_len(self.payload_len)
     }
+
+    /// What this request packet takes from the congestion pacer: a READ request the
+    /// responses it asks for, which take the path's rate (the window counts their PSNs
+    /// too). Paced by its own few bytes, a window of READs left at once and their
+    /// responses came back as one burst, whose queue at the bottleneck ended slow start
+    /// at half a 10 ms path's window.
+    pub fn paced_len(&self) -> u64 {
+        let own = self.wire_len() as u64;
+        match self.hdr.reth {
+            Some(r) if self.hdr.bth.opcode.is_read_request() => own.max(r.dma_len.into()),
+            _ => own,
+        }
+    }
 }
 
 /// Headers for a packet to `dqpn` with this opcode and PSN (default P_Key, pad count
@@ -258,6 +271,7 @@ impl Qp {
         let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
         let psn = w.first_psn.add((off / mtu) as u32);
+        let msg_last = w.last_psn();
         let at = PacketAt {
             tr: ty.transport(),
             off,
@@ -300,6 +314,7 @@ impl Qp {
             hdr.bth.ack_req = last
                 || self.req.pkts_since_ack_req + 1 >= every
                 || self.cc_window_closes_at(ctx.cfg, psn, path_idx)
+                || self.cc_first_request(ctx.cfg, psn, msg_last)
                 || psn.diff(self.req.una) + 1 >= MAX_UNACKED_PSNS;
         }
         Some(TxPlan {
@@ -616,7 +631,7 @@ impl Qp {
                 w.rtt_sample = false;
             }
             self.mp_sent(ctx, plan, true, false);
-            let resent = (plan.hdr.bth.psn, plan.wire_len() as u64, true);
+            let resent = (plan.hdr.bth.psn, plan.paced_len(), true);
             self.cc_request_sent(ctx.cfg, ctx.now, resent);
             self.req.last_retransmit_at = Some(ctx.now);
             if self.req.rto.is_none() {
@@ -673,7 +688,7 @@ impl Qp {
             let app_limited = ack_req && self.req.send_idx >= self.req.sq.len();
             self.mp_sent(ctx, plan, false, app_limited);
         }
-        let sent = (plan.hdr.bth.psn, plan.wire_len() as u64, ack_req);
+        let sent = (plan.hdr.bth.psn, plan.paced_len(), ack_req);
         self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;

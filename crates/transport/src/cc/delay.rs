@@ -6,9 +6,10 @@ use crate::verbs::Nanos;
 /// Tuning of `DelayAimd`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DelayAimdConfig {
-    /// Window a QP starts with, bytes: one 64 KiB message (TCP starts at 10 packets; a
-    /// line-rate start as Swift's fills a shallow queue before the first round trip
-    /// is known, and each round trip sampled then includes that burst).
+    /// Window a QP starts with, bytes: four 4096-byte packets, which leave at once (no
+    /// round trip is known to pace them by). A line-rate start as Swift's fills a
+    /// shallow queue before the first round trip is known, and each round trip sampled
+    /// then includes that burst.
     pub initial_window: u64,
     /// Least window, packets.
     pub min_window_pkts: u64,
@@ -551,7 +552,7 @@ mod tests {
         assert_eq!(c.stats().min_rtt, 3_000_000);
         // The queue grows past the target: slow start ends at the third sample.
         let mut t = now;
-        for _ in 0..3 {
+        for _ in 0..SLOW_START_EXIT_SAMPLES {
             t += 100_000;
             c.on_ack(t, MTU, busy(6_000_000));
         }

@@ -130,11 +130,27 @@ impl Qp {
             return (w / 2).max(MIN_ACK_EVERY as u32);
         }
         match self.cc.ctl.as_ref() {
+            Some(ctl) if ctl.stats().slow_start => MIN_ACK_EVERY as u32,
             Some(ctl) => {
                 (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
             }
             None => u32::MAX,
         }
+    }
+
+    /// Whether request packet `psn` of a message whose PSNs end at `last` is the QP's
+    /// first, of a message larger than the window: it asks for an ACK, so that the first
+    /// round-trip sample is of a packet with nothing of its own burst ahead of it at the
+    /// bottleneck (the initial window leaves at once, and its last packet's round trip
+    /// holds the whole window's time at the bottleneck).
+    pub(crate) fn cc_first_request(&self, cfg: &EngineConfig, psn: Psn, last: Psn) -> bool {
+        let span = u64::from(last.diff(psn).max(0) as u32) + 1;
+        self.cc.last_ack_req.is_none()
+            && self
+                .cc
+                .ctl
+                .as_ref()
+                .is_some_and(|ctl| span * self.mtu(cfg) > ctl.window())
     }
 
     /// Whether request packet `psn`, going on multipath path `path`, is the last one
@@ -179,7 +195,10 @@ impl Qp {
             self.cc.rtt.on_sent(psn, now, app_limited);
         }
         if let Some(rate) = ctl.pacing_rate() {
-            self.cc.pacer.on_sent(now, bytes, rate);
+            // A READ request takes what it asks for, but not more than the window: the
+            // window lets one READ go whatever its size, and at a base probe's least
+            // window and rate a whole 64 KiB READ held the next one back for 80 ms.
+            self.cc.pacer.on_sent(now, bytes.min(ctl.window()), rate);
         }
     }
 

@@ -39,9 +39,15 @@
 //!   (HyStart++, RFC 9406, also takes several), or a loss: the target window on a 5 ms
 //!   path is 100 times that of a veth. The window doubles while the first late samples
 //!   come back, so ending at the target, or at a round's end as the other decisions
-//!   do, overflowed a 10 ms path's token bucket. Additive increase is one packet per millisecond of
-//!   smoothed round trip, so a long path regains its window about as fast as a short
-//!   one.
+//!   do, overflowed a 10 ms path's token bucket. The initial window stays small (TCP's
+//!   is 10 segments)
+//!   because it leaves as one burst: the burst's last packet waits behind the rest at
+//!   the bottleneck, and flows started together took that for part of their base
+//!   round trip (a 64 KiB initial window left two such flows at 0.2 and 0.8 of the
+//!   link). For the same reason a QP's first message larger than the window asks for
+//!   an ACK on its first packet: the first sample is of a packet with nothing of its
+//!   own ahead of it. Additive increase is one packet per millisecond of smoothed
+//!   round trip, so a long path regains its window about as fast as a short one.
 //! - A loss cuts the window (to the base over the smoothed round trip, what the path
 //!   holds without its queue, by at most half) only when the round trip is over the target: a
 //!   full queue that drops has one; a lossy link (1 % random loss) does not, and
