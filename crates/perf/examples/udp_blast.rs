@@ -24,7 +24,7 @@ fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
         rx_batch: std::env::var("BLAST_RXBATCH")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(64),
+            .unwrap_or(softhca_perf::blast::RECV_BATCH),
         // BLAST_WINDOW=0 sends unpaced; otherwise bytes ahead of the receiver's credits.
         window: match std::env::var("BLAST_WINDOW")
             .ok()

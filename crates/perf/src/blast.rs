@@ -29,6 +29,12 @@ pub const DEFAULT_WINDOW: usize = 4 << 20;
 /// The receiver confirms what it got each time this many more bytes have arrived.
 const CREDIT_EVERY: u64 = 256 << 10;
 
+/// Datagram buffers per receive call of the measuring receiver: one. A buffer holds a
+/// whole GRO datagram (64 KiB) and stays in the CPU's cache; a ring of many (4 MiB for 64)
+/// makes the kernel's copy go to memory beyond the caches, and the row then measures that
+/// memory rather than the best the UDP path does.
+pub const RECV_BATCH: usize = 1;
+
 /// A credit datagram: this tag, then the receiver's byte count (u64, little endian).
 const CREDIT_TAG: [u8; 8] = *b"SHCAcred";
 

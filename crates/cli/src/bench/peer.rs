@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use softhca_io::{self as sio, BindOptions, ConnectedSender, RecvBatch, RoceSocket, Transmit};
-use softhca_perf::blast::{blast_recv, blast_send, RecvStop, DEFAULT_WINDOW};
+use softhca_perf::blast::{blast_recv, blast_send, RecvStop, DEFAULT_WINDOW, RECV_BATCH};
 
 use crate::args::{BenchPeerArgs, PeerKind, PeerRole};
 use crate::error::CliError;
@@ -565,7 +565,7 @@ fn udp_blast_server(bind: SocketAddr, duration: Duration) -> Result<serde_json::
             deadline: Instant::now() + duration + Duration::from_secs(10),
             flag: None,
             busy: false,
-            batch: 64,
+            batch: RECV_BATCH,
             credit: true,
         },
     )
