@@ -421,6 +421,10 @@ impl CongestionControl for DelayAimd {
         Some((gain * self.cwnd * 1e9 / self.srtt as f64) as u64)
     }
 
+    fn in_slow_start(&self) -> bool {
+        self.slow_start
+    }
+
     fn stats(&self) -> CcStats {
         CcStats {
             window: self.window(),

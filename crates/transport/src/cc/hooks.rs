@@ -130,7 +130,7 @@ impl Qp {
             return (w / 2).max(MIN_ACK_EVERY as u32);
         }
         match self.cc.ctl.as_ref() {
-            Some(ctl) if ctl.stats().slow_start => MIN_ACK_EVERY as u32,
+            Some(ctl) if ctl.in_slow_start() => MIN_ACK_EVERY as u32,
             Some(ctl) => {
                 (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
             }

@@ -176,6 +176,9 @@ pub(crate) trait CongestionControl: std::fmt::Debug + Send {
     fn window(&self) -> u64;
     /// Bytes per second to pace at; None: not paced (no round trip measured yet).
     fn pacing_rate(&self) -> Option<u64>;
+    /// Whether the window is still in slow start (asked per packet; `stats` is for
+    /// counters).
+    fn in_slow_start(&self) -> bool;
     /// The figures `softhca devinfo -v` shows.
     fn stats(&self) -> CcStats;
 }
