@@ -172,6 +172,27 @@ fn corruption_0_1_percent() {
     assert!(s > 0, "the link did corrupt frames");
 }
 
+/// Corruption with direct receive on (payload received straight into registered memory,
+/// checked there) and WRITEs as First/Middle/Last, the form whose continuations are
+/// received directly: a corrupted packet's bytes never survive in what `--verify` reads.
+#[test]
+fn corruption_with_direct_receive() {
+    let Some(link) = link(LinkConfig {
+        impairment: impairment("corrupt 0.1%"),
+        seed: 9,
+        ..LinkConfig::default()
+    }) else {
+        return;
+    };
+    let env = [("SOFTHCA_DIRECT_RX", "1"), ("SOFTHCA_WRITE_SPLIT", "0")];
+    for op in ["send", "write", "read"] {
+        perf_env(&link, op, 16 * MIB, MSG, Duration::from_secs(120), &env);
+    }
+    let s = link.stats(End::A).corrupted.load(Ordering::Relaxed)
+        + link.stats(End::B).corrupted.load(Ordering::Relaxed);
+    assert!(s > 0, "the link did corrupt frames");
+}
+
 /// 256 MiB per operation and impairment; prints the throughput table.
 #[test]
 #[ignore = "long: run in release with --ignored --nocapture"]

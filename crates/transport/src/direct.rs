@@ -13,7 +13,11 @@
 //! First at the expected PSN when the QP's own receive queue has a WQE; and it covers
 //! only what that message may still write: a WRITE's remaining RETH range (checked
 //! against the rkey when the First came), or the rest of the current SGE of the receive
-//! WQE the SEND consumes or will consume. A WRITE First or Only is never planned: its
+//! WQE the SEND consumes or will consume. On the requester, a plan is made for the READ
+//! response at the PSN the oldest outstanding READ expects next, covering the rest of
+//! that READ's local buffer: a READ's target is undefined until the READ completes, and
+//! a response that fails is asked for again (the READ is resent from that PSN) and
+//! rewrites what it left. A WRITE First or Only is never planned: its
 //! RETH, which says where it goes, is not checked before its ICRC is. The receiver aims at most that many bytes, in order, at registered
 //! memory, whatever the segments turn out to hold. So a segment that fails its ICRC,
 //! is out of order, or is not the packet predicted (another message, a duplicate, a Last
@@ -38,7 +42,7 @@
 
 use std::net::IpAddr;
 
-use softhca_wire::{self as wire, Bth, Headers, UdpPseudo, BTH_LEN, ICRC_LEN};
+use softhca_wire::{self as wire, Bth, Headers, UdpPseudo, ICRC_LEN};
 
 use crate::datagram::DatagramInfo;
 use crate::engine::{same_ip, Engine};
@@ -48,7 +52,10 @@ use crate::verbs::*;
 /// Where the payload of the next packets of a message in progress goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirectPlan {
-    /// Header bytes before each packet's payload (a Middle or Last carries the BTH only).
+    /// Header bytes before each packet's payload: those of the planned packet's opcode
+    /// (a SEND or WRITE Middle, a READ response Middle: the BTH only; a READ response
+    /// First or Last: BTH and AETH). A later segment of the datagram with other headers
+    /// is not the packet predicted, and is handled from a copy.
     pub header_len: usize,
     /// Host address of the next payload byte, in registered memory.
     pub dst: *mut u8,
@@ -107,6 +114,45 @@ impl Qp {
     }
 }
 
+impl Qp {
+    /// Where the payload of READ response `bth` goes when it is the next one this QP
+    /// waits for (the expected PSN of the oldest READ or atomic still outstanding, as
+    /// `Completer::on_read_response` takes a response in order), and how much of the
+    /// READ's local buffer is left from there: every response of a READ in flight may
+    /// land in that READ's own target, which stays undefined until its completion
+    /// (IBTA 9.4.5: the requester may not touch a READ's buffer before it completes).
+    fn read_response_target(
+        &self,
+        mem: &softhca_memory::MemoryTable,
+        bth: &Bth,
+        mtu: u64,
+    ) -> Option<(*mut u8, usize)> {
+        if self.init.qp_type != QpType::Rc
+            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+            || bth.opcode.transport() != QpType::Rc.transport()
+        {
+            return None;
+        }
+        let w = self
+            .req
+            .sq
+            .iter()
+            .find(|w| w.is_rd_atomic() && !w.done && w.status.is_none())?;
+        if w.wr.opcode != WrOpcode::RdmaRead || !w.contains(bth.psn) || bth.psn != w.read_next_psn {
+            return None;
+        }
+        let off = u64::from(bth.psn.diff(w.first_psn) as u32) * mtu;
+        let left = usize::try_from(w.len.checked_sub(off)?).ok()?;
+        let Payload::Sges(sges) = &w.wr.payload else {
+            return None;
+        };
+        let (p, n) = mem
+            .scatter_span(self.init.pd, sges, usize::try_from(off).ok()?)
+            .ok()??;
+        (left > 0).then_some((p, n.min(left)))
+    }
+}
+
 impl Engine {
     /// Where the payload of the packet whose first bytes are `head`, received from
     /// `src`, may be received straight into registered memory; `None` when it must be
@@ -120,9 +166,13 @@ impl Engine {
         if !same_ip(src, qp.path.dst.ip()) {
             return None;
         }
-        let (dst, room) = qp.direct_target(&self.memory, &bth)?;
+        let (dst, room) = if bth.opcode.is_read_response() {
+            qp.read_response_target(&self.memory, &bth, qp.mtu(&self.cfg))?
+        } else {
+            qp.direct_target(&self.memory, &bth)?
+        };
         Some(DirectPlan {
-            header_len: BTH_LEN,
+            header_len: bth.opcode.header_len(),
             dst,
             room,
         })

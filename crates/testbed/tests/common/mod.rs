@@ -130,6 +130,18 @@ pub struct PerfRun {
 /// (client) to a server in end B; panics (test failure) on a non-zero exit of either side,
 /// a hang (more than `limit`), or a result that is not verified.
 pub fn perf(link: &impl Ends, op: &str, total: u64, size: u64, limit: Duration) -> PerfRun {
+    perf_env(link, op, total, size, limit, &[])
+}
+
+/// [`perf`] with environment variables `env` set on both ends.
+pub fn perf_env(
+    link: &impl Ends,
+    op: &str,
+    total: u64,
+    size: u64,
+    limit: Duration,
+    env: &[(&str, &str)],
+) -> PerfRun {
     let iters = (total / size).max(1).to_string();
     let size_s = size.to_string();
     let port = "18515";
@@ -138,6 +150,7 @@ pub fn perf(link: &impl Ends, op: &str, total: u64, size: u64, limit: Duration) 
         End::B,
         &["perf", op, "-p", port, "-s", &size_s, "-n", &iters],
     )
+    .envs(env.iter().copied())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
     .spawn()
@@ -163,6 +176,7 @@ pub fn perf(link: &impl Ends, op: &str, total: u64, size: u64, limit: Duration) 
                 "--json",
             ],
         )
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
