@@ -22,8 +22,12 @@ use softhca_wire::{self as wire, UdpPseudo};
 const ID_RESYNC_WINDOW: u16 = 4096;
 /// IDs this far behind the last one are tried at full strength (reordered sends).
 const ID_BEHIND: u16 = 8;
-/// How far behind the last ID a solved ID is believed.
-const ID_RESYNC_BEHIND: u16 = 64;
+/// How far behind the last ID a solved ID is believed: a packet that a path held back
+/// behind this many later ones from the same socket (a link with delay jitter reorders
+/// milliseconds of traffic, hundreds of datagrams at gigabit rates) still checks. The
+/// window ahead and behind together keep a corrupted packet's chance of a believed
+/// solution near 2^-20 (see `resync`).
+const ID_RESYNC_BEHIND: u16 = 1024;
 /// After this many ICRC misses in a row from one peer, any solved ID is believed.
 const ID_RESYNC_MISSES: u32 = 16;
 /// Bound on remembered peers (memory under a flood of spoofed sources).
@@ -179,8 +183,19 @@ impl Ipv4IdTracker {
                 || st.last.wrapping_sub(id) <= ID_RESYNC_BEHIND
                 || st.misses >= ID_RESYNC_MISSES
         });
-        if let Some(id) = found {
-            st = PeerIpId::matched(id, seg);
+        match found {
+            // A late packet: the flow's later packets have been checked already, so the
+            // prediction stays with them (moved back, it would miss on every one of them
+            // until a solve moved it forward again).
+            Some(id)
+                if state.is_some()
+                    && id != st.last
+                    && st.last.wrapping_sub(id) <= ID_RESYNC_BEHIND =>
+            {
+                st.misses = 0;
+            }
+            Some(id) => st = PeerIpId::matched(id, seg),
+            None => {}
         }
         if self.peers.len() < MAX_ID_PEERS || self.peers.contains_key(&src) {
             self.peers.insert(src, st);
@@ -286,6 +301,19 @@ mod tests {
         assert_eq!(resynced_at, Some(ID_RESYNC_MISSES - 2));
         let next = far.wrapping_add(ID_RESYNC_MISSES as u16 - 1);
         assert_eq!(check(&mut t, next, 0, 99), HIT);
+    }
+
+    #[test]
+    fn a_packet_held_back_behind_hundreds_checks_and_keeps_the_prediction() {
+        let mut t = Ipv4IdTracker::default();
+        assert_eq!(check(&mut t, 0x2000, 0, 1), IdCheck::Resynced);
+        for i in 1..600u16 {
+            assert_eq!(check(&mut t, 0x2000 + i, 0, u32::from(i) + 1), HIT);
+        }
+        // Held back by the path behind 500 later datagrams of its socket.
+        assert_eq!(check(&mut t, 0x2000 + 99, 0, 100), IdCheck::Resynced);
+        // The flow's next packet is still predicted.
+        assert_eq!(check(&mut t, 0x2000 + 600, 0, 601), HIT);
     }
 
     #[test]

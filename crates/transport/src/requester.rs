@@ -514,7 +514,12 @@ impl Qp {
                 }
                 let op = plan.hdr.bth.opcode;
                 if op.is_read_response() {
-                    self.cc_response_sent(ctx, plan.wire_len() as u64, op.starts_message());
+                    self.cc_response_sent(
+                        ctx,
+                        plan.hdr.bth.psn,
+                        plan.wire_len() as u64,
+                        op.starts_message(),
+                    );
                 }
             }
             TxSource::Requester => {

@@ -405,7 +405,7 @@ impl Qp {
             _ => None,
         });
         if queued_from.is_none_or(|p| psn.is_before(p)) {
-            self.cc_read_repeated(ctx);
+            self.cc_read_repeated(ctx, psn);
         }
         let len = u64::from(reth.dma_len);
         if self

@@ -261,18 +261,18 @@ impl Qp {
         }
     }
 
-    /// A READ response packet of `bytes` on the wire left; `first`: a READ's first.
-    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, bytes: u64, first: bool) {
+    /// READ response `psn`, `bytes` on the wire, left; `first`: a READ's first.
+    pub(crate) fn cc_response_sent(&mut self, ctx: &Ctx<'_>, psn: Psn, bytes: u64, first: bool) {
         if self.cc_on(ctx) {
-            self.cc.resp.on_sent(ctx.now, bytes, first);
+            self.cc.resp.on_sent(ctx.now, psn, bytes, first);
         }
     }
 
-    /// The requester asked again for a READ: its responses were lost.
-    pub(crate) fn cc_read_repeated(&mut self, ctx: &mut Ctx<'_>) {
+    /// The requester asked again for a READ from `psn`: its responses were lost.
+    pub(crate) fn cc_read_repeated(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
         if self.cc_on(ctx) {
             let was = self.cc.resp.cuts;
-            self.cc.resp.on_repeat(ctx.now);
+            self.cc.resp.on_repeat(ctx.now, psn);
             ctx.counters.cc_response_rate_cut += self.cc.resp.cuts - was;
         }
     }

@@ -1,5 +1,7 @@
 //! Pacing: when the next packet of a QP may leave, and the rate of READ responses.
 
+use softhca_wire::Psn;
+
 use crate::verbs::Nanos;
 
 /// Bytes that may leave back to back after a pause: one GSO send, so pacing does not
@@ -58,7 +60,15 @@ pub(crate) struct ResponseRate {
     reads: f64,
     repeats: f64,
     last_sent: Nanos,
+    /// Bytes of the last response packet sent.
+    last_bytes: u64,
     last_cut: Option<Nanos>,
+    /// The last response PSN sent when the rate was last cut: a READ asked again from
+    /// a PSN up to it lost its responses before that cut took effect (the same
+    /// episode, as NewReno's recovery point, RFC 6582), and cuts nothing more.
+    recover: Option<Psn>,
+    /// The last response PSN sent.
+    sent_psn: Option<Psn>,
     /// Decreases made.
     pub cuts: u64,
     pub pacer: Pacer,
@@ -70,15 +80,21 @@ impl ResponseRate {
         self.rate.map(|r| r as u64)
     }
 
-    /// `bytes` of READ response left at `now`; `first`: the first packet of a READ's
-    /// responses.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u64, first: bool) {
+    /// READ response `psn`, `bytes` long, left at `now`; `first`: the first packet of a
+    /// READ's responses.
+    pub fn on_sent(&mut self, now: Nanos, psn: Psn, bytes: u64, first: bool) {
         let elapsed = now.saturating_sub(self.interval_start);
         if elapsed >= INTERVAL_NS {
             // An interval with a pause of a whole interval in it measured the
             // application's pauses, not the path: a ping-pong's READs then set a rate of a
-            // few kB/s that the next cut started from.
-            let idle = now.saturating_sub(self.last_sent) >= INTERVAL_NS;
+            // few kB/s that the next cut started from. A pause the pacing itself made
+            // (a rate so low that packets leave more than an interval apart) is not one:
+            // taken for idle, it kept such a rate from ever growing again.
+            let gap = now.saturating_sub(self.last_sent);
+            let paced_gap = self
+                .rate
+                .map_or(0.0, |r| self.last_bytes as f64 * 1e9 / r.max(1.0));
+            let idle = gap >= INTERVAL_NS && gap as f64 > 2.0 * paced_gap;
             if !idle {
                 let r = self.interval_bytes as f64 * 1e9 / elapsed as f64;
                 self.sent_rate = if self.sent_rate == 0.0 {
@@ -86,8 +102,11 @@ impl ResponseRate {
                 } else {
                     0.75 * self.sent_rate + 0.25 * r
                 };
+                // 1/32 per interval that passed (several when packets leave further
+                // apart than one).
+                let intervals = (elapsed / INTERVAL_NS).min(32) as f64;
                 if let Some(rate) = self.rate.as_mut() {
-                    *rate += (*rate / 32.0).max(MIN_RATE);
+                    *rate += (*rate / 32.0).max(MIN_RATE) * intervals;
                 }
             }
             self.interval_start = now;
@@ -95,6 +114,8 @@ impl ResponseRate {
         }
         self.interval_bytes += bytes;
         self.last_sent = now;
+        self.last_bytes = bytes;
+        self.sent_psn = Some(psn);
         if first {
             let keep = 1.0 - 1.0 / READS_SEEN;
             self.reads = self.reads * keep + 1.0;
@@ -112,7 +133,10 @@ impl ResponseRate {
     /// overflowed: half of the recent ones, and at least two, is taken for congestion.
     /// Counted by READs, not by time: a rate that counted repeats per millisecond cut
     /// itself lower at each cut, as fewer READs per millisecond made any two a burst.
-    pub fn on_repeat(&mut self, now: Nanos) {
+    pub fn on_repeat(&mut self, now: Nanos, psn: Psn) {
+        if self.recover.is_some_and(|r| !psn.is_after(r)) {
+            return;
+        }
         self.repeats += 1.0;
         let congested = self.repeats >= 2.0 && 2.0 * self.repeats >= self.reads;
         if !congested
@@ -130,6 +154,7 @@ impl ResponseRate {
         };
         self.rate = Some((0.7 * base).max(MIN_RATE));
         self.last_cut = Some(now);
+        self.recover = self.sent_psn;
         self.cuts += 1;
     }
 }
@@ -162,24 +187,55 @@ mod tests {
         let mut now = 0;
         for i in 0..320u64 {
             now = i * 31_250;
-            r.on_sent(now, 4096, i % 16 == 0);
+            r.on_sent(now, Psn::new(i as u32), 4096, i % 16 == 0);
         }
         assert_eq!(r.rate(), None);
         // Two of twenty READs asked again (random loss): not congestion.
-        r.on_repeat(now + 10_000);
-        r.on_repeat(now + 20_000);
+        r.on_repeat(now + 10_000, Psn::new(16));
+        r.on_repeat(now + 20_000, Psn::new(48));
         assert_eq!(r.rate(), None, "two READs back of twenty");
         // A run of drops: most READs come back.
         for k in 0..6 {
-            r.on_repeat(now + 30_000 + k * 1000);
+            r.on_repeat(now + 30_000 + k * 1000, Psn::new(64 + 16 * k as u32));
         }
         let cut = r.rate().unwrap();
         assert!((85_000_000..95_000_000).contains(&cut), "{cut}");
-        r.on_repeat(now + 50_000);
+        r.on_repeat(now + 50_000, Psn::new(300));
         assert_eq!(r.rate(), Some(cut), "once per interval");
-        r.on_sent(now + 900_000, 1000, false);
+        r.on_sent(now + 900_000, Psn::new(320), 1000, false);
         assert!(r.rate().unwrap() > cut);
         assert_eq!(r.cuts, 1);
+    }
+
+    #[test]
+    fn one_episode_cuts_once_and_a_slow_paced_rate_grows_back() {
+        let mut r = ResponseRate::default();
+        // 64 KiB READs at 131 MB/s, then every READ sent so far comes back (a path
+        // that reorders more than the requester waits for, or a requester that timed
+        // out): one cut, not one per interval while the repeats arrive.
+        let mut psn = 0u32;
+        let mut now = 0;
+        for i in 0..320u64 {
+            now = i * 31_250;
+            r.on_sent(now, Psn::new(psn), 4096, i % 16 == 0);
+            psn += 1;
+        }
+        for k in 0..20u64 {
+            r.on_repeat(now + k * 2_000_000, Psn::new(16 * k as u32));
+        }
+        assert_eq!(r.cuts, 1, "one episode");
+        // A rate so low that its packets leave more than an interval apart still grows:
+        // that pause is the pacing's own, not an idle application.
+        let mut low = ResponseRate {
+            rate: Some(200_000.0),
+            ..ResponseRate::default()
+        };
+        let mut t = 0;
+        for i in 0..100u32 {
+            t += 20_000_000; // 4 KiB per 20 ms: 205 kB/s
+            low.on_sent(t, Psn::new(i), 4096, i % 16 == 0);
+        }
+        assert!(low.rate().unwrap() > 2_000_000, "{:?}", low.rate());
     }
 
     #[test]
@@ -188,13 +244,14 @@ mod tests {
         // 1 MiB READs at 819 MB/s every 50 ms (a ping-pong's rendezvous reads).
         for k in 0..10u64 {
             for i in 0..256u64 {
-                r.on_sent(k * 50_000_000 + i * 5_000, 4096, i == 0);
+                let psn = Psn::new((k * 256 + i) as u32);
+                r.on_sent(k * 50_000_000 + i * 5_000, psn, 4096, i == 0);
             }
         }
         let now = 10 * 50_000_000;
-        r.on_sent(now, 4096, true);
+        r.on_sent(now, Psn::new(2560), 4096, true);
         for k in 0..5 {
-            r.on_repeat(now + 1000 * k);
+            r.on_repeat(now + 1000 * k, Psn::new(2048 + 256 * k as u32));
         }
         // Cut from what was sent while sending, not from 1 MiB per 50 ms (21 MB/s).
         let cut = r.rate().unwrap();
