@@ -213,12 +213,10 @@ mod tests {
         // 64 KiB READs at 131 MB/s, then every READ sent so far comes back (a path
         // that reorders more than the requester waits for, or a requester that timed
         // out): one cut, not one per interval while the repeats arrive.
-        let mut psn = 0u32;
         let mut now = 0;
         for i in 0..320u64 {
             now = i * 31_250;
-            r.on_sent(now, Psn::new(psn), 4096, i % 16 == 0);
-            psn += 1;
+            r.on_sent(now, Psn::new(i as u32), 4096, i % 16 == 0);
         }
         for k in 0..20u64 {
             r.on_repeat(now + k * 2_000_000, Psn::new(16 * k as u32));
