@@ -25,7 +25,17 @@
 /// the bytes this call read, which are the bytes it stored.
 pub(crate) unsafe fn copy_crc32(src: *const u8, dst: &mut [u8]) -> u32 {
     // SAFETY: our contract, passed on.
-    let (done, crc) = unsafe { fold_prefix(src, dst) };
+    unsafe { copy_crc32_from(0, src, dst) }
+}
+
+/// [`copy_crc32`] continuing the CRC `crc` of bytes before `src` (as crc32fast's
+/// `new_with_initial`): the CRC of those bytes followed by the ones copied.
+///
+/// # Safety
+/// As [`copy_crc32`].
+pub unsafe fn copy_crc32_from(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
+    // SAFETY: our contract, passed on.
+    let (done, crc) = unsafe { fold_prefix(crc, src, dst) };
     let rest = &mut dst[done..];
     // SAFETY: `src + done .. src + len` is readable (our contract); `rest` is exactly
     // that long and is our own exclusive slice, so they do not overlap.
@@ -35,20 +45,20 @@ pub(crate) unsafe fn copy_crc32(src: *const u8, dst: &mut [u8]) -> u32 {
     h.finalize()
 }
 
-/// Copies and CRCs the longest prefix the vector path takes; returns its length and
-/// CRC (0 and 0 without that path).
+/// Copies and CRCs the longest prefix the vector path takes, continuing `crc`; returns
+/// its length and the CRC after it (0 and `crc` without that path).
 ///
 /// # Safety
 /// As [`copy_crc32`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn fold_prefix(src: *const u8, dst: &mut [u8]) -> (usize, u32) {
+unsafe fn fold_prefix(crc: u32, src: *const u8, dst: &mut [u8]) -> (usize, u32) {
     let blocks = dst.len() / x86::BLOCK;
     if blocks == 0 || !x86::available() {
-        return (0, 0);
+        return (0, crc);
     }
     // SAFETY: the CPU has the features (`available`); `src` is readable for
     // `blocks * BLOCK <= dst.len()` bytes (our contract) and `dst` writable for as many.
-    let crc = !unsafe { x86::fold_copy(!0, dst.as_mut_ptr(), src, blocks) };
+    let crc = !unsafe { x86::fold_copy(!crc, dst.as_mut_ptr(), src, blocks) };
     (blocks * x86::BLOCK, crc)
 }
 
@@ -57,8 +67,8 @@ unsafe fn fold_prefix(src: *const u8, dst: &mut [u8]) -> (usize, u32) {
 /// # Safety
 /// As [`copy_crc32`].
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn fold_prefix(_src: *const u8, _dst: &mut [u8]) -> (usize, u32) {
-    (0, 0)
+unsafe fn fold_prefix(crc: u32, _src: *const u8, _dst: &mut [u8]) -> (usize, u32) {
+    (0, crc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -207,6 +217,19 @@ mod tests {
             let crc = unsafe { copy_crc32(src.as_ptr(), &mut dst) };
             assert_eq!(dst, src[..len], "copy, len {len}");
             assert_eq!(crc, reference(&src[..len]), "crc, len {len}");
+        }
+    }
+
+    #[test]
+    fn continues_a_crc() {
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + i / 5) as u8).collect();
+        for split in [0, 1, 40, 128, 1000] {
+            let (a, b) = data.split_at(split);
+            let mut dst = vec![0u8; b.len()];
+            // SAFETY: `b` is readable for `dst.len()` bytes.
+            let crc = unsafe { copy_crc32_from(reference(a), b.as_ptr(), &mut dst) };
+            assert_eq!(dst, b);
+            assert_eq!(crc, reference(&data), "split {split}");
         }
     }
 

@@ -24,6 +24,7 @@ mod table;
 mod window;
 
 pub use access::AccessFlags;
+pub use copy_crc::copy_crc32_from;
 pub use error::MemError;
 pub use table::{
     AtomicOp, External, Grantee, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation,

@@ -32,6 +32,9 @@ counters! {
     ooo_placed,
     /// Packets received straight into registered memory and executed there.
     rx_direct,
+    /// Packets whose payload was copied into registered memory while their ICRC was
+    /// checked, in one pass, and executed there.
+    rx_fused,
     /// PSN sequence error NAKs received.
     rcvd_seq_err,
     /// PSN sequence error NAKs sent.

@@ -149,7 +149,18 @@ impl Qp {
         let (p, n) = mem
             .scatter_span(self.init.pd, sges, usize::try_from(off).ok()?)
             .ok()??;
-        (left > 0).then_some((p, n.min(left)))
+        // Responses that came early are placed already and counted when the gap before
+        // them fills: the room ends before the first of them, or a later segment aimed
+        // there would overwrite one that is never sent again.
+        let before_early = self
+            .req
+            .read_early
+            .iter()
+            .map(|p| p.diff(bth.psn))
+            .filter(|&d| d > 0)
+            .min()
+            .map_or(usize::MAX, |d| d as usize * mtu as usize);
+        (left > 0).then_some((p, n.min(left).min(before_early)))
     }
 }
 
@@ -176,6 +187,71 @@ impl Engine {
             dst,
             room,
         })
+    }
+
+    /// Handles a received packet (`udp_payload`, its ICRC last) whose payload has a
+    /// [`DirectPlan`] by checking its ICRC while copying that payload where the plan says,
+    /// one pass over it instead of a check and then a copy; the packet then executes
+    /// where it lies (the copy into place finds it there). False when it has no plan or
+    /// its ICRC does not match the predicted IPv4 ID: then it is handled as any packet,
+    /// from the buffer, and what the copy left in registered memory lies inside the
+    /// plan's range (see the module comment for why that is allowed).
+    pub(crate) fn handle_fused(
+        &mut self,
+        now: Nanos,
+        info: &DatagramInfo,
+        udp_payload: &[u8],
+    ) -> bool {
+        let Some(plan) = self.direct_plan(info.src.ip(), udp_payload) else {
+            return false;
+        };
+        let Some((head, rest)) = udp_payload.split_at_checked(plan.header_len) else {
+            return false;
+        };
+        let Some((payload, icrc)) = rest.split_at_checked(rest.len().saturating_sub(ICRC_LEN))
+        else {
+            return false;
+        };
+        let Ok(h) = Headers::parse(head) else {
+            return false;
+        };
+        let Ok(icrc) = <[u8; ICRC_LEN]>::try_from(icrc) else {
+            return false;
+        };
+        if payload.is_empty()
+            || payload.len() > plan.room
+            || h.bth.opcode.header_len() != head.len()
+        {
+            return false;
+        }
+        let stored = u32::from_le_bytes(icrc);
+        let total = udp_payload.len() - ICRC_LEN;
+        let (src, sport) = (info.src.ip(), info.src.port());
+        let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
+        let matched = self
+            .ip_ids
+            .verify_predicted(&pseudo, info.src, info.segment_index, |p| {
+                let Some(crc) = wire::icrc_head(p, head, total) else {
+                    return false;
+                };
+                // SAFETY: `[dst, dst + room)` is registered memory of a plan just made,
+                // which stays registered while the engine is borrowed (deregistration
+                // needs `&mut self`); `payload.len() <= room`, and the received buffer
+                // is not registered memory, so the two do not overlap.
+                let dst = unsafe { std::slice::from_raw_parts_mut(plan.dst, payload.len()) };
+                // SAFETY: `payload` is readable for `dst.len()` bytes.
+                let crc = unsafe { softhca_memory::copy_crc32_from(crc, payload.as_ptr(), dst) };
+                crc == stored
+            });
+        if !matched {
+            return false;
+        }
+        self.counters.rx_fused += 1;
+        // SAFETY: as above; these are the bytes just checked. Another thread may write
+        // them meanwhile only if the application touches a buffer it must not.
+        let placed = unsafe { std::slice::from_raw_parts(plan.dst.cast_const(), payload.len()) };
+        self.dispatch(now, info, &h, placed, udp_payload.len());
+        true
     }
 
     /// Handles one segment received by a [`DirectPlan`]: its headers `head`, its

@@ -1,7 +1,8 @@
 //! Direct receive (payload received straight into registered memory, ICRC checked
-//! there) under loss, reordering, duplication and corruption: every byte a completed
-//! message shows is the message's, and nothing outside the target of a WRITE or a
-//! posted receive is ever written.
+//! there) and fused receive (payload copied into registered memory while its ICRC is
+//! checked, the default path of a planned packet) under loss, reordering, duplication
+//! and corruption: every byte a completed message shows is the message's, and nothing
+//! outside the target of a WRITE, a posted receive or a READ is ever written.
 
 mod sim;
 
@@ -11,10 +12,10 @@ use softhca_transport::*;
 /// Bytes around and between the targets; nothing may ever write them.
 const SENTINEL: u8 = 0xa5;
 
-fn faulty_net(seed: u64) -> SimNet {
+fn faulty_net(seed: u64, direct: bool) -> SimNet {
     // First/Middle/Last WRITEs: a WRITE Only (the split form) is never planned.
     let mut net = SimNet::with_config(seed, 2, Mtu::M1024, |c| c.split_rc_writes = false);
-    net.direct = true;
+    net.direct = direct;
     net.faults = Faults {
         loss: 0.01,
         reorder: 0.02,
@@ -31,22 +32,27 @@ fn untouched(bytes: &[u8]) -> bool {
 
 #[test]
 fn write_lands_only_in_its_target_and_completes_intact() {
-    let (mut direct, mut bad) = (0, 0);
-    for seed in 0..8 {
-        let c = write_case(100 + seed);
-        direct += c.rx_direct;
-        bad += c.drop_bad_icrc;
+    for direct in [true, false] {
+        let (mut placed, mut bad) = (0, 0);
+        for seed in 0..8 {
+            let c = write_case(100 + seed, direct);
+            placed += if direct { c.rx_direct } else { c.rx_fused };
+            bad += c.drop_bad_icrc;
+        }
+        assert!(
+            placed > 400,
+            "placed in one pass: {placed} (direct {direct})"
+        );
+        assert!(bad > 0, "no corrupted packet reached the responder");
     }
-    assert!(direct > 400, "direct receive unused: {direct}");
-    assert!(bad > 0, "no corrupted packet reached the responder");
 }
 
 /// WRITEs to targets with gaps between them under faults; the responder's counters.
-fn write_case(seed: u64) -> Counters {
+fn write_case(seed: u64, direct: bool) -> Counters {
     const MSGS: usize = 48;
     const LEN: usize = 9_000; // not a multiple of the MTU: a short Last
     const GAP: usize = 700;
-    let mut net = faulty_net(seed);
+    let mut net = faulty_net(seed, direct);
     let o = RcOpts {
         sq_sig_all: true,
         ..RcOpts::default()
@@ -92,23 +98,94 @@ fn write_case(seed: u64) -> Counters {
 
 #[test]
 fn send_lands_only_in_posted_receives_and_completes_intact() {
-    let (mut direct, mut bad) = (0, 0);
-    for seed in 0..8 {
-        let c = send_case(200 + seed);
-        direct += c.rx_direct;
-        bad += c.drop_bad_icrc;
+    for direct in [true, false] {
+        let (mut placed, mut bad) = (0, 0);
+        for seed in 0..8 {
+            let c = send_case(200 + seed, direct);
+            placed += if direct { c.rx_direct } else { c.rx_fused };
+            bad += c.drop_bad_icrc;
+        }
+        assert!(
+            placed > 200,
+            "placed in one pass: {placed} (direct {direct})"
+        );
+        assert!(bad > 0, "no corrupted packet reached the responder");
     }
-    assert!(direct > 200, "direct receive unused: {direct}");
-    assert!(bad > 0, "no corrupted packet reached the responder");
+}
+
+#[test]
+fn read_responses_land_only_in_their_read_and_complete_intact() {
+    for direct in [true, false] {
+        let (mut placed, mut bad) = (0, 0);
+        for seed in 0..8 {
+            let c = read_case(300 + seed, direct);
+            placed += if direct { c.rx_direct } else { c.rx_fused };
+            bad += c.drop_bad_icrc;
+        }
+        // Fewer directly: a GRO batch behind an early response is received whole.
+        let least = if direct { 50 } else { 300 };
+        assert!(
+            placed > least,
+            "placed in one pass: {placed} (direct {direct})"
+        );
+        assert!(bad > 0, "no corrupted response reached the requester");
+    }
+}
+
+/// READs into local buffers with gaps between them under faults; the requester's
+/// counters.
+fn read_case(seed: u64, direct: bool) -> Counters {
+    const MSGS: usize = 40;
+    const LEN: usize = 7_000;
+    const GAP: usize = 600;
+    let mut net = faulty_net(seed, direct);
+    let o = RcOpts {
+        sq_sig_all: true,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let src = net.reg(1, MSGS * LEN, full_access());
+    let dst = net.reg(0, GAP + MSGS * (LEN + GAP), full_access());
+    net.fill_random(&src);
+    net.mem_mut(&dst).fill(SENTINEL);
+    let target = |i: usize| GAP + i * (LEN + GAP);
+    for i in 0..MSGS {
+        let mut wr = send_wr(i as u64, WrOpcode::RdmaRead, dst.sges(target(i), LEN));
+        wr.remote_addr = src.addr + (i * LEN) as u64;
+        wr.rkey = src.rkey;
+        net.nodes[0].engine.post_send(0, a, wr).unwrap();
+    }
+    let all = net.run_until(60_000_000_000, |net| {
+        let s = net.mem(&src);
+        let d = net.mem(&dst);
+        for c in &net.nodes[0].completions {
+            let i = c.1.wr_id as usize;
+            assert_eq!(c.1.status, WcStatus::Success);
+            assert!(
+                d[target(i)..target(i) + LEN] == s[i * LEN..(i + 1) * LEN],
+                "READ {i} completed but its buffer differs"
+            );
+        }
+        assert!(untouched(&d[..GAP]));
+        for i in 0..MSGS {
+            assert!(
+                untouched(&d[target(i) + LEN..target(i) + LEN + GAP]),
+                "bytes after READ {i}'s buffer were written"
+            );
+        }
+        net.nodes[0].completions.len() == MSGS
+    });
+    assert!(all, "not every READ completed (seed {seed})");
+    net.nodes[0].engine.counters().clone()
 }
 
 /// SENDs of various lengths into receive buffers with gaps between them under faults;
 /// the responder's counters.
-fn send_case(seed: u64) -> Counters {
+fn send_case(seed: u64, direct: bool) -> Counters {
     const MSGS: usize = 40;
     const BUF: usize = 12_000;
     const GAP: usize = 500;
-    let mut net = faulty_net(seed);
+    let mut net = faulty_net(seed, direct);
     let o = RcOpts {
         sq_sig_all: true,
         ..RcOpts::default()
