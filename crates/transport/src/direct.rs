@@ -190,7 +190,8 @@ impl Engine {
     }
 
     /// Handles a received packet (`udp_payload`, its ICRC last) whose payload has a
-    /// [`DirectPlan`] by checking its ICRC while copying that payload where the plan says,
+    /// [`DirectPlan`] (but for a WRITE Last) by checking its ICRC while copying that
+    /// payload where the plan says,
     /// one pass over it instead of a check and then a copy; the packet then executes
     /// where it lies (the copy into place finds it there). False when it has no plan or
     /// its ICRC does not match the predicted IPv4 ID: then it is handled as any packet,
@@ -218,9 +219,14 @@ impl Engine {
         let Ok(icrc) = <[u8; ICRC_LEN]>::try_from(icrc) else {
             return false;
         };
+        // A WRITE's Last is checked before its bytes land: programs poll the last byte
+        // of a WRITE's target for its arrival (perftest's `ib_write_lat`, many RDMA
+        // applications), and a corrupted packet must not show them a byte there.
+        let op = h.bth.opcode;
         if payload.is_empty()
             || payload.len() > plan.room
-            || h.bth.opcode.header_len() != head.len()
+            || op.header_len() != head.len()
+            || (op.is_write() && op.is_last())
         {
             return false;
         }
