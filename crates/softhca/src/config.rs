@@ -131,7 +131,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "SOFTHCA_DIRECT_RX",
-        "`1` receives in-order SEND and WRITE payload straight into registered memory",
+        "`1` receives in-order SEND, WRITE and READ response payload straight into registered memory",
     ),
     ("SOFTHCA_CC", "`0` turns congestion control of RC QPs off"),
     (
