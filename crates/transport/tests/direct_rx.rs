@@ -30,27 +30,54 @@ fn untouched(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| b == SENTINEL)
 }
 
-#[test]
-fn write_lands_only_in_its_target_and_completes_intact() {
-    for direct in [true, false] {
+/// Runs `case` over eight seeds, direct and fused: payload was placed in one pass
+/// (more than `least` packets, direct / fused) and corrupted packets were dropped.
+fn placed_in_one_pass(case: fn(u64, bool) -> Counters, seed: u64, least: [u64; 2]) {
+    for (direct, least) in [(true, least[0]), (false, least[1])] {
         let (mut placed, mut bad) = (0, 0);
-        for seed in 0..8 {
-            let c = write_case(100 + seed, direct);
+        for k in 0..8 {
+            let c = case(seed + k, direct);
             placed += if direct { c.rx_direct } else { c.rx_fused };
             bad += c.drop_bad_icrc;
         }
         assert!(
-            placed > 400,
+            placed > least,
             "placed in one pass: {placed} (direct {direct})"
         );
-        assert!(bad > 0, "no corrupted packet reached the responder");
+        assert!(bad > 0, "no corrupted packet reached the receiver");
     }
 }
 
-/// WRITEs to targets with gaps between them under faults; the responder's counters.
-fn write_case(seed: u64, direct: bool) -> Counters {
+#[test]
+fn write_lands_only_in_its_target_and_completes_intact() {
+    placed_in_one_pass(
+        |seed, direct| one_sided_case(seed, direct, WrOpcode::RdmaWrite),
+        100,
+        [400, 400],
+    );
+}
+
+#[test]
+fn send_lands_only_in_posted_receives_and_completes_intact() {
+    placed_in_one_pass(send_case, 200, [200, 200]);
+}
+
+#[test]
+fn read_responses_land_only_in_their_read_and_complete_intact() {
+    // Fewer directly: a GRO batch behind an early response is received whole.
+    placed_in_one_pass(
+        |seed, direct| one_sided_case(seed, direct, WrOpcode::RdmaRead),
+        300,
+        [50, 300],
+    );
+}
+
+/// WRITEs or READs of 9000 bytes (not a multiple of the MTU: a short Last) under
+/// faults, into targets with gaps between them (the responder's memory for a WRITE,
+/// the requester's for a READ); the counters of the node the data went to.
+fn one_sided_case(seed: u64, direct: bool, op: WrOpcode) -> Counters {
     const MSGS: usize = 48;
-    const LEN: usize = 9_000; // not a multiple of the MTU: a short Last
+    const LEN: usize = 9_000;
     const GAP: usize = 700;
     let mut net = faulty_net(seed, direct);
     let o = RcOpts {
@@ -58,15 +85,21 @@ fn write_case(seed: u64, direct: bool) -> Counters {
         ..RcOpts::default()
     };
     let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let src = net.reg(0, MSGS * LEN, full_access());
-    let dst = net.reg(1, GAP + MSGS * (LEN + GAP), full_access());
+    let into = usize::from(op == WrOpcode::RdmaWrite);
+    let src = net.reg(1 - into, MSGS * LEN, full_access());
+    let dst = net.reg(into, GAP + MSGS * (LEN + GAP), full_access());
     net.fill_random(&src);
     net.mem_mut(&dst).fill(SENTINEL);
     let target = |i: usize| GAP + i * (LEN + GAP);
     for i in 0..MSGS {
-        let mut wr = send_wr(i as u64, WrOpcode::RdmaWrite, src.sges(i * LEN, LEN));
-        wr.remote_addr = dst.addr + target(i) as u64;
-        wr.rkey = dst.rkey;
+        let (local, remote) = if into == 1 {
+            (src.sges(i * LEN, LEN), dst.addr + target(i) as u64)
+        } else {
+            (dst.sges(target(i), LEN), src.addr + (i * LEN) as u64)
+        };
+        let mut wr = send_wr(i as u64, op, local);
+        wr.remote_addr = remote;
+        wr.rkey = if into == 1 { dst.rkey } else { src.rkey };
         net.nodes[0].engine.post_send(0, a, wr).unwrap();
     }
     let mut steps = 0u64;
@@ -80,103 +113,20 @@ fn write_case(seed: u64, direct: bool) -> Counters {
             assert_eq!(c.1.status, WcStatus::Success);
             assert!(
                 d[target(i)..target(i) + LEN] == s[i * LEN..(i + 1) * LEN],
-                "WRITE {i} completed but its target differs (step {steps})"
+                "{op:?} {i} completed but its target differs (step {steps})"
             );
         }
         assert!(untouched(&d[..GAP]));
         for i in 0..MSGS {
             assert!(
                 untouched(&d[target(i) + LEN..target(i) + LEN + GAP]),
-                "bytes after WRITE {i}'s target were written (step {steps})"
+                "bytes after {op:?} {i}'s target were written (step {steps})"
             );
         }
         net.nodes[0].completions.len() == MSGS
     });
-    assert!(all, "not every WRITE completed (seed {seed})");
-    net.nodes[1].engine.counters().clone()
-}
-
-#[test]
-fn send_lands_only_in_posted_receives_and_completes_intact() {
-    for direct in [true, false] {
-        let (mut placed, mut bad) = (0, 0);
-        for seed in 0..8 {
-            let c = send_case(200 + seed, direct);
-            placed += if direct { c.rx_direct } else { c.rx_fused };
-            bad += c.drop_bad_icrc;
-        }
-        assert!(
-            placed > 200,
-            "placed in one pass: {placed} (direct {direct})"
-        );
-        assert!(bad > 0, "no corrupted packet reached the responder");
-    }
-}
-
-#[test]
-fn read_responses_land_only_in_their_read_and_complete_intact() {
-    for direct in [true, false] {
-        let (mut placed, mut bad) = (0, 0);
-        for seed in 0..8 {
-            let c = read_case(300 + seed, direct);
-            placed += if direct { c.rx_direct } else { c.rx_fused };
-            bad += c.drop_bad_icrc;
-        }
-        // Fewer directly: a GRO batch behind an early response is received whole.
-        let least = if direct { 50 } else { 300 };
-        assert!(
-            placed > least,
-            "placed in one pass: {placed} (direct {direct})"
-        );
-        assert!(bad > 0, "no corrupted response reached the requester");
-    }
-}
-
-/// READs into local buffers with gaps between them under faults; the requester's
-/// counters.
-fn read_case(seed: u64, direct: bool) -> Counters {
-    const MSGS: usize = 40;
-    const LEN: usize = 7_000;
-    const GAP: usize = 600;
-    let mut net = faulty_net(seed, direct);
-    let o = RcOpts {
-        sq_sig_all: true,
-        ..RcOpts::default()
-    };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let src = net.reg(1, MSGS * LEN, full_access());
-    let dst = net.reg(0, GAP + MSGS * (LEN + GAP), full_access());
-    net.fill_random(&src);
-    net.mem_mut(&dst).fill(SENTINEL);
-    let target = |i: usize| GAP + i * (LEN + GAP);
-    for i in 0..MSGS {
-        let mut wr = send_wr(i as u64, WrOpcode::RdmaRead, dst.sges(target(i), LEN));
-        wr.remote_addr = src.addr + (i * LEN) as u64;
-        wr.rkey = src.rkey;
-        net.nodes[0].engine.post_send(0, a, wr).unwrap();
-    }
-    let all = net.run_until(60_000_000_000, |net| {
-        let s = net.mem(&src);
-        let d = net.mem(&dst);
-        for c in &net.nodes[0].completions {
-            let i = c.1.wr_id as usize;
-            assert_eq!(c.1.status, WcStatus::Success);
-            assert!(
-                d[target(i)..target(i) + LEN] == s[i * LEN..(i + 1) * LEN],
-                "READ {i} completed but its buffer differs"
-            );
-        }
-        assert!(untouched(&d[..GAP]));
-        for i in 0..MSGS {
-            assert!(
-                untouched(&d[target(i) + LEN..target(i) + LEN + GAP]),
-                "bytes after READ {i}'s buffer were written"
-            );
-        }
-        net.nodes[0].completions.len() == MSGS
-    });
-    assert!(all, "not every READ completed (seed {seed})");
-    net.nodes[0].engine.counters().clone()
+    assert!(all, "not every {op:?} completed (seed {seed})");
+    net.nodes[into].engine.counters().clone()
 }
 
 /// SENDs of various lengths into receive buffers with gaps between them under faults;
