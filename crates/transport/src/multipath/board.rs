@@ -50,6 +50,9 @@ const UNTRACKED: Sent = Sent {
 pub(crate) struct Board {
     pub base: Psn,
     pub sent: VecDeque<Sent>,
+    /// The newest send time of a packet sent once and delivered, on any path: a lost
+    /// tail is judged against it (the peer and the network carried what was sent then).
+    pub delivered_sent_at: Nanos,
 }
 
 /// What acknowledging or marking did, for the caller's bookkeeping.
@@ -117,6 +120,7 @@ impl Board {
             };
             self.base = self.base.next();
             if s.mark == Mark::Out || s.mark == Mark::Sacked {
+                self.delivered(&s);
                 credit(&s, paths, now, s.mark == Mark::Out);
             } else if s.mark == Mark::Lost {
                 late(&s, paths, now);
@@ -137,6 +141,7 @@ impl Board {
             if s.mark == Mark::Out {
                 s.mark = Mark::Sacked;
                 let s = *s;
+                self.delivered(&s);
                 credit(&s, paths, now, true);
             } else if s.mark == Mark::Lost {
                 // Arrived after all (late, not lost): no resend needed.
@@ -147,16 +152,28 @@ impl Board {
         }
     }
 
+    /// A packet sent once was delivered.
+    fn delivered(&mut self, s: &Sent) {
+        if !s.resent {
+            self.delivered_sent_at = self.delivered_sent_at.max(s.at);
+        }
+    }
+
     /// Find packets lost, RACK per path (RFC 8985): a path is FIFO, so a packet is lost
     /// once a packet sent after it on its own path was delivered and three later ones
     /// were, or it is older than that one's round trip plus the path's reorder window.
     /// The other paths' deliveries say nothing of it: their delays and queues differ.
     /// With nothing sent after it on its path delivered (a lost tail, a lost resend),
-    /// it is lost after the path's probe timeout (RACK-TLP); a path that delivers
-    /// nothing while others do is found silent sooner (`PathState::silent_at`).
+    /// it is lost after the path's probe timeout (RACK-TLP) once something sent after
+    /// that timeout came through: a packet on any path, or a probe on its own (asked
+    /// for here, `PathState::want_probe`). Time alone says nothing: a peer whose host
+    /// stalls delivers nothing on any path for a while, then everything. A path that
+    /// delivers nothing while others do is found silent sooner
+    /// (`PathState::silent_at`).
     pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
         let mut f = Found::default();
         let mut psn = self.base;
+        let delivered = self.delivered_sent_at;
         for s in self.sent.iter_mut() {
             let this = psn;
             psn = psn.next();
@@ -173,7 +190,13 @@ impl Board {
             } else {
                 s.at + p.tail_wait()
             };
-            if by_seq || due <= now {
+            if !overtaken && due <= now && delivered.max(p.probe_answered_sent) < due {
+                // No news from after its timeout yet: ask its path, and judge it when
+                // an answer or another delivery comes.
+                if let Some(t) = p.want_probe(now) {
+                    f.next_check = Some(f.next_check.map_or(t, |u: Nanos| u.min(t)));
+                }
+            } else if by_seq || due <= now {
                 s.mark = Mark::Lost;
                 p.on_lost(s.at, now);
                 f.lost.push(this);
