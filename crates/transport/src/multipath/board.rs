@@ -114,48 +114,38 @@ impl Board {
             return;
         }
         while self.base.is_before(una) {
-            let Some(s) = self.sent.pop_front() else {
+            let Some(mut s) = self.sent.pop_front() else {
                 self.base = una;
                 break;
             };
             self.base = self.base.next();
-            if s.mark == Mark::Out || s.mark == Mark::Sacked {
-                self.delivered(&s);
-                credit(&s, paths, now, s.mark == Mark::Out);
-            } else if s.mark == Mark::Lost {
-                late(&s, paths, now);
+            if s.mark == Mark::Sacked {
+                // Credited when it was SACKed: its path is still alive.
+                if let Some(p) = paths.get_mut(usize::from(s.path)) {
+                    p.alive_at = now;
+                }
+            } else {
+                hold(&mut s, &mut self.delivered_sent_at, paths, now);
             }
         }
     }
 
     /// The responder holds `first..=last`.
     pub fn sack(&mut self, first: Psn, last: Psn, paths: &mut [PathState], now: Nanos) {
-        let mut p = if first.is_before(self.base) {
+        let from = if first.is_before(self.base) {
             self.base
         } else {
             first
         };
-        while !p.is_after(last) {
-            let Some(i) = self.index(p) else { break };
-            let Some(s) = self.sent.get_mut(i) else { break };
-            if s.mark == Mark::Out {
-                s.mark = Mark::Sacked;
-                let s = *s;
-                self.delivered(&s);
-                credit(&s, paths, now, true);
-            } else if s.mark == Mark::Lost {
-                // Arrived after all (late, not lost): no resend needed.
-                s.mark = Mark::Sacked;
-                late(s, paths, now);
-            }
-            p = p.next();
+        let (Some(i), Ok(n)) = (self.index(from), usize::try_from(last.diff(from) + 1)) else {
+            return;
+        };
+        let end = i.saturating_add(n).min(self.sent.len());
+        if i >= end {
+            return;
         }
-    }
-
-    /// A packet sent once was delivered.
-    fn delivered(&mut self, s: &Sent) {
-        if !s.resent {
-            self.delivered_sent_at = self.delivered_sent_at.max(s.at);
+        for s in self.sent.range_mut(i..end) {
+            hold(s, &mut self.delivered_sent_at, paths, now);
         }
     }
 
@@ -261,6 +251,26 @@ impl Board {
     }
 }
 
+/// The responder holds this packet: its path is credited once (a round trip from a
+/// packet sent once, and `delivered_sent_at`); one taken for lost arrived after all
+/// (late, not lost: no resend needed).
+fn hold(s: &mut Sent, delivered_sent_at: &mut Nanos, paths: &mut [PathState], now: Nanos) {
+    match s.mark {
+        Mark::Out => {
+            s.mark = Mark::Sacked;
+            if !s.resent {
+                *delivered_sent_at = (*delivered_sent_at).max(s.at);
+            }
+            credit(s, paths, now);
+        }
+        Mark::Lost => {
+            s.mark = Mark::Sacked;
+            late(s, paths, now);
+        }
+        Mark::Sacked | Mark::Untracked => {}
+    }
+}
+
 /// A packet taken for lost arrived before its resend left: its path is slower than
 /// its round trip said (a delay that grew). Its send time is still the original one:
 /// a round-trip sample, and the losses in a row that could fail the path are undone.
@@ -274,25 +284,19 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
     }
 }
 
-fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
+fn credit(s: &Sent, paths: &mut [PathState], now: Nanos) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
         let rtt = now.saturating_sub(s.at);
-        if in_flight && !s.resent {
+        if !s.resent {
             p.on_rtt(rtt);
             p.data_rtt = true;
         }
-        if in_flight {
-            p.on_delivered(s.at, now, !s.resent);
-        }
-        if in_flight {
-            let sample = (!s.resent).then_some(RttSample {
-                rtt,
-                app_limited: s.app_limited,
-            });
-            p.on_acked((!s.resent).then_some(s.seq), now, sample);
-        } else {
-            p.alive_at = now;
-        }
+        p.on_delivered(s.at, now, !s.resent);
+        let sample = (!s.resent).then_some(RttSample {
+            rtt,
+            app_limited: s.app_limited,
+        });
+        p.on_acked((!s.resent).then_some(s.seq), now, sample);
     }
 }
 
