@@ -344,9 +344,7 @@ impl PathState {
         self.spurious += 1;
         self.suspect = false;
         if self.moved_at != 0 && sent_at < self.moved_at {
-            let step = self.silence_allow() - self.silence_extra;
-            self.silence_extra = (self.silence_extra + step).min(SILENCE_EXTRA_MAX_NS);
-            self.moved_at = 0;
+            self.silence_was_not_one();
         } else if now > self.reo_grown_at + self.srtt.max(REO_MIN_NS) {
             self.reo_mult = (self.reo_mult + 1).min(REO_MULT_MAX);
             self.reo_grown_at = now;
@@ -356,6 +354,15 @@ impl PathState {
             self.cwnd = self.prior_cwnd;
         }
         self.prior_cwnd = 0;
+    }
+
+    /// The path's last silence was not one (a packet moved for it arrived after all,
+    /// or the path answered a probe sent after it): the allowance grows, once per
+    /// silence.
+    fn silence_was_not_one(&mut self) {
+        let step = self.silence_allow() - self.silence_extra;
+        self.silence_extra = (self.silence_extra + step).min(SILENCE_EXTRA_MAX_NS);
+        self.moved_at = 0;
     }
 
     /// A packet sent at `sent_at` on this path was delivered at `now` (`once`: sent
@@ -421,6 +428,12 @@ impl PathState {
         }
         self.last_probe = (0, 0);
         self.probe_answered_sent = self.probe_answered_sent.max(at);
+        if self.suspect && self.moved_at != 0 && at >= self.moved_at {
+            // Silent, yet it answers a probe sent since: its packets were late (a
+            // queue that grew), not lost. Their copies arrive on other paths, so only
+            // this answer can say so.
+            self.silence_was_not_one();
+        }
         self.alive_at = now;
         self.suspect = false;
         self.probe_acks += 1;
