@@ -604,3 +604,140 @@ fn tail_drops_without_congestion_control_do_not_thrash_the_paths() {
     // fill a 5 ms queue faster than the smoothed round trip follows, once.
     assert!(failed <= 1, "paths failed {failed} times");
 }
+
+/// After the paths settled, `n` RDMA WRITEs of 64 KiB from node 0 to node 1 posted on
+/// `a`, node 0's link at `ps_per_byte`: the local and remote buffers.
+fn post_bulk(net: &mut SimNet, a: Qpn, n: usize, ps_per_byte: u64) -> (Mr, Mr) {
+    settle(net);
+    let len = 64 * 1024;
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    net.link_ps_per_byte = ps_per_byte;
+    post_writes(net, a, &la, &rb, n, len);
+    (la, rb)
+}
+
+/// Run for `ns` of virtual time; every completion a success, in order from `*done`.
+fn run_checking(net: &mut SimNet, ns: u64, done: &mut usize) {
+    let until = net.now + ns;
+    while net.now < until && net.step() {}
+    for c in net.take_completions(0) {
+        assert_eq!(c.status, WcStatus::Success, "WR {}", c.wr_id);
+        assert_eq!(c.wr_id, *done as u64, "in order");
+        *done += 1;
+    }
+}
+
+/// [`finish_rest`] of [`post_bulk`]'s WRITEs, then every byte checked and both QPs in
+/// RTS.
+fn finish_checked(net: &mut SimNet, (a, b): (Qpn, Qpn), bufs: &(Mr, Mr), done: usize, n: usize) {
+    finish_rest(net, done, n, 2_000_000_000);
+    assert_eq!(net.mem(&bufs.0), net.mem(&bufs.1), "every byte");
+    assert_eq!(state(net, 0, a), QpState::Rts);
+    assert_eq!(state(net, 1, b), QpState::Rts);
+}
+
+#[test]
+fn a_peer_whose_host_stalls_gets_nothing_sent_twice() {
+    // The responder's host stalls 3 ms, three times, then 13 ms right after a keepalive
+    // probe went out (it and the next time out meanwhile) during a transfer over four
+    // links (a loaded 2-core host does that): no path delivers meanwhile, then every
+    // path delivers at once. Nothing was lost, so nothing is resent, and no path
+    // fails.
+    let (mut net, a, b) = setup(21, 4);
+    let n = 1024;
+    let bufs = post_bulk(&mut net, a, n, 800); // 10 Gb/s per node
+    let mut done = 0;
+    for stall in [3_000_000, 3_000_000, 3_000_000, 13_000_000] {
+        let until = net.now + 500_000;
+        while net.now < until && net.step() {}
+        if stall > 5_000_000 {
+            let probes = net.nodes[0].engine.counters().mp_probe_sent;
+            while net.nodes[0].engine.counters().mp_probe_sent == probes && net.step() {}
+        }
+        net.stall(1, stall);
+        // Past the stall and what it held back.
+        run_checking(&mut net, stall + 500_000, &mut done);
+    }
+    finish_checked(&mut net, (a, b), &bufs, done, n);
+    let s = stats(&net, 0, a);
+    let r = net.nodes[1].engine.counters();
+    let c = net.nodes[0].engine.counters();
+    assert!(
+        done < n / 2,
+        "the stalls fell within the transfer: {done} done"
+    );
+    assert!(s.resends <= 16, "resent {}: {c:?} {s:?}", s.resends);
+    assert!(r.duplicate_request <= 16, "{r:?}");
+    assert_eq!(c.mp_path_failed, 0, "{c:?}");
+}
+
+#[test]
+fn a_lost_last_packet_is_resent_without_the_retransmit_timeout() {
+    // The very last packet of a transfer is lost and nothing is sent after it: a probe
+    // of its path, not the Local ACK Timeout (67 ms) nor a retry, finds it lost.
+    let (mut net, a, b) = setup_with(22, 2, 14);
+    settle(&mut net);
+    let (n, len) = (8, 64 * 1024);
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    net.link_ps_per_byte = 800;
+    // 64 packets of 1 KiB per WRITE: the last one's PSN.
+    let last =
+        (net.nodes[0].engine.query_qp(a).expect("qp").0.sq_psn + (n * 64) as u32 - 1) & 0xff_ffff;
+    let mut dropped = 0;
+    net.filter = Some(Box::new(move |from, pkt| {
+        let psn = u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]);
+        let drop = from == 0 && pkt[0] < 0xe0 && psn == last && dropped == 0;
+        dropped += u32::from(drop);
+        drop
+    }));
+    let start = net.now;
+    post_writes(&mut net, a, &la, &rb, n, len);
+    finish(&mut net, n, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    assert_eq!(state(&net, 1, b), QpState::Rts);
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.local_ack_timeout_err, 0, "{c:?}");
+    // The lost one, and the few before it that its ACK request would have had
+    // acknowledged (the responder coalesces ACKs up to a request).
+    assert!((1..=4).contains(&c.mp_resent), "{c:?}");
+    assert!(net.now - start < 20_000_000, "took {} ns", net.now - start);
+}
+
+#[test]
+fn a_path_whose_delay_jumps_is_taken_for_silent_less_and_less() {
+    // The link to node 1's second address gains 2 ms of delay every 10 ms, then loses
+    // it (a queue that fills and drains behind other traffic). Each jump may make its
+    // paths look silent; a silent path that answers the probe sent since was only late,
+    // and its silence allowance grows, so the jumps stop counting as silences.
+    let (mut net, a, b) = setup(23, 2);
+    let n = 1024;
+    // 1 Gb/s per node: the transfer lasts about 0.5 s.
+    let bufs = post_bulk(&mut net, a, n, 8_000);
+    let slow = PathFault {
+        dst: Some(ip(1, 1)),
+        delay_ns: 2_000_000,
+        ..PathFault::default()
+    };
+    let mut done = 0;
+    for k in 0..40 {
+        net.path_faults.clear();
+        if k % 2 == 0 {
+            net.path_faults.push(slow);
+        }
+        run_checking(&mut net, 10_000_000, &mut done);
+    }
+    net.path_faults.clear();
+    finish_checked(&mut net, (a, b), &bufs, done, n);
+    assert!(
+        done > n / 2,
+        "the jumps fell within the transfer: {done} done"
+    );
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_path_silent <= 8, "{c:?}");
+    assert_eq!(c.mp_path_failed, 0, "{c:?}");
+}

@@ -50,6 +50,9 @@ const UNTRACKED: Sent = Sent {
 pub(crate) struct Board {
     pub base: Psn,
     pub sent: VecDeque<Sent>,
+    /// The newest send time of a packet sent once and delivered, on any path: a lost
+    /// tail is judged against it (the peer and the network carried what was sent then).
+    pub delivered_sent_at: Nanos,
 }
 
 /// What acknowledging or marking did, for the caller's bookkeeping.
@@ -111,39 +114,38 @@ impl Board {
             return;
         }
         while self.base.is_before(una) {
-            let Some(s) = self.sent.pop_front() else {
+            let Some(mut s) = self.sent.pop_front() else {
                 self.base = una;
                 break;
             };
             self.base = self.base.next();
-            if s.mark == Mark::Out || s.mark == Mark::Sacked {
-                credit(&s, paths, now, s.mark == Mark::Out);
-            } else if s.mark == Mark::Lost {
-                late(&s, paths, now);
+            if s.mark == Mark::Sacked {
+                // Credited when it was SACKed: its path is still alive.
+                if let Some(p) = paths.get_mut(usize::from(s.path)) {
+                    p.alive_at = now;
+                }
+            } else {
+                hold(&mut s, &mut self.delivered_sent_at, paths, now);
             }
         }
     }
 
     /// The responder holds `first..=last`.
     pub fn sack(&mut self, first: Psn, last: Psn, paths: &mut [PathState], now: Nanos) {
-        let mut p = if first.is_before(self.base) {
+        let from = if first.is_before(self.base) {
             self.base
         } else {
             first
         };
-        while !p.is_after(last) {
-            let Some(i) = self.index(p) else { break };
-            let Some(s) = self.sent.get_mut(i) else { break };
-            if s.mark == Mark::Out {
-                s.mark = Mark::Sacked;
-                let s = *s;
-                credit(&s, paths, now, true);
-            } else if s.mark == Mark::Lost {
-                // Arrived after all (late, not lost): no resend needed.
-                s.mark = Mark::Sacked;
-                late(s, paths, now);
-            }
-            p = p.next();
+        let (Some(i), Ok(n)) = (self.index(from), usize::try_from(last.diff(from) + 1)) else {
+            return;
+        };
+        let end = i.saturating_add(n).min(self.sent.len());
+        if i >= end {
+            return;
+        }
+        for s in self.sent.range_mut(i..end) {
+            hold(s, &mut self.delivered_sent_at, paths, now);
         }
     }
 
@@ -152,11 +154,16 @@ impl Board {
     /// were, or it is older than that one's round trip plus the path's reorder window.
     /// The other paths' deliveries say nothing of it: their delays and queues differ.
     /// With nothing sent after it on its path delivered (a lost tail, a lost resend),
-    /// it is lost after the path's probe timeout (RACK-TLP); a path that delivers
-    /// nothing while others do is found silent sooner (`PathState::silent_at`).
+    /// it is lost after the path's probe timeout (RACK-TLP) once something sent after
+    /// that timeout came through: a packet on any path, or a probe on its own (asked
+    /// for here, `PathState::want_probe`). Time alone says nothing: a peer whose host
+    /// stalls delivers nothing on any path for a while, then everything. A path that
+    /// delivers nothing while others do is found silent sooner
+    /// (`PathState::silent_at`).
     pub fn detect(&mut self, paths: &mut [PathState], now: Nanos) -> Found {
         let mut f = Found::default();
         let mut psn = self.base;
+        let delivered = self.delivered_sent_at;
         for s in self.sent.iter_mut() {
             let this = psn;
             psn = psn.next();
@@ -173,7 +180,13 @@ impl Board {
             } else {
                 s.at + p.tail_wait()
             };
-            if by_seq || due <= now {
+            if !overtaken && due <= now && delivered.max(p.probe_answered_sent) < due {
+                // No news from after its timeout yet: ask its path, and judge it when
+                // an answer or another delivery comes.
+                if let Some(t) = p.want_probe(now) {
+                    f.next_check = Some(f.next_check.map_or(t, |u: Nanos| u.min(t)));
+                }
+            } else if by_seq || due <= now {
                 s.mark = Mark::Lost;
                 p.on_lost(s.at, now);
                 f.lost.push(this);
@@ -238,6 +251,26 @@ impl Board {
     }
 }
 
+/// The responder holds this packet: its path is credited once (a round trip from a
+/// packet sent once, and `delivered_sent_at`); one taken for lost arrived after all
+/// (late, not lost: no resend needed).
+fn hold(s: &mut Sent, delivered_sent_at: &mut Nanos, paths: &mut [PathState], now: Nanos) {
+    match s.mark {
+        Mark::Out => {
+            s.mark = Mark::Sacked;
+            if !s.resent {
+                *delivered_sent_at = (*delivered_sent_at).max(s.at);
+            }
+            credit(s, paths, now);
+        }
+        Mark::Lost => {
+            s.mark = Mark::Sacked;
+            late(s, paths, now);
+        }
+        Mark::Sacked | Mark::Untracked => {}
+    }
+}
+
 /// A packet taken for lost arrived before its resend left: its path is slower than
 /// its round trip said (a delay that grew). Its send time is still the original one:
 /// a round-trip sample, and the losses in a row that could fail the path are undone.
@@ -251,25 +284,19 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
     }
 }
 
-fn credit(s: &Sent, paths: &mut [PathState], now: Nanos, in_flight: bool) {
+fn credit(s: &Sent, paths: &mut [PathState], now: Nanos) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
         let rtt = now.saturating_sub(s.at);
-        if in_flight && !s.resent {
+        if !s.resent {
             p.on_rtt(rtt);
             p.data_rtt = true;
         }
-        if in_flight {
-            p.on_delivered(s.at, now, !s.resent);
-        }
-        if in_flight {
-            let sample = (!s.resent).then_some(RttSample {
-                rtt,
-                app_limited: s.app_limited,
-            });
-            p.on_acked((!s.resent).then_some(s.seq), now, sample);
-        } else {
-            p.alive_at = now;
-        }
+        p.on_delivered(s.at, now, !s.resent);
+        let sample = (!s.resent).then_some(RttSample {
+            rtt,
+            app_limited: s.app_limited,
+        });
+        p.on_acked((!s.resent).then_some(s.seq), now, sample);
     }
 }
 

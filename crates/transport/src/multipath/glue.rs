@@ -310,12 +310,33 @@ impl Qp {
             .iter()
             .filter(|p| p.status == PathStatus::Active)
             .count();
+        // The newest send time of anything delivered or answered, on any path.
+        let news = m
+            .paths
+            .iter()
+            .map(|p| p.probe_answered_sent)
+            .fold(m.board.delivered_sent_at, Nanos::max);
+        let mut ask_all = false;
         for (i, p) in m.paths.iter_mut().enumerate() {
-            if let Some((_, at)) = p.probe {
-                if now < at + p.probe_timeout() {
-                    continue;
-                }
+            let mut missed = p.probe_unjudged.filter(|&at| news >= at).is_some();
+            if missed {
+                p.probe_unjudged = None;
+            }
+            if let Some((_, at)) = p.probe.filter(|&(_, at)| now >= at + p.probe_timeout()) {
                 p.probe = None;
+                if news >= at || p.status != PathStatus::Active {
+                    missed = true;
+                } else {
+                    // Nothing sent since this probe came through anywhere: the peer's
+                    // host may be paused, which says nothing of this path. It counts
+                    // once a probe sent as late is answered on another path (asked
+                    // now) or data sent as late is delivered.
+                    p.probe_unjudged = Some(p.probe_unjudged.unwrap_or(at));
+                    p.probe_at = p.probe_at.min(now);
+                    ask_all = true;
+                }
+            }
+            if missed {
                 p.probe_misses = p.probe_misses.saturating_add(1);
                 // The last active path is not failed for silence alone: with nothing
                 // else to send on, the retransmit timer and the retry budget judge it.
@@ -343,6 +364,15 @@ impl Qp {
                     ctx.counters.mp_probe_sent += 1;
                 }
                 p.probe_sent(m.nonce, now, KEEPALIVE_NS);
+            }
+        }
+        if ask_all {
+            for p in m
+                .paths
+                .iter_mut()
+                .filter(|p| p.status == PathStatus::Active)
+            {
+                p.want_probe(now);
             }
         }
         for i in failed {
@@ -400,19 +430,18 @@ impl Qp {
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
-        let paths = &m.paths;
+        let delivered = m.board.delivered_sent_at;
         let mut silent = Vec::new();
         let mut alone = Vec::new();
-        for (i, p) in paths.iter().enumerate() {
-            let Some(at) = p.silent_at().filter(|&t| t <= now) else {
+        for (i, p) in m.paths.iter().enumerate() {
+            if p.silent_at().is_none_or(|t| t > now) {
                 continue;
-            };
-            // Another path delivered after this one's packet was due: the peer and the
-            // hosts work, this path does not.
-            let due = at - p.silence_allow();
-            let others = paths.iter().enumerate().any(|(j, q)| {
-                j != i && q.status == PathStatus::Active && !q.suspect && q.alive_at > due
-            });
+            }
+            // A packet sent after this one's oldest expected packet was delivered (on
+            // another path: this one's own would have moved it): the peer and the
+            // hosts work, this path does not. When they came in matters not: after a
+            // pause of the peer's host, every path delivers late, in one burst.
+            let others = p.sent_at.front().is_some_and(|&(_, at)| delivered > at);
             if others {
                 silent.push(i);
             } else {
@@ -767,6 +796,9 @@ impl Qp {
                         path.set_status(PathStatus::Active, now);
                     }
                 }
+                // An answer may be the news a lost tail waits for: judged at the
+                // timer, after every datagram of this step was fed.
+                m.loss_at = Some(m.loss_at.map_or(now, |t| t.min(now)));
             }
             _ => ctx.counters.drop_bad_opcode += 1,
         }

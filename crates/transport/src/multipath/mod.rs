@@ -75,34 +75,42 @@
 //! deliveries say nothing of it: their delays and queues differ (judged against them,
 //! late packets of a slower or more queued path were taken for lost by the thousand).
 //! Every ACK tells the scoreboard what the responder holds, even where the QP's oldest
-//! unacknowledged PSN waits for a READ's responses. A packet with nothing sent after
-//! it on its path delivered (a lost tail) is lost after twice the longest round trip
-//! the path should take plus its silence allowance. Lost packets are resent alone, on
-//! another healthy path, with AckReq. A READ or atomic request found lost is
-//! re-requested as plain RC does it (a READ alone), spending no retry; READ responses
-//! reorder and repair as in plain RC, except that an ACK overtaking them (it may come
-//! by another path) is no loss until the reorder wait has passed.
+//! unacknowledged PSN waits for a READ's responses. A packet with nothing sent after it
+//! on its path delivered (a lost tail) is lost after twice the longest round trip the
+//! path should take plus its silence allowance, once something sent after that came
+//! through: a packet on any path, or a probe of its own path (sent then). Time alone is
+//! no evidence: a peer whose host pauses (a loaded 2-core machine pauses processes for
+//! tens of ms) delivers nothing on any path, then everything at once; judged by time,
+//! every packet in flight was taken for lost and most were resent. Lost packets are
+//! resent alone, on another healthy path, with AckReq. A READ or atomic request found
+//! lost is re-requested as plain RC does it (a READ alone), spending no retry; READ
+//! responses reorder and repair as in plain RC, except that an ACK overtaking them (it
+//! may come by another path) is no loss until the reorder wait has passed.
 //!
 //! # Silence, failure and readmission
 //! A path is silent when the next packet it should deliver (the oldest sent after its
 //! newest delivered one) is overdue: past its send time plus the longest round trip the
 //! path should take (the last delivery's or the smoothed one, plus two variations),
 //! plus an allowance (its deliveries' spacing plus four variations, at least two round
-//! trips between 200 µs and 1 ms, plus what silences that were not added), while another
-//! path delivered after it was due. It is judged at the timer only, after all received
-//! datagrams were fed: after a pause of the hosts, every path's deliveries arrive in
-//! one burst. A silent path's packets in flight move to the other paths at once, it
-//! takes no new ones and is probed at once; a delivery or a probe answer puts it back
-//! in use. Losses do not fail a path: a token bucket's queue drops runs of packets but
-//! lets others through; that is congestion, for its controller.
-//! A path fails after `PROBE_MISSES` unanswered probes (never the last active path: that one the
-//! retransmit timer judges); its in-flight packets move to the other paths at once and
-//! the QP stays in RTS. Active paths are probed every `KEEPALIVE_NS` (which is what
-//! finds a dead ACK direction); a probe may take three smoothed round trips plus
-//! variation, at least 5 ms (a probe answer waits behind the data its sender receives;
-//! probes measure a path until data does, and late answers still count as samples).
-//! Failed paths are probed from 1 ms, doubling to `READMIT_MAX_NS`, and come back
-//! on the first answer, starting from the slowest path's RTT and a new controller.
+//! trips between 200 µs and 1 ms, plus what silences that were not added), while a
+//! packet sent after it was delivered on another path (send times, not arrival times:
+//! after a pause of the peer's host every path delivers late). It is judged at the
+//! timer only, after all received datagrams were fed: after a pause of the hosts, every
+//! path's deliveries arrive in one burst. A silent path's packets in flight move to the
+//! other paths at once, it takes no new ones and is probed at once; a delivery or a
+//! probe answer puts it back in use. Losses do not fail a path: a token bucket's queue
+//! drops runs of packets but lets others through; that is congestion, for its
+//! controller. A path fails after `PROBE_MISSES` unanswered probes (never the last
+//! active path: that one the retransmit timer judges); a probe of an active path counts
+//! as unanswered only once something sent as late came through on another path (the
+//! other paths are probed when none did: the peer's host may be paused); its in-flight
+//! packets move to the other paths at once and the QP stays in RTS. Active paths are
+//! probed every `KEEPALIVE_NS` (which is what finds a dead ACK direction); a probe may
+//! take three smoothed round trips plus variation, at least 5 ms (a probe answer waits
+//! behind the data its sender receives; probes measure a path until data does, and late
+//! answers still count as samples). Failed paths are probed from 1 ms, doubling to
+//! `READMIT_MAX_NS`, and come back on the first answer, starting from the slowest
+//! path's RTT and a new controller.
 //!
 //! # Retry budget
 //! The QP's retransmit timer runs as in plain RC: it fires only when nothing was

@@ -121,11 +121,16 @@ pub(crate) struct PathState {
     pub probe: Option<(u32, Nanos)>,
     /// The last probe sent, answered or not: a late answer is still a round trip.
     pub last_probe: (u32, Nanos),
+    /// The send time of the newest probe answered: the path carried what was sent then.
+    pub probe_answered_sent: Nanos,
     /// Round trips measured from data (then probes, which skip the data queues at the
     /// sender, no longer move the RTT).
     pub data_rtt: bool,
     /// Probes unanswered in a row.
     pub probe_misses: u8,
+    /// The send time of a probe that went unanswered while nothing sent as late came
+    /// through on any path either: a miss once something does.
+    pub probe_unjudged: Option<Nanos>,
     /// When to probe next.
     pub probe_at: Nanos,
     /// Wait before the next readmission probe (doubles).
@@ -179,8 +184,10 @@ impl PathState {
             last_loss_at: 0,
             probe: None,
             last_probe: (0, 0),
+            probe_answered_sent: 0,
             data_rtt: false,
             probe_misses: 0,
+            probe_unjudged: None,
             probe_at: now,
             backoff: READMIT_FIRST_NS,
             alive_at: now,
@@ -202,6 +209,7 @@ impl PathState {
             self.state_changes += 1;
             self.sent_at.clear();
             self.suspect = false;
+            self.probe_unjudged = None;
             if s == PathStatus::Failed {
                 self.backoff = READMIT_FIRST_NS;
                 self.probe_at = now + self.backoff;
@@ -336,9 +344,7 @@ impl PathState {
         self.spurious += 1;
         self.suspect = false;
         if self.moved_at != 0 && sent_at < self.moved_at {
-            let step = self.silence_allow() - self.silence_extra;
-            self.silence_extra = (self.silence_extra + step).min(SILENCE_EXTRA_MAX_NS);
-            self.moved_at = 0;
+            self.silence_was_not_one();
         } else if now > self.reo_grown_at + self.srtt.max(REO_MIN_NS) {
             self.reo_mult = (self.reo_mult + 1).min(REO_MULT_MAX);
             self.reo_grown_at = now;
@@ -348,6 +354,15 @@ impl PathState {
             self.cwnd = self.prior_cwnd;
         }
         self.prior_cwnd = 0;
+    }
+
+    /// The path's last silence was not one (a packet moved for it arrived after all,
+    /// or the path answered a probe sent after it): the allowance grows, once per
+    /// silence.
+    fn silence_was_not_one(&mut self) {
+        let step = self.silence_allow() - self.silence_extra;
+        self.silence_extra = (self.silence_extra + step).min(SILENCE_EXTRA_MAX_NS);
+        self.moved_at = 0;
     }
 
     /// A packet sent at `sent_at` on this path was delivered at `now` (`once`: sent
@@ -412,6 +427,13 @@ impl PathState {
             self.on_rtt(now.saturating_sub(at));
         }
         self.last_probe = (0, 0);
+        self.probe_answered_sent = self.probe_answered_sent.max(at);
+        if self.suspect && self.moved_at != 0 && at >= self.moved_at {
+            // Silent, yet it answers a probe sent since: its packets were late (a
+            // queue that grew), not lost. Their copies arrive on other paths, so only
+            // this answer can say so.
+            self.silence_was_not_one();
+        }
         self.alive_at = now;
         self.suspect = false;
         self.probe_acks += 1;
@@ -421,8 +443,21 @@ impl PathState {
         }
         self.probe = None;
         self.probe_misses = 0;
+        self.probe_unjudged = None;
         self.backoff = READMIT_FIRST_NS;
         true
+    }
+
+    /// A packet on this path waits for news of the path: probe it now, unless a probe
+    /// is out already; then returns when that one times out (and another may go).
+    pub fn want_probe(&mut self, now: Nanos) -> Option<Nanos> {
+        match self.probe {
+            None => {
+                self.probe_at = self.probe_at.min(now);
+                None
+            }
+            Some((_, at)) => Some(at + self.probe_timeout()),
+        }
     }
 
     /// After a probe was sent: when the next one is due.
