@@ -175,10 +175,16 @@ fn a_silent_peer_means_plain_rc_after_the_tries() {
     net.filter = Some(Box::new(|_, pkt| pkt[0] == 0x64));
     let seen_before = net.nodes[0].engine.counters().mp_hello_sent;
     assert_eq!(seen_before, 0);
-    let until = net.now + 200_000_000;
+    // Still asking after 60 ms (a host pause is not a silent peer) ...
+    let until = net.now + 60_000_000;
+    while net.now < until && net.step() {}
+    assert!(net.nodes[0].engine.counters().mp_fallback == 0);
+    // ... plain RC after 1.5 s of silence.
+    let until = net.now + 1_500_000_000;
     while net.now < until && net.step() {}
     assert!(net.nodes[0].engine.mp_stats(a).is_none());
-    assert_eq!(net.nodes[0].engine.counters().mp_hello_sent, 5);
+    assert_eq!(net.nodes[0].engine.counters().mp_hello_sent, 10);
+    assert_eq!(net.nodes[0].engine.counters().mp_fallback, 1);
 }
 
 /// A bulk transfer with `fault` applied after `at_ns`; returns the longest gap between

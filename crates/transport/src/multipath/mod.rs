@@ -11,8 +11,10 @@
 //! UNSUPPORTED_METHOD_ATTRIB (`generate_unmatched_resp`): a "no" within a round trip
 //! from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic is
 //! untouched), checks that the named QP is an RC QP connected back to the sender, and
-//! answers with its own addresses. Silence is retried at 2, 4, 8, 16 ms, then taken
-//! for "no" (`HELLO_TRIES`). A valid request is itself proof that the sender speaks
+//! answers with its own addresses. Silence is retried at 2, 4, 8 ... 512, 512 ms, and taken
+//! for "no" after 1.5 s (`HELLO_TRIES`): a host that pauses for tens of
+//! milliseconds (a busy 2-core VM) is not a peer that never answers, and rxe answers
+//! at once anyway. A valid request is itself proof that the sender speaks
 //! the extension, so either side's Get turns both on. The QP runs plain RC until then
 //! and stays plain RC after a "no"; packets sent before the switch are repaired as
 //! plain RC. The 0xE1+ opcodes below are sent only to a peer that said "yes", so rxe
@@ -188,8 +190,9 @@ impl Default for MpConfig {
 
 /// Most paths per QP.
 pub(crate) const MAX_PATHS: usize = 16;
-/// Negotiation MADs sent before silence means "no".
-pub(crate) const HELLO_TRIES: u8 = 5;
+/// Negotiation MADs sent before silence means "no" (the waits between them double from
+/// [`HELLO_RETRY_NS`], at most 512 ms: 1.5 s in all).
+pub(crate) const HELLO_TRIES: u8 = 10;
 /// The first negotiation retry; doubles.
 const HELLO_RETRY_NS: Nanos = 2_000_000;
 /// Unanswered probes that fail a path.
