@@ -162,6 +162,7 @@ fuzz_target!(|data: &[u8]| {
         src: SocketAddr::new(IpAddr::V4(PEER), 0xc000),
         dst: IpAddr::V4(LOCAL),
         segment_index: 0,
+        tos: 0,
     };
     let mut pkt = vec![0u8; 8192];
     let mut rest = data;

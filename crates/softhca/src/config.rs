@@ -360,7 +360,8 @@ impl From<&Config> for softhca_io::BindOptions {
         softhca_io::BindOptions {
             allow_gso: cfg.gso,
             allow_gro: cfg.gro,
-            recv_tos: false,
+            // The GRH of a UD receive carries the packet's TOS, as rxe's does.
+            recv_tos: true,
             sockbuf: cfg.sockbuf,
             bind_ifindex: 0,
         }

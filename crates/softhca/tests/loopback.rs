@@ -143,6 +143,7 @@ fn ud_send_with_grh() {
         a.pd.create_ah(AddressVector {
             dgid: b.ctx.gids()[0],
             sgid_index: 0,
+            traffic_class: 0x68,
             ..AddressVector::default()
         })
         .unwrap();
@@ -161,6 +162,8 @@ fn ud_send_with_grh() {
     let mut grh = [0u8; 40];
     b.mr.read(0, &mut grh).unwrap();
     assert_eq!(grh[20] >> 4, 4, "IPv4 header version");
+    // The AH's traffic class went on the wire as the TOS, and came back in the GRH.
+    assert_eq!(grh[21], 0x68, "TOS");
     assert_eq!(&grh[32..36], &[127, 0, 1, 7], "source address");
     assert_eq!(&grh[36..40], &[127, 0, 1, 8], "destination address");
     assert_eq!(one(&a.cq).wr_id, 6);

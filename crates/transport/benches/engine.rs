@@ -273,6 +273,7 @@ impl PlaceBench {
                 src: SocketAddr::new(IP_A, sport),
                 dst: IP_B,
                 segment_index: 0,
+                tos: 0,
             },
             now: 0,
             arena: vec![0u8; PLACE_BATCH * (mtu.bytes() + 64)],
@@ -474,6 +475,7 @@ fn deliver(from: &mut Side, to: &mut Side, now: u64, buf: &mut [u8]) -> usize {
                 src: SocketAddr::new(t.src, t.src_port),
                 dst: t.dst.ip(),
                 segment_index: k as u16,
+                tos: 0,
             };
             to.engine.handle_datagram(now, &info, pkt);
             moved += 1;

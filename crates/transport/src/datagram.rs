@@ -15,6 +15,8 @@ pub struct DatagramInfo {
     pub dst: IpAddr,
     /// Index within a GRO batch (the IPv4 ID candidate for the ICRC).
     pub segment_index: u16,
+    /// The IP header's TOS (IPv6: traffic class), for the GRH of a UD receive.
+    pub tos: u8,
 }
 
 /// A batch of packets to send: `buf[..len]` holds `ceil(len / segment_size)` packets

@@ -685,6 +685,7 @@ impl Engine {
                 src,
                 dst: info.dst,
                 udp_len,
+                tos: info.tos,
             };
             let before = ctx.completions.len();
             qp.on_request(&mut ctx, h, payload, &meta);

@@ -19,6 +19,8 @@ pub(crate) struct RxMeta {
     pub dst: IpAddr,
     /// UDP payload length (for the GRH of UD receives).
     pub udp_len: usize,
+    /// The IP header's TOS or traffic class (for the GRH of UD receives).
+    pub tos: u8,
 }
 
 /// Most out-of-sequence requests a QP keeps for later (see `on_rc`): a requester's
@@ -882,7 +884,7 @@ pub(crate) fn grh_bytes(meta: &RxMeta) -> [u8; 40] {
     // Both headers fit their part of `g`: emit cannot fail.
     let _ = match (meta.src, meta.dst) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => wire::Ipv4Header {
-            tos: 0,
+            tos: meta.tos,
             total_len: (udp_total + wire::IPV4_LEN) as u16,
             id: 0,
             flags_frag: wire::Ipv4Header::DF,
@@ -894,7 +896,7 @@ pub(crate) fn grh_bytes(meta: &RxMeta) -> [u8; 40] {
         }
         .emit(g.split_at_mut(20).1),
         (s, d) => wire::Ipv6Header {
-            traffic_class: 0,
+            traffic_class: meta.tos,
             flow_label: 0,
             payload_len: udp_total as u16,
             next_header: wire::IP_PROTOCOL_UDP,

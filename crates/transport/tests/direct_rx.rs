@@ -208,6 +208,7 @@ fn only_in_order_continuations_are_planned() {
         src: peer,
         dst: us,
         segment_index: k,
+        tos: 0,
     };
     let eng = &mut net.nodes[1].engine;
     assert_eq!(eng.counters().rcvd_pkts, 0);

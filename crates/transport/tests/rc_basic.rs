@@ -315,6 +315,7 @@ fn qps_to_one_peer_share_a_gso_batch() {
         src: std::net::SocketAddr::new(t.src, t.src_port),
         dst: t.dst.ip(),
         segment_index: i,
+        tos: 0,
     };
     let segs: Vec<Vec<u8>> = buf[..t.len]
         .chunks(t.segment_size)
@@ -478,6 +479,7 @@ fn answer_and_ack_leave_in_one_gso_batch() {
         src: std::net::SocketAddr::new(t.src, t.src_port),
         dst: t.dst.ip(),
         segment_index: i,
+        tos: 0,
     };
     // Node 1 receives the request (its ACK is now owed) and answers before sending.
     net.nodes[1]
@@ -699,6 +701,7 @@ fn transmits_and_segments_say_whether_they_are_acks() {
             src: from,
             dst: to,
             segment_index: k as u16,
+            tos: 0,
         };
         net.nodes[1].engine.handle_datagram(0, &info, pkt);
     }
@@ -741,6 +744,7 @@ fn traffic_class_is_the_tos_of_a_qps_packets() {
                 src: std::net::SocketAddr::new(t.src, t.src_port),
                 dst: t.dst.ip(),
                 segment_index: 0,
+                tos: 0,
             };
             got.push((t.tos, t.packets()));
             let pkt = buf[..t.len].to_vec();

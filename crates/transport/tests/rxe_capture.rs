@@ -163,6 +163,7 @@ fn rxe_ipv4_ids_slightly_out_of_order_are_accepted() {
             src: fr.src,
             dst: fr.dst,
             segment_index: 0,
+            tos: 0,
         };
         e.handle_datagram(0, &info, &p);
     }
@@ -186,6 +187,7 @@ fn rxe_rc_send_is_received_and_acked() {
             src: fr.src,
             dst: fr.dst,
             segment_index: 0,
+            tos: 0,
         };
         e.handle_datagram(0, &info, &fr.payload);
     }
@@ -258,6 +260,7 @@ fn rxe_ud_send_gets_grh() {
             src: fr.src,
             dst: fr.dst,
             segment_index: 0,
+            tos: 0,
         },
         &fr.payload,
     );

@@ -260,6 +260,7 @@ fn bad_input_is_dropped_and_counted() {
         src: SocketAddr::new(t.src, t.src_port),
         dst: t.dst.ip(),
         segment_index: 0,
+        tos: 0,
     };
     let e = &mut net.nodes[1].engine;
     // Flipped bit: ICRC.

@@ -159,6 +159,7 @@ impl DirectRx {
                 src: got.src,
                 dst: got.dst_ip.unwrap_or(local_ip),
                 segment_index: 0,
+                tos: got.tos,
             };
             let st = &shared.stats;
             Stats::add(&st.rx_datagrams, 1);

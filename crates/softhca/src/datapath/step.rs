@@ -446,6 +446,7 @@ impl Stepper {
                 src: meta.src,
                 dst,
                 segment_index: j as u16,
+                tos: meta.tos,
             };
             core.engine.handle_datagram(now, &info, seg);
             counts.packets += 1;

@@ -479,6 +479,7 @@ impl SimNet {
                 src: SocketAddr::new(t.src, t.src_port),
                 dst: t.dst.ip(),
                 segment_index: index,
+                tos: 0,
             };
             self.queue.push(Reverse(InFlight {
                 at,
