@@ -123,6 +123,9 @@ pub(crate) struct DelayAimd {
     /// The most bytes in flight after a send in this round and in the one before.
     round_in_flight: u64,
     last_round_in_flight: u64,
+    /// The caller reports bytes in flight (`on_sent`); without, the window counts as
+    /// used (multipath's per-path controllers, which keep their own packet counts).
+    tracks_in_flight: bool,
     stats: CcStats,
 }
 
@@ -148,6 +151,7 @@ impl DelayAimd {
             slow_start_over: 0,
             round_in_flight: 0,
             last_round_in_flight: 0,
+            tracks_in_flight: false,
             stats: CcStats::default(),
         }
     }
@@ -337,6 +341,9 @@ impl DelayAimd {
     /// on a 10 ms path, the window reached 1.7 times the path's, and the burst after the
     /// stall overflowed its token bucket.
     fn window_used(&self) -> bool {
+        if !self.tracks_in_flight {
+            return true;
+        }
         let slack = 2 * self.mtu;
         if self.slow_start {
             let seen = self.round_in_flight.max(self.last_round_in_flight);
@@ -452,6 +459,7 @@ impl CongestionControl for DelayAimd {
     }
 
     fn on_sent(&mut self, in_flight: u64) {
+        self.tracks_in_flight = true;
         self.round_in_flight = self.round_in_flight.max(in_flight);
     }
 

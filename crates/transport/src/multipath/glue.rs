@@ -584,10 +584,6 @@ impl Qp {
         if let Some(prev) = m.board.record(psn, plan.path, seq, now, app_limited) {
             p.next_seq += 1;
             p.inflight += 1;
-            let in_flight = u64::from(p.inflight) * p.mtu;
-            if let Some(ctl) = p.cc.as_mut() {
-                ctl.on_sent(in_flight);
-            }
             if let Some(q) = prev.and_then(|q| m.paths.get_mut(usize::from(q))) {
                 q.inflight = q.inflight.saturating_sub(1);
             }
