@@ -512,3 +512,104 @@ fn a_long_path_fills_quickly() {
         finish_and_verify(&mut net, &mut flows);
     }
 }
+
+/// [`run_for`], with `node`'s process descheduled for `pause` at the start of every
+/// `period` (a loaded host's scheduler).
+fn run_pausing(
+    net: &mut SimNet,
+    flows: &mut [Flow],
+    ns: u64,
+    node: usize,
+    (period, pause): (u64, u64),
+) {
+    let end = net.now + ns;
+    while net.now < end {
+        let next = (net.now + period).min(end);
+        net.pause(node, pause);
+        run_for(net, flows, next - net.now);
+    }
+}
+
+/// A WRITE flow over 1 Gb/s and a 10 ms round trip, its first `warm` ms undisturbed,
+/// then `ns` with `node` paused as [`run_pausing`] does, the period starting again
+/// every 50 ms (so that pauses do not fall at one phase of the round trip): the rate
+/// over those, the flow's figures, and the shaper's drops during them.
+fn pausing_flow(warm: u64, ns: u64, node: usize, pauses: (u64, u64)) -> (f64, CcStats, u64) {
+    let (mut net, mut flows) = net_with_flows(1, GBIT, WrOpcode::RdmaWrite);
+    net.faults.delay_ns = 5 * MS;
+    flows[0].started = true;
+    run_for(&mut net, &mut flows, warm * MS);
+    let drops = net.bottleneck.as_ref().unwrap().drops;
+    let before = through(&net, &flows)[0];
+    let end = net.now + ns * MS;
+    while net.now < end {
+        let chunk = (50 * MS).min(end - net.now);
+        run_pausing(&mut net, &mut flows, chunk, node, pauses);
+    }
+    let r = (through(&net, &flows)[0] - before) as f64 * 8.0 * 1e9 / (ns * MS) as f64;
+    let cc = net.nodes[0].engine.qp_cc_stats(flows[0].qp).unwrap();
+    let dropped = net.bottleneck.as_ref().unwrap().drops - drops;
+    finish_and_verify(&mut net, &mut flows);
+    (r, cc, dropped)
+}
+
+/// A sender descheduled for 5 ms of every 10 for 200 ms sends half of what its window
+/// allows; the queue drains and the round trips stay at the base, but a window it did
+/// not fill says nothing of a larger one: it must not grow, or the first full round
+/// after the pauses overflows the token bucket.
+#[test]
+fn a_descheduled_sender_does_not_grow_its_window() {
+    let (mut net, mut flows) = net_with_flows(1, GBIT, WrOpcode::RdmaWrite);
+    net.faults.delay_ns = 5 * MS;
+    flows[0].started = true;
+    run_for(&mut net, &mut flows, 500 * MS);
+    let w0 = net.nodes[0].engine.qp_cc_stats(flows[0].qp).unwrap();
+    let drops = net.bottleneck.as_ref().unwrap().drops;
+    run_pausing(&mut net, &mut flows, 200 * MS, 0, (10 * MS, 5 * MS));
+    let w1 = net.nodes[0].engine.qp_cc_stats(flows[0].qp).unwrap();
+    let r = rates_over(&mut net, &mut flows, 300 * MS)[0];
+    let w2 = net.nodes[0].engine.qp_cc_stats(flows[0].qp).unwrap();
+    let dropped = net.bottleneck.as_ref().unwrap().drops - drops;
+    eprintln!(
+        "window {} KiB before the pauses, {} KiB after; then {:.0} Mb/s, {dropped} dropped, {w2:?}",
+        w0.window / 1024,
+        w1.window / 1024,
+        r / 1e6
+    );
+    assert!(w1.window <= w0.window + 64 * 1024, "{w0:?} {w1:?}");
+    assert_eq!(dropped, 0);
+    assert_eq!(w2.loss_decreases, w0.loss_decreases);
+    assert!(r >= 0.93 * GBIT as f64, "{:.0} Mb/s", r / 1e6);
+    finish_and_verify(&mut net, &mut flows);
+}
+
+/// A receiver (node 1), then a sender (node 0), descheduled for 3 ms at a time from
+/// the start, over the first second: at least 0.8 of the link, at most `most_dropped`
+/// of its 30,000 packets dropped, and a window still over the path's 1.25 MB.
+fn keeps_up_while_pausing(node: usize, most_dropped: u64) {
+    let (r, cc, dropped) = pausing_flow(0, 1000, node, (15 * MS, 3 * MS));
+    eprintln!(
+        "node {node} pausing: {:.0} Mb/s over the first second, {dropped} dropped, {cc:?}",
+        r / 1e6
+    );
+    assert!(r >= 0.8 * GBIT as f64, "{:.0} Mb/s", r / 1e6);
+    assert!(dropped <= most_dropped, "{dropped}");
+    assert!(cc.window >= 1_250_000, "{cc:?}");
+}
+
+/// A pausing receiver's ACKs come late, in bunches: the window must not collapse. A
+/// loss found as the first base probe began left nothing sampled until its repair was
+/// done, and the probe, which ended only on a sample, held the least window through a
+/// go-back-N repair for 400 ms (0.52 of the link over the first second). The bunched
+/// ACKs still let slow start overshoot (a few hundred packets dropped, under the
+/// issue's 1 %).
+#[test]
+fn a_pausing_receiver_neither_ends_slow_start_early_nor_collapses_the_window() {
+    keeps_up_while_pausing(1, 300);
+}
+
+/// A pausing sender catches up after each pause, paced, and the link stays full.
+#[test]
+fn a_pausing_sender_keeps_the_link_full() {
+    keeps_up_while_pausing(0, 10);
+}

@@ -120,6 +120,12 @@ pub(crate) struct DelayAimd {
     slow_start_ended: bool,
     /// Samples in a row over the target during slow start.
     slow_start_over: u32,
+    /// The most bytes in flight after a send in this round and in the one before.
+    round_in_flight: u64,
+    last_round_in_flight: u64,
+    /// The caller reports bytes in flight (`on_sent`); without, the window counts as
+    /// used (multipath's per-path controllers, which keep their own packet counts).
+    tracks_in_flight: bool,
     stats: CcStats,
 }
 
@@ -143,6 +149,9 @@ impl DelayAimd {
             probe_at: None,
             slow_start_ended: false,
             slow_start_over: 0,
+            round_in_flight: 0,
+            last_round_in_flight: 0,
+            tracks_in_flight: false,
             stats: CcStats::default(),
         }
     }
@@ -215,12 +224,12 @@ impl DelayAimd {
 
     /// A sample during a probe; at its end the window is restored (paced, so it
     /// does not leave as a burst) and the probe's least sample is the base.
-    fn probe_sample(&mut self, now: Nanos, rtt: Nanos) {
+    fn probe_sample(&mut self, now: Nanos, rtt: Option<Nanos>) {
         let Some(mut p) = self.probe else {
             return;
         };
         // Only a packet sent during the probe saw the drained queue.
-        if rtt <= now.saturating_sub(p.start) {
+        if let Some(rtt) = rtt.filter(|&r| r <= now.saturating_sub(p.start)) {
             p.min = p.min.min(rtt.max(1));
         }
         // The window goes back once the packets in flight at the start are back: the
@@ -258,9 +267,7 @@ impl DelayAimd {
         if let Some(p) = self.probe.take() {
             self.cwnd = p.restore;
             self.clamp();
-            self.round_start = now;
-            self.round_min = Nanos::MAX;
-            self.round_cwnd = self.cwnd;
+            self.new_round(now);
         }
     }
 
@@ -275,6 +282,22 @@ impl DelayAimd {
         }
     }
 
+    /// A sample during slow start: it ends as soon as the queue shows, not at the end
+    /// of the round: on a long path the window doubles in the time a round's samples
+    /// take to come back, and waiting for the round overshot a 7 ms token bucket queue
+    /// fourfold. A few samples in a row, as HyStart++ (RFC 9406) takes several, so that
+    /// one late ACK does not end it.
+    fn slow_start_sample(&mut self, now: Nanos, rtt: Nanos) {
+        self.slow_start_over = if rtt > self.slow_start_limit() {
+            self.slow_start_over + 1
+        } else {
+            0
+        };
+        if self.slow_start_over >= SLOW_START_EXIT_SAMPLES {
+            self.left_slow_start(now);
+        }
+    }
+
     /// Once per round trip: grow or shrink by the round's least sample.
     fn end_round(&mut self, now: Nanos) {
         let standing = self.round_min;
@@ -285,7 +308,7 @@ impl DelayAimd {
             // packet per millisecond of it; flows sharing a queue share that), so a
             // long path regains its window in about the time a short one does: TCP's
             // one packet per round trip took seconds at 10 ms.
-            if !self.slow_start {
+            if !self.slow_start && self.window_used() {
                 let rtt_ms = (self.srtt as f64 / AI_RTT_UNIT as f64).max(1.0);
                 self.cwnd += self.cfg.increase_pkts * rtt_ms * self.mtu as f64;
             }
@@ -297,54 +320,82 @@ impl DelayAimd {
             self.stats.delay_decreases += 1;
         }
         self.clamp();
+        self.new_round(now);
+    }
+
+    /// A round begins at `now` (after a decision, a cut or a probe).
+    fn new_round(&mut self, now: Nanos) {
         self.round_start = now;
         self.round_min = Nanos::MAX;
         self.round_cwnd = self.cwnd;
+        self.last_round_in_flight = self.round_in_flight;
+        self.round_in_flight = 0;
+    }
+
+    /// Whether the window was used: bytes in flight reached it (within two packets, what
+    /// the window check per packet leaves) in the round ending now; in slow start half of
+    /// it since the round before (RFC 7661's "validated" window; Linux's
+    /// tcp_is_cwnd_limited takes the same half in slow start). A sender that did not fill
+    /// its window (descheduled, CPU-bound, between the application's bursts) learns
+    /// nothing from an empty queue about a larger one: grown through a 150 ms stall
+    /// on a 10 ms path, the window reached 1.7 times the path's, and the burst after the
+    /// stall overflowed its token bucket.
+    fn window_used(&self) -> bool {
+        if !self.tracks_in_flight {
+            return true;
+        }
+        let slack = 2 * self.mtu;
+        if self.slow_start {
+            let seen = self.round_in_flight.max(self.last_round_in_flight);
+            2 * seen + slack >= self.cwnd as u64
+        } else {
+            self.round_in_flight + slack >= self.cwnd as u64
+        }
     }
 }
 
 impl CongestionControl for DelayAimd {
     fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>) {
-        if self.slow_start {
+        if self.slow_start && self.window_used() {
             self.cwnd = (self.cwnd + acked as f64).min(2.0 * self.round_cwnd);
             self.clamp();
             if self.cwnd >= self.ssthresh {
                 self.slow_start = false;
             }
         }
-        let Some(RttSample { rtt, app_limited }) = rtt else {
-            return;
+        let sample = match rtt {
+            Some(RttSample {
+                rtt,
+                app_limited: true,
+            }) => {
+                // An application-limited flow cannot have built the queue its sample
+                // would show, and the sample may hold the peer's host delay (see
+                // `RttSample`): it may only lower the base. Taken as queueing, a
+                // ping-pong whose peer answered late cut its window and paced at a
+                // round trip of the peer's scheduling.
+                if rtt > 0 && rtt < self.min_rtt {
+                    self.min_rtt = rtt;
+                    self.min_rtt_at = now;
+                }
+                None
+            }
+            Some(s) => Some(s.rtt),
+            None => None,
         };
-        if app_limited {
-            // An application-limited flow cannot have built the queue its sample would
-            // show, and the sample may hold the peer's host delay (see `RttSample`):
-            // it may only lower the base. Taken as queueing, a ping-pong whose peer
-            // answered late cut its window and paced at a round trip of the peer's
-            // scheduling.
-            if rtt > 0 && rtt < self.min_rtt {
-                self.min_rtt = rtt;
-                self.min_rtt_at = now;
+        if let Some(rtt) = sample {
+            self.sample(now, rtt);
+            if self.slow_start {
+                self.slow_start_sample(now, rtt);
             }
+        }
+        // A probe keeps its time on every ACK, sampled or not: a loss found as it
+        // began leaves nothing sampled until the repair is done, and go-back-N at the
+        // probe's least window repaired a 2 MB window at 5 Mb/s for 400 ms.
+        if self.probe.is_some() {
+            self.probe_sample(now, sample);
             return;
         }
-        self.sample(now, rtt);
-        if self.slow_start {
-            // Slow start ends as soon as the queue shows, not at the end of the round:
-            // on a long path the window doubles in the time a round's samples take to
-            // come back, and waiting for the round overshot a 7 ms token bucket
-            // queue fourfold. A few samples in a row, as HyStart++ (RFC 9406) takes
-            // several, so that one late ACK does not end it.
-            self.slow_start_over = if rtt > self.slow_start_limit() {
-                self.slow_start_over + 1
-            } else {
-                0
-            };
-            if self.slow_start_over >= SLOW_START_EXIT_SAMPLES {
-                self.left_slow_start(now);
-            }
-        }
-        if self.probe.is_some() {
-            self.probe_sample(now, rtt);
+        if sample.is_none() {
             return;
         }
         if self.probe_due(now) {
@@ -404,9 +455,12 @@ impl CongestionControl for DelayAimd {
         self.last_loss_cut = Some(now);
         self.clamp();
         // The samples of this round predate the cut.
-        self.round_start = now;
-        self.round_min = Nanos::MAX;
-        self.round_cwnd = self.cwnd;
+        self.new_round(now);
+    }
+
+    fn on_sent(&mut self, in_flight: u64) {
+        self.tracks_in_flight = true;
+        self.round_in_flight = self.round_in_flight.max(in_flight);
     }
 
     fn window(&self) -> u64 {
@@ -456,7 +510,8 @@ mod tests {
         let mut now = from;
         for _ in 0..rounds {
             now += rtt.max(MIN_ROUND_NS);
-            // The whole window acknowledged in the round.
+            // The whole window sent and acknowledged in the round.
+            c.on_sent(c.window());
             c.on_ack(now, c.window(), busy(rtt));
         }
         now

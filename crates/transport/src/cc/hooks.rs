@@ -97,7 +97,11 @@ impl Qp {
         cc.window_blocked = false;
         // Not paced before the first round trip is measured (rate 0).
         let rate = ctl.pacing_rate().unwrap_or(0);
-        self.cc_pace(ctx, rate)
+        let allowed = self.cc_pace(ctx, rate);
+        if let Some(ctl) = self.cc.ctl.as_mut().filter(|_| allowed) {
+            ctl.on_sent(span * mtu);
+        }
+        allowed
     }
 
     /// The rate a UC or UD QP is held to, if any.

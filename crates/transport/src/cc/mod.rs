@@ -76,6 +76,14 @@
 //!   Swift needs neither (its target is set from the fabric's known base and hop
 //!   count, which an arbitrary IP path does not give), nor Copa (its oscillation
 //!   empties the queue every few round trips, part of a different window rule).
+//! - The window grows only while it is used (RFC 7661; Linux's cwnd validation; a
+//!   single-path QP's, multipath's per-path windows not yet): by
+//!   the end of a round the bytes in flight reached it, in slow start half of it. A
+//!   sender that was descheduled, CPU-bound or application-limited saw an empty queue
+//!   that says nothing of a larger window; grown through such a stretch, the window
+//!   overflowed the token bucket as soon as the sender could fill it again. A base
+//!   probe keeps its time on every ACK, sampled or not, so that a repair under way
+//!   (nothing is sampled then) cannot hold it, and the least window, for long.
 //! - Pacing: packets leave at 1.25× (slow start 2×) the window per smoothed round trip
 //!   (`Pacer`), with a burst of one GSO send (at most 0.5 ms of the rate), so a window
 //!   opening at once does not become one line-rate burst into a shallow token bucket
@@ -170,6 +178,10 @@ pub(crate) struct RttSample {
 pub(crate) trait CongestionControl: std::fmt::Debug + Send {
     /// A round-trip sample and `acked` bytes newly acknowledged, at `now`.
     fn on_ack(&mut self, now: Nanos, acked: u64, rtt: Option<RttSample>);
+    /// A packet left with `in_flight` bytes outstanding after it (the window grows
+    /// only while it is used: see `DelayAimd`; a controller never told counts its
+    /// window as used).
+    fn on_sent(&mut self, in_flight: u64);
     /// A loss or a timeout at `now`.
     fn on_congestion(&mut self, now: Nanos, what: Congestion);
     /// Bytes allowed in flight.

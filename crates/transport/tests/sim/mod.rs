@@ -201,6 +201,8 @@ pub struct SimNet {
     pub link_ps_per_byte: u64,
     /// When each node's link is free again.
     link_free_at: Vec<u64>,
+    /// Per node: its process is descheduled until then (see [`SimNet::pause`]).
+    paused_until: Vec<u64>,
     /// A bottleneck in front of some nodes.
     pub bottleneck: Option<Bottleneck>,
     /// A bottleneck in front of one address each (one link of a multihomed node), after
@@ -266,6 +268,7 @@ impl SimNet {
             path_fault_drops: 0,
             link_ps_per_byte: 0,
             link_free_at: vec![0; n],
+            paused_until: vec![0; n],
             bottleneck: None,
             addr_bottlenecks: Vec::new(),
             direct: false,
@@ -366,6 +369,9 @@ impl SimNet {
     pub fn flush_tx(&mut self) {
         let mut pieces = Vec::new();
         for i in 0..self.nodes.len() {
+            if self.paused(i) {
+                continue;
+            }
             loop {
                 let now = self.now;
                 let gather = i % 2 == 0;
@@ -511,6 +517,18 @@ impl SimNet {
         *free = (*free).max(now) + ns;
     }
 
+    /// `node`'s process is descheduled for `ns` from now (a loaded host's scheduler):
+    /// its kernel keeps receiving, but the engine sees nothing, fires no timer and sends
+    /// nothing until it runs again, then finds everything at once.
+    pub fn pause(&mut self, node: usize, ns: u64) {
+        let until = &mut self.paused_until[node];
+        *until = (*until).max(self.now + ns);
+    }
+
+    fn paused(&self, node: usize) -> bool {
+        self.paused_until[node] > self.now
+    }
+
     /// Delivers packets of one flow to one node. With `direct`, as the device's direct
     /// receive does with a GRO datagram: the engine plans from the first packet's
     /// headers, every packet's payload that fits the plan is written into registered
@@ -566,23 +584,44 @@ impl SimNet {
         let next_timer = self
             .nodes
             .iter()
-            .filter_map(|n| n.engine.poll_timeout())
+            .zip(&self.paused_until)
+            .filter_map(|(n, &p)| n.engine.poll_timeout().map(|t| t.max(p)))
             .min();
-        let next = match (next_pkt, next_timer) {
+        // A paused process runs again then (and sends what it has).
+        let next_resume = self
+            .paused_until
+            .iter()
+            .filter(|&&p| p > self.now)
+            .min()
+            .copied();
+        let next = match (next_pkt, next_timer.or(next_resume)) {
             (None, None) => return false,
-            (a, b) => a.into_iter().chain(b).min().unwrap_or(self.now),
+            (a, b) => a
+                .into_iter()
+                .chain(b)
+                .chain(next_resume)
+                .min()
+                .unwrap_or(self.now),
         };
         self.now = self.now.max(next);
         let mut due = Vec::new();
+        let mut held = Vec::new();
         while let Some(Reverse(p)) = self.queue.peek() {
             if p.at > self.now {
                 break;
             }
-            let Some(Reverse(p)) = self.queue.pop() else {
+            let Some(Reverse(mut p)) = self.queue.pop() else {
                 break;
             };
-            due.push(p);
+            if self.paused(p.to) {
+                // In the socket's buffer until the process runs again.
+                p.at = self.paused_until[p.to];
+                held.push(Reverse(p));
+            } else {
+                due.push(p);
+            }
         }
+        self.queue.extend(held);
         let mut rest = &due[..];
         while !rest.is_empty() {
             // A run of packets of one flow, as GRO would coalesce them (1 to 15).
@@ -602,10 +641,11 @@ impl SimNet {
             rest = tail;
         }
         for i in 0..self.nodes.len() {
-            if self.nodes[i]
-                .engine
-                .poll_timeout()
-                .is_some_and(|t| t <= self.now)
+            if !self.paused(i)
+                && self.nodes[i]
+                    .engine
+                    .poll_timeout()
+                    .is_some_and(|t| t <= self.now)
             {
                 let now = self.now;
                 self.nodes[i].engine.handle_timeout(now);
