@@ -42,7 +42,7 @@
 
 use std::net::IpAddr;
 
-use softhca_wire::{self as wire, Bth, Headers, UdpPseudo, ICRC_LEN};
+use softhca_wire::{self as wire, Bth, Headers, Opcode, UdpPseudo, ICRC_LEN};
 
 use crate::datagram::DatagramInfo;
 use crate::engine::{same_ip, Engine};
@@ -203,6 +203,9 @@ impl Engine {
         info: &DatagramInfo,
         udp_payload: &[u8],
     ) -> bool {
+        if !udp_payload.first().is_some_and(|&op| may_fuse(Opcode(op))) {
+            return false;
+        }
         let Some(plan) = self.direct_plan(info.src.ip(), udp_payload) else {
             return false;
         };
@@ -219,14 +222,9 @@ impl Engine {
         let Ok(icrc) = <[u8; ICRC_LEN]>::try_from(icrc) else {
             return false;
         };
-        // A WRITE's Last is checked before its bytes land: programs poll the last byte
-        // of a WRITE's target for its arrival (perftest's `ib_write_lat`, many RDMA
-        // applications), and a corrupted packet must not show them a byte there.
-        let op = h.bth.opcode;
         if payload.is_empty()
             || payload.len() > plan.room
-            || op.header_len() != head.len()
-            || (op.is_write() && op.is_last())
+            || h.bth.opcode.header_len() != head.len()
         {
             return false;
         }
@@ -311,4 +309,14 @@ impl Engine {
             }
         }
     }
+}
+
+/// Whether a packet with opcode `op` may be fused (checked before the QP is looked up):
+/// what a plan may exist for (a SEND First, Middle or Last, a READ response), but of a
+/// WRITE only a Middle. A WRITE's Last is checked before its bytes land: programs poll
+/// the last byte of a WRITE's target for its arrival (perftest's `ib_write_lat`, many
+/// RDMA applications), and a corrupted packet must not show them a byte there.
+fn may_fuse(op: Opcode) -> bool {
+    let send_part = op.is_send() && !(op.starts_message() && op.ends_message());
+    send_part || (op.is_write() && op.is_middle()) || op.is_read_response()
 }
