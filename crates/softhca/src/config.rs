@@ -531,7 +531,7 @@ mod tests {
         let b = softhca_io::BindOptions::from(&cfg);
         assert_eq!(
             (b.allow_gso, b.allow_gro, b.recv_tos, b.sockbuf),
-            (false, true, false, 1 << 20)
+            (false, true, true, 1 << 20)
         );
         assert_eq!(Config::default().sockbuf, DEFAULT_SOCKBUF);
     }
