@@ -39,6 +39,9 @@ impl Pacer {
 const INTERVAL_NS: Nanos = 1_000_000;
 /// How many READs answered [`ResponseRate`] judges its repeats against.
 const READS_SEEN: f64 = 32.0;
+/// Response PSNs sent past a cut's recovery point after which the point is forgotten:
+/// far beyond any episode, well within half the 24-bit PSN space.
+const RECOVER_SPAN: i32 = 1 << 22;
 /// Least READ response rate, bytes per second (1 Mb/s).
 const MIN_RATE: f64 = 125_000.0;
 
@@ -116,6 +119,11 @@ impl ResponseRate {
         self.last_sent = now;
         self.last_bytes = bytes;
         self.sent_psn = Some(psn);
+        // Long past the episode, a 24-bit PSN comparison with its recovery point would
+        // turn around (half the PSN space on, every repeat would look like part of it).
+        if self.recover.is_some_and(|r| psn.diff(r) >= RECOVER_SPAN) {
+            self.recover = None;
+        }
         if first {
             let keep = 1.0 - 1.0 / READS_SEEN;
             self.reads = self.reads * keep + 1.0;
@@ -222,6 +230,21 @@ mod tests {
             r.on_repeat(now + k * 2_000_000, Psn::new(16 * k as u32));
         }
         assert_eq!(r.cuts, 1, "one episode");
+        // More than half the PSN space past that episode, a repeat counts again: a
+        // comparison with the old recovery point would have turned around.
+        for i in 0..(1u32 << 23) + 1000 {
+            r.on_sent(
+                now + 50_000_000 + u64::from(i),
+                Psn::new(320 + i),
+                4096,
+                i % 16 == 0,
+            );
+        }
+        let psn_now = Psn::new(320 + (1 << 23) + 900);
+        for k in 0..20u64 {
+            r.on_repeat(now + 100_000_000 + k * 2_000_000, psn_now);
+        }
+        assert_eq!(r.cuts, 2, "a new episode");
         // A rate so low that its packets leave more than an interval apart still grows:
         // that pause is the pacing's own, not an idle application.
         let mut low = ResponseRate {
