@@ -112,9 +112,7 @@ impl Qp {
             _ => None,
         }
     }
-}
 
-impl Qp {
     /// Where the payload of READ response `bth` goes when it is the next one this QP
     /// waits for (the expected PSN of the oldest READ or atomic still outstanding, as
     /// `Completer::on_read_response` takes a response in order), and how much of the
@@ -191,8 +189,8 @@ impl Engine {
 
     /// Handles a received packet (`udp_payload`, its ICRC last) whose payload has a
     /// [`DirectPlan`] (but for a WRITE Last) by checking its ICRC while copying that
-    /// payload where the plan says,
-    /// one pass over it instead of a check and then a copy; the packet then executes
+    /// payload where the plan says, one pass over it instead of a check and then a
+    /// copy; the packet then executes
     /// where it lies (the copy into place finds it there). False when it has no plan or
     /// its ICRC does not match the predicted IPv4 ID: then it is handled as any packet,
     /// from the buffer, and what the copy left in registered memory lies inside the
