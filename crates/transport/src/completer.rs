@@ -9,7 +9,7 @@ use softhca_wire::{AethKind, Headers, NakCode};
 use crate::qp::{wc_opcode, Ctx, Qp};
 use crate::recovery::{LossCause, LossRecovery};
 use crate::responder::{OOO_MAX, OOO_WINDOW};
-use crate::timers::{ack_timeout_ns, quiet_wait, rnr_timer_ns, rtt_update};
+use crate::timers::{ack_timeout_ns, quiet_wait, rnr_timer_ns, rtt_update, QUIET_MIN_NS};
 use crate::verbs::*;
 
 /// While a retransmission is under way, silence from the responder for 4 round trips
@@ -66,6 +66,7 @@ impl Qp {
             self.req.rnr_left = self.attr.rnr_retry;
             self.req.rto_backoff = 0;
             self.req.quiet_resends = 0;
+            self.req.tail_probed = false;
             self.req.recovery.on_progress(self.req.una);
             self.cc_progress(ctx, una_before);
             self.req.rto =
@@ -568,6 +569,9 @@ impl Qp {
             let una = self.req.una;
             self.retransmit_from(ctx, una, LossCause::Quiet);
         }
+        if self.tail_probe_deadline().is_some_and(|t| t <= now) {
+            self.send_tail_probe(ctx);
+        }
         if let Some((at, psn)) = self.req.rnr_wait {
             if at <= now {
                 self.req.rnr_wait = None;
@@ -601,6 +605,7 @@ impl Qp {
             self.resp.gap_nak_at,
             self.req.read_gap_at,
             self.quiet_deadline(),
+            self.tail_probe_deadline(),
             self.cc_deadline(),
             self.mp_deadline(),
         ]
@@ -621,5 +626,43 @@ impl Qp {
             return None;
         }
         quiet_wait(self.req.srtt, self.req.quiet_resends).map(|w| self.req.quiet_from + w)
+    }
+
+    /// When silence at the tail of the send queue means the last packets were lost (RFC
+    /// 8985 7, the tail-loss probe): two round trips (at least `QUIET_MIN_NS`) after the
+    /// later of the last new request and the last response, once per silence, while
+    /// nothing else is left to send and no retransmission is under way. Why: a loss at
+    /// the end of a burst (every loss, for a ping-pong) has no later packet to reveal
+    /// it to the responder, and waited for the retransmit timeout (67 ms at perftest's
+    /// timeout 14). Multipath has its own silence rules (`multipath`).
+    fn tail_probe_deadline(&self) -> Option<Nanos> {
+        let armed = !self.req.tail_probed
+            && self.is_rc()
+            && !self.mp_active()
+            && self.state == QpState::Rts
+            && !self.req.recovery.in_progress()
+            && self.req.rnr_wait.is_none()
+            && self.req.probe_next.is_empty()
+            && self.req.send_idx >= self.req.sq.len()
+            && self.req.max_sent.is_after(self.req.una);
+        if !armed || self.req.srtt == 0 {
+            return None;
+        }
+        let wait = (2 * self.req.srtt).max(QUIET_MIN_NS);
+        Some(self.req.quiet_from.max(self.req.sent_at) + wait)
+    }
+
+    /// Sends the last request packet again (see `tail_probe_deadline`). It draws an ACK
+    /// if everything arrived (a duplicate is acknowledged again, IBTA 9.7.5.1.2), the
+    /// missing READ response if only that was lost, or a sequence NAK at the first
+    /// missing PSN, which goes back N from there as any NAK does. No retry is spent and
+    /// the congestion window is not cut: nothing is known lost yet. The retransmit
+    /// timer keeps running.
+    fn send_tail_probe(&mut self, ctx: &mut Ctx<'_>) {
+        self.req.tail_probed = true;
+        ctx.counters.tail_probe += 1;
+        let last = self.req.max_sent.sub(1);
+        let mtu = self.mtu(ctx.cfg);
+        self.rewind_to(last, mtu);
     }
 }

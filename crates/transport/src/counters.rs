@@ -62,6 +62,10 @@ counters! {
     /// Resends after the responder fell silent during a retransmission (the
     /// retransmission or its answer was lost too).
     quiet_resend,
+    /// Tail-loss probes: the last request packet sent again after two round trips of
+    /// silence with nothing else to send (RFC 8985 7), to draw an ACK or a sequence NAK
+    /// instead of waiting for the retransmit timeout.
+    tail_probe,
     /// RNR NAK retries.
     rnr_nak_retry_err,
     /// Remote access error NAKs received.

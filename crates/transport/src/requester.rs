@@ -697,6 +697,7 @@ impl Qp {
         self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
             self.req.max_sent = next;
+            self.req.sent_at = ctx.now;
         }
         if plan.hdr.bth.ack_req {
             self.req.pkts_since_ack_req = 0;

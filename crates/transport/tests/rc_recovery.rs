@@ -591,3 +591,155 @@ fn lost_re_request_is_asked_again_before_the_timeout() {
     assert_eq!(req.read_probe, 2, "{req:?}");
     assert_eq!(resp.duplicate_request, 1, "the second re-request: {resp:?}");
 }
+
+/// A ping-pong's loss is always at the tail: the last packet of a WRITE with nothing
+/// sent after it. Once a round trip is measured, the tail-loss probe resends it after
+/// two round trips of silence instead of waiting for the retransmit timeout; a spurious
+/// probe (the ACK was only slow) costs a duplicate and no retry.
+#[test]
+fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
+    let mut net = SimNet::new(3, 2, Mtu::M1024);
+    let o = RcOpts {
+        timeout: 14, // 67 ms, perftest's
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let la = net.reg(0, 3000, full_access());
+    let rb = net.reg(1, 3000, full_access());
+    net.fill_random(&la);
+    // A first WRITE measures the round trip.
+    post_write(&mut net, a, 1, &la, &rb, 0, 1000);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    assert_eq!(net.take_completions(0)[0].status, WcStatus::Success);
+    // The second loses its last packet (the one asking for the ACK).
+    let dropped = drop_first(&mut net, 0, 1, |p| {
+        matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
+    });
+    let start = net.now;
+    post_write(&mut net, a, 2, &la, &rb, 0, 3000);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    assert_eq!(*dropped.borrow(), 1);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
+    assert!(net.mem(&rb) == net.mem(&la));
+    let c = net.nodes[0].engine.counters().clone();
+    assert_eq!((c.tail_probe, c.local_ack_timeout_err), (1, 0), "{c:?}");
+    assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
+    assert!(
+        net.now - start < 10_000_000,
+        "recovered {} ns after the post, not a timeout later",
+        net.now - start
+    );
+}
+
+/// The whole tail of a message lost: the probe (its last packet) reaches the responder
+/// out of sequence and draws a sequence NAK, which goes back N from the first missing
+/// packet.
+#[test]
+fn tail_loss_probe_draws_a_sequence_nak_when_more_was_lost() {
+    let mut net = SimNet::new(4, 2, Mtu::M1024);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let la = net.reg(0, 8192, full_access());
+    let rb = net.reg(1, 8192, full_access());
+    net.fill_random(&la);
+    post_write(&mut net, a, 1, &la, &rb, 0, 1000);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    net.take_completions(0);
+    let _ = b;
+    // Lose the last three request packets of an 8-packet WRITE, once each.
+    let dropped = drop_first(&mut net, 0, 3, {
+        let seen = std::cell::Cell::new(0usize);
+        move |p| {
+            if !matches!(p[0], 0x06..=0x0b) {
+                return false;
+            }
+            seen.set(seen.get() + 1);
+            seen.get() > 5
+        }
+    });
+    let start = net.now;
+    post_write(&mut net, a, 2, &la, &rb, 0, 8192);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    assert_eq!(*dropped.borrow(), 3);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
+    assert!(net.mem(&rb) == net.mem(&la));
+    let c = net.nodes[0].engine.counters().clone();
+    assert_eq!((c.tail_probe, c.local_ack_timeout_err), (1, 0), "{c:?}");
+    assert_eq!(c.rcvd_seq_err, 1, "{c:?}");
+    assert!(net.now - start < 10_000_000, "{} ns", net.now - start);
+}
+
+/// A READ's last response lost: no later response shows a gap. The probe asks again
+/// for that response alone (a READ request at its PSN), and only it comes back.
+#[test]
+fn tail_loss_probe_asks_again_for_a_lost_last_read_response() {
+    let mut net = SimNet::new(5, 2, Mtu::M1024);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let (la, rb) = post_reads(&mut net, a, 1, 3072);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    reads_done(&mut net, 1, &la, &rb);
+    // READ RESPONSE Last (0x0f) of the next READ, once.
+    let dropped = drop_first(&mut net, 1, 1, |p| p[0] == 0x0f);
+    net.fill_random(&rb);
+    let mut r = send_wr(7, WrOpcode::RdmaRead, la.sges(0, 3072));
+    r.remote_addr = rb.addr;
+    r.rkey = rb.rkey;
+    r.flags = SendFlags::SIGNALED;
+    let start = net.now;
+    net.nodes[0].engine.post_send(start, a, r).unwrap();
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    assert_eq!(*dropped.borrow(), 1);
+    let (req, resp) = reads_done(&mut net, 1, &la, &rb);
+    assert_eq!(
+        (req.tail_probe, req.local_ack_timeout_err),
+        (1, 0),
+        "{req:?}"
+    );
+    // 3 + 3 responses for the two READs, and the one asked again.
+    assert_eq!(resp.sent_pkts, 7, "{resp:?}");
+    assert!(net.now - start < 10_000_000, "{} ns", net.now - start);
+}
+
+/// A responder that only pauses (its ACK is late, nothing was lost): the probe is a
+/// duplicate, acknowledged again, and spends no retry.
+#[test]
+fn a_spurious_tail_loss_probe_costs_a_duplicate() {
+    let mut net = SimNet::new(6, 2, Mtu::M1024);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, _b, la, rb) = {
+        let (a, b) = pair(&mut net, QpType::Rc, &o);
+        let la = net.reg(0, 2048, full_access());
+        let rb = net.reg(1, 2048, full_access());
+        net.fill_random(&la);
+        (a, b, la, rb)
+    };
+    post_write(&mut net, a, 1, &la, &rb, 0, 1000);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    net.take_completions(0);
+    post_write(&mut net, a, 2, &la, &rb, 0, 2048);
+    net.pause(1, 5_000_000);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
+    assert!(net.mem(&rb) == net.mem(&la));
+    let c = net.nodes[0].engine.counters().clone();
+    assert_eq!(c.tail_probe, 1, "{c:?}");
+    assert_eq!(
+        (c.completer_retry_err, c.local_ack_timeout_err),
+        (0, 0),
+        "{c:?}"
+    );
+    assert_eq!(net.nodes[1].engine.counters().duplicate_request, 1);
+}

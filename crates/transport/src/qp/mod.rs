@@ -186,6 +186,11 @@ pub(crate) struct Requester {
     pub srtt: Nanos,
     /// The last retransmission started.
     pub last_retransmit_at: Option<Nanos>,
+    /// When a request packet with a new PSN last left (the tail-loss probe counts
+    /// silence from it or from the last response, whichever is later).
+    pub sent_at: Nanos,
+    /// The tail-loss probe went since the last progress (one per silence).
+    pub tail_probed: bool,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// READ response PSNs placed ahead of the one expected (reordering, see
