@@ -186,6 +186,7 @@ fn ping_pong(a: &End, b: &End, rounds: u64) -> u64 {
         "completer_retry_err",
         "local_ack_timeout_err",
         "quiet_resend",
+        "tail_probe",
     ]
     .iter()
     .map(|c| counter(&a.ctx, c) + counter(&b.ctx, c))
