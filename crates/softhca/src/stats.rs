@@ -29,6 +29,9 @@ pub(crate) struct Stats {
     pub tx_connected_failed: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
+    /// Steps whose ACKs were held for the answer of an application served while it
+    /// spins on memory (see `datapath::takeover`).
+    pub tx_serve_held: AtomicU64,
     /// Posts whose last transmit was kept back to be filled by the next one.
     pub tx_deferred: AtomicU64,
     /// Steps that left the trailing ACKs of their last datagram for the next step, to
@@ -73,6 +76,7 @@ impl Stats {
             ("io_tx_connected_opened", r(&self.tx_connected_opened)),
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("dp_tx_held", r(&self.tx_held)),
+            ("dp_tx_serve_held", r(&self.tx_serve_held)),
             ("dp_tx_deferred", r(&self.tx_deferred)),
             ("dp_rx_acks_deferred", r(&self.rx_acks_deferred)),
             ("dp_app_strandings", r(&self.app_strandings)),

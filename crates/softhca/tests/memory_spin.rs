@@ -85,5 +85,12 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
             stranded < u64::from(ROUNDS) / 4,
             "{name}: {stranded} of {ROUNDS} round trips waited for a window ({served} periods)"
         );
+        // Served, the ACK of a placed WRITE waits for the answer (every round trip's
+        // answer is a WRITE), and still leaves when none comes (the last round's).
+        let serve_held = counter(&side.ctx, "dp_tx_serve_held");
+        assert!(
+            served == 0 || serve_held > 0,
+            "{name}: served {served} periods, no ACK held for an answer"
+        );
     }
 }

@@ -42,5 +42,9 @@ const TX_BUF: usize = 65_507;
 /// hold its peer's READs for a window each. A polling application costs the sleeping
 /// datapath thread one wake-up per window.
 const APP_WINDOW_NS: u64 = 200_000;
+/// How long the datapath thread, serving an application that spins on memory, holds the
+/// ACKs of what it placed for the application's answer (see `Stepper::held`): a few
+/// times the answer's usual delay, far below a retransmit timeout or tail-loss probe.
+const SERVE_HOLD_NS: u64 = 50_000;
 /// Inline steps per poll when each one fills every transmit buffer.
 const INLINE_STEPS: usize = 4;

@@ -91,6 +91,12 @@ impl DatapathShared {
         window > 0
     }
 
+    /// Whether the datapath thread serves the sockets for an application that spins on
+    /// memory (see `takeover`).
+    pub(crate) fn serving(&self, now: Nanos) -> bool {
+        now < self.serve_until.load(Ordering::Relaxed)
+    }
+
     /// Whether an application thread progressed the datapath within the last window.
     pub(crate) fn app_polls(&self) -> bool {
         self.now() < self.app_active_until.load(Ordering::Relaxed)
@@ -206,6 +212,17 @@ impl DatapathShared {
             Stats::add(&self.stats.doorbells, 1);
             self.doorbell.notify();
         }
+    }
+}
+
+/// A step held ACKs while the datapath thread serves an application spinning on memory:
+/// make sure the datapath thread wakes by the end of the hold.
+pub(super) fn wake_by_hold_end(shared: &DatapathShared, now: Nanos) {
+    let until = now + super::SERVE_HOLD_NS;
+    shared.deadline.fetch_min(until, Ordering::SeqCst);
+    if shared.sleeping.load(Ordering::SeqCst) && shared.thread_wake.load(Ordering::SeqCst) > until {
+        Stats::add(&shared.stats.doorbells, 1);
+        shared.doorbell.notify();
     }
 }
 

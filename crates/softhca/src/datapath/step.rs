@@ -9,7 +9,7 @@ use softhca_io::{self as sio, Impair, RecvBatch, RecvMeta, RoceSocket};
 use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
 
 use super::direct::{DirectRx, Then};
-use super::schedule::{wake_by_window_end, DatapathShared};
+use super::schedule::{wake_by_hold_end, wake_by_window_end, DatapathShared};
 use super::senders::Senders;
 use super::{RECV_BATCH, TX_BATCH, TX_BUF};
 use crate::ring::{EngineCompletion, LockedEngine};
@@ -64,7 +64,9 @@ pub(crate) struct Stepper {
     /// engine, unbuilt, for that thread's next call: an application that answers a
     /// completion posts at once, and the ACK leaves with the answer, in one GSO send.
     /// Sent at the next post or poll, when the application blocks or when its polling
-    /// window ends; never held twice.
+    /// window ends; never held twice. While the datapath thread serves an application
+    /// that spins on memory (see `takeover`), any step that received requests holds
+    /// their ACKs for the answer, for at most `SERVE_HOLD_NS`.
     held: bool,
     /// The last transmit of an application's post, kept back for its next call to fill
     /// up: its buffer index and the Transmit (see [`Stepper::defer_tail`]).
@@ -203,8 +205,9 @@ impl Stepper {
         self.burst = false;
         // An application thread polls: the datapath thread leaves the sockets to it for a
         // while, unless the application is known not to poll for what it waits for; then
-        // nothing is held for its next call either.
-        let may_hold = polled.is_some() && shared.open_app_window(now);
+        // the datapath thread serves it, and what a step holds waits for its answer.
+        let serving = shared.serving(now);
+        let may_hold = (polled.is_some() && shared.open_app_window(now)) || serving;
         let pending = shared.pending.swap(false, Ordering::SeqCst);
         let due = shared.deadline.load(Ordering::Relaxed) <= now;
         let was_held = self.held || self.deferred.is_some();
@@ -234,12 +237,25 @@ impl Stepper {
             Stats::add(&shared.stats.rx_acks_deferred, 1);
         }
         if self.held && !keep {
-            Stats::add(&shared.stats.tx_held, 1);
+            let st = &shared.stats;
+            Stats::add(
+                if serving {
+                    &st.tx_serve_held
+                } else {
+                    &st.tx_held
+                },
+                1,
+            );
         }
         // Something waits for this application's next call: the datapath thread takes it
-        // over at the end of the polling window if that call never comes.
+        // over at the end of the polling window (the hold, if serving) if that call never
+        // comes.
         if left || (self.held && !keep) {
-            wake_by_window_end(shared, now);
+            if serving {
+                wake_by_hold_end(shared, now);
+            } else {
+                wake_by_window_end(shared, now);
+            }
         }
         if self.held {
             step.active = true;
@@ -338,7 +354,15 @@ impl Stepper {
         core.deliver(shared);
         // Held again by a step that feeds what the last one left.
         let keep = self.held && start.is_some();
-        self.held = may_hold && (completed || keep) && core.engine.only_acks_ready();
+        // Serving an application that spins on memory, the ACKs of what was placed wait
+        // for its answer too: it posts the moment it sees the bytes, the ACK leaves with
+        // the answer, and the peer, polling its send CQ for that ACK, takes the answer in
+        // the same step. Sent one by one, each half round trip woke the peer's datapath
+        // thread twice (for the ACK, then for the answer); `ib_write_lat` paid for it.
+        let serving = may_hold && shared.serving(now);
+        self.held = may_hold
+            && (completed || keep || (serving && counts.packets > 0))
+            && core.engine.only_acks_ready();
         self.tx.clear();
         if !self.held {
             self.build_transmits(&mut core.engine, now);
@@ -355,7 +379,11 @@ impl Stepper {
             self.defer_tail();
         }
         self.seal_external(core.engine.memory());
-        let deadline = core.engine.poll_timeout();
+        let mut deadline = core.engine.poll_timeout();
+        if self.held && serving {
+            let end = now + super::SERVE_HOLD_NS;
+            deadline = Some(deadline.map_or(end, |d| d.min(end)));
+        }
         drop(core);
         let st = &shared.stats;
         if counts.datagrams > 0 {
