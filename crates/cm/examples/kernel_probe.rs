@@ -190,7 +190,7 @@ fn main() {
                 let d = describe(m);
                 println!("probe: <- {} {d}", meta.src.ip());
                 seen.push(format!("in {}", d.split(' ').next().unwrap_or("")));
-                ep.handle_mad(now(), meta.src.ip(), m);
+                ep.handle_mad(now(), meta.src.ip(), meta.tos, m);
             }
         }
         while let Some(ev) = ep.poll_event() {

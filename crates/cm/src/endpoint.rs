@@ -4,7 +4,7 @@
 //!
 //! The endpoint does no I/O and reads no clock. Its user (the device's QP1 service):
 //!
-//! 1. feeds every CM MAD received on QP1 with [`Endpoint::handle_mad`]`(now, src_ip, mad)`;
+//! 1. feeds every CM MAD received on QP1 with [`Endpoint::handle_mad`]`(now, src_ip, tos, mad)`;
 //! 2. calls [`Endpoint::handle_timeout`]`(now)` when [`Endpoint::poll_timeout`] has passed;
 //! 3. after either, or after any command, drains [`Endpoint::poll_transmit`] (send each MAD
 //!    to QP1 of the returned IP) and [`Endpoint::poll_event`].
@@ -111,9 +111,19 @@ enum Request {
 #[derive(Clone, Copy, Debug)]
 struct Unclaimed {
     until: Nanos,
-    src: IpAddr,
+    from: MadFrom,
     tid: u64,
     request: Request,
+}
+
+/// Where a received MAD came from: the peer's IP and the IP TOS it came with. An answer
+/// that belongs to no connection (a REJ, a DREP, a SIDR_REP) goes back with that TOS, as
+/// the kernel's CM answers on an address handle built from the received GRH
+/// (`cm_alloc_response_msg`, `ib_init_ah_attr_from_wc`).
+#[derive(Debug, Clone, Copy)]
+struct MadFrom {
+    ip: IpAddr,
+    traffic_class: u8,
 }
 
 impl Unclaimed {
@@ -1065,9 +1075,14 @@ impl Endpoint {
 
     // ----------------------------------------------------------------- input
 
-    /// Process a MAD received on QP1 from `src` (the IP the device saw it come from). Bad
-    /// or unexpected MADs are dropped and counted, never reported as errors.
-    pub fn handle_mad(&mut self, now: Nanos, src: IpAddr, mad_bytes: &[u8]) {
+    /// Process a MAD received on QP1 from `src` (the IP the device saw it come from) with
+    /// IP TOS `traffic_class` (its GRH's). Bad or unexpected MADs are dropped and counted,
+    /// never reported as errors.
+    pub fn handle_mad(&mut self, now: Nanos, src: IpAddr, traffic_class: u8, mad_bytes: &[u8]) {
+        let from = MadFrom {
+            ip: src,
+            traffic_class,
+        };
         self.counters.rx_mads += 1;
         let msg = match mad::parse(mad_bytes) {
             Ok(m) => m,
@@ -1078,14 +1093,14 @@ impl Endpoint {
         };
         let tid = msg.hdr.tid;
         match msg.body {
-            CmBody::Req(r) => self.on_req(now, src, tid, r, true),
+            CmBody::Req(r) => self.on_req(now, from, tid, r, true),
             CmBody::Mra(m) => self.on_mra(now, m),
             CmBody::Rej(r) => self.on_rej(now, r),
-            CmBody::Rep(r) => self.on_rep(now, src, tid, r),
+            CmBody::Rep(r) => self.on_rep(now, from, tid, r),
             CmBody::Rtu(r) => self.on_rtu(r),
-            CmBody::Dreq(d) => self.on_dreq(now, src, tid, d),
+            CmBody::Dreq(d) => self.on_dreq(now, from, tid, d),
             CmBody::Drep(d) => self.on_drep(now, d),
-            CmBody::SidrReq(r) => self.on_sidr_req(now, src, tid, r, true),
+            CmBody::SidrReq(r) => self.on_sidr_req(now, from, tid, r, true),
             CmBody::SidrRep(r) => self.on_sidr_rep(r),
         }
     }
@@ -1107,21 +1122,21 @@ impl Endpoint {
         self.unclaimed = waiting;
         for u in due {
             match u.request {
-                Request::Req(r) => self.on_req(now, u.src, u.tid, r, false),
-                Request::Sidr(r) => self.on_sidr_req(now, u.src, u.tid, r, false),
+                Request::Req(r) => self.on_req(now, u.from, u.tid, r, false),
+                Request::Sidr(r) => self.on_sidr_req(now, u.from, u.tid, r, false),
             }
         }
     }
 
     /// Keeps a request for a service ID nobody listens on until a listener comes or
     /// the grace ends; false when there is no grace or no room (answer it now).
-    fn hold(&mut self, now: Nanos, src: IpAddr, tid: u64, request: Request) -> bool {
+    fn hold(&mut self, now: Nanos, from: MadFrom, tid: u64, request: Request) -> bool {
         if self.cfg.no_listener_grace == 0 || self.unclaimed.len() >= self.cfg.max_pending {
             return false;
         }
         self.unclaimed.push(Unclaimed {
             until: now.saturating_add(self.cfg.no_listener_grace),
-            src,
+            from,
             tid,
             request,
         });
@@ -1178,8 +1193,8 @@ impl Endpoint {
     }
 
     /// REQ (kernel `cm_req_handler`, `cm_match_req`).
-    fn on_req(&mut self, now: Nanos, src: IpAddr, tid: u64, req: Req, may_hold: bool) {
-        let _ = now;
+    fn on_req(&mut self, now: Nanos, from: MadFrom, tid: u64, req: Req, may_hold: bool) {
+        let src = from.ip;
         // Duplicate: this (remote comm ID, CA GUID) already has a connection here.
         if let Some(&local) = self.remote_ids.get(&(req.local_comm_id, req.local_ca_guid)) {
             self.counters.rx_duplicates += 1;
@@ -1195,16 +1210,16 @@ impl Endpoint {
             // The kernel's REJ takes its LocalCommID from the REQ's bytes 28-31
             // (`cm_issue_rej` reads CM_REJ_REMOTE_COMM_ID of the received MAD).
             let ids = (req.vendor_id, req.local_comm_id);
-            self.reject_stale(now, (src, tid), ids, old, MsgResponse::Req);
+            self.reject_stale(now, (from, tid), ids, old, MsgResponse::Req);
             return;
         }
         if !self.listeners.contains_key(&req.service_id) {
-            if may_hold && self.hold(now, src, tid, Request::Req(req)) {
+            if may_hold && self.hold(now, from, tid, Request::Req(req)) {
                 return;
             }
             self.counters.req_no_listener += 1;
             self.issue_rej(
-                src,
+                from,
                 tid,
                 req.vendor_id,
                 req.local_comm_id,
@@ -1292,7 +1307,7 @@ impl Endpoint {
     }
 
     /// REP (kernel `cm_rep_handler`, `cm_dup_rep_handler`).
-    fn on_rep(&mut self, now: Nanos, src: IpAddr, tid: u64, rep: Rep) {
+    fn on_rep(&mut self, now: Nanos, from: MadFrom, tid: u64, rep: Rep) {
         let _ = now;
         let fresh = self
             .conns
@@ -1348,7 +1363,7 @@ impl Endpoint {
             .get(&(rep.local_qpn.value(), rep.local_ca_guid))
         {
             let ids = (rep.remote_comm_id, rep.local_comm_id);
-            self.reject_stale(now, (src, tid), ids, old, MsgResponse::Rep);
+            self.reject_stale(now, (from, tid), ids, old, MsgResponse::Rep);
             return;
         }
         self.remote_ids
@@ -1502,7 +1517,7 @@ impl Endpoint {
     }
 
     /// DREQ (kernel `cm_dreq_handler`).
-    fn on_dreq(&mut self, now: Nanos, src: IpAddr, tid: u64, dreq: Dreq) {
+    fn on_dreq(&mut self, now: Nanos, from: MadFrom, tid: u64, dreq: Dreq) {
         let _ = now;
         let Some(c) = self.matched(dreq.remote_comm_id, dreq.local_comm_id) else {
             // Our side is already gone: answer so the peer stops retransmitting
@@ -1514,7 +1529,7 @@ impl Endpoint {
                 private_data: [0; mad::private_data_len::DREP],
             };
             if let Ok(m) = encode(tid, CmBody::Drep(drep)) {
-                self.transmit(src, 0, m);
+                self.transmit(from.ip, from.traffic_class, m);
             }
             return;
         };
@@ -1584,7 +1599,8 @@ impl Endpoint {
     }
 
     /// SIDR_REQ (kernel `cm_sidr_req_handler`).
-    fn on_sidr_req(&mut self, now: Nanos, src: IpAddr, tid: u64, req: SidrReq, may_hold: bool) {
+    fn on_sidr_req(&mut self, now: Nanos, from: MadFrom, tid: u64, req: SidrReq, may_hold: bool) {
+        let src = from.ip;
         if self.remote_sidr.contains_key(&(req.request_id, src)) {
             self.counters.rx_duplicates += 1;
             return;
@@ -1594,7 +1610,7 @@ impl Endpoint {
             self.counters.req_over_limit += 1;
             return;
         }
-        if !listened && may_hold && self.hold(now, src, tid, Request::Sidr(req)) {
+        if !listened && may_hold && self.hold(now, from, tid, Request::Sidr(req)) {
             return;
         }
         if !listened {
@@ -1611,7 +1627,7 @@ impl Endpoint {
                 private_data: [0; mad::private_data_len::SIDR_REP],
             };
             if let Ok(m) = encode(tid, CmBody::SidrRep(rep)) {
-                self.transmit(src, 0, m);
+                self.transmit(src, from.traffic_class, m);
             }
             return;
         }
@@ -1620,6 +1636,8 @@ impl Endpoint {
             return;
         };
         let mut c = Conn::new(CmState::SidrReqRcvd, src);
+        // The SIDR_REP goes back on the request's TOS (`cm_init_av_for_response`).
+        c.traffic_class = from.traffic_class;
         c.remote_id = req.request_id;
         c.service_id = req.service_id;
         c.tid = tid;
@@ -1809,7 +1827,7 @@ impl Endpoint {
     fn reject_stale(
         &mut self,
         now: Nanos,
-        to: (IpAddr, u64),
+        to: (MadFrom, u64),
         ids: (CommId, CommId),
         old: CommId,
         rejected: MsgResponse,
@@ -1825,7 +1843,7 @@ impl Endpoint {
     /// REJ in answer to a MAD with no connection (kernel `cm_issue_rej`).
     fn issue_rej(
         &mut self,
-        dst: IpAddr,
+        to: MadFrom,
         tid: u64,
         local: CommId,
         remote: CommId,
@@ -1842,7 +1860,7 @@ impl Endpoint {
             private_data: [0; mad::private_data_len::REJ],
         };
         if let Ok(m) = encode(tid, CmBody::Rej(rej)) {
-            self.transmit(dst, 0, m);
+            self.transmit(to.ip, to.traffic_class, m);
         }
     }
 }

@@ -24,16 +24,16 @@
 //! // The device sends what poll_transmit returns to QP1 of that IP; the peer's device
 //! // hands it to handle_mad with the source IP.
 //! let req = a.poll_transmit().unwrap().mad;
-//! b.handle_mad(0, a_ip, &req);
+//! b.handle_mad(0, a_ip, 0, &req);
 //! let Some(CmEvent::ReqReceived { id: cb, .. }) = b.poll_event() else { panic!() };
 //! b.accept(0, cb, &AcceptParams::new(Qpn::new(0x22), Psn::new(2))).unwrap();
 //! let rep = b.poll_transmit().unwrap().mad;
-//! a.handle_mad(0, b_ip, &rep);
+//! a.handle_mad(0, b_ip, 0, &rep);
 //! let Some(CmEvent::RepReceived { .. }) = a.poll_event() else { panic!() };
 //! // Move the QP to RTR/RTS with a.qp_attrs(ca), then:
 //! a.establish(0, ca, &[]).unwrap();
 //! let rtu = a.poll_transmit().unwrap().mad;
-//! b.handle_mad(0, a_ip, &rtu);
+//! b.handle_mad(0, a_ip, 0, &rtu);
 //! assert_eq!(b.poll_event(), Some(CmEvent::Established { id: cb }));
 //! assert_eq!(a.state(ca), Some(CmState::Established));
 //! // Timers: call handle_timeout(now) once now >= poll_timeout().

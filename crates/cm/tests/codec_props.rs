@@ -335,7 +335,7 @@ proptest! {
         let src = std::net::IpAddr::from([10, 0, 0, 9]);
         let mut now = 0;
         for m in &mads {
-            ep.handle_mad(now, src, m);
+            ep.handle_mad(now, src, 0, m);
             while ep.poll_transmit().is_some() {}
             while ep.poll_event().is_some() {}
             now += 1_000_000_000;

@@ -61,9 +61,9 @@ proptest! {
                         };
                         for _ in 0..copies {
                             if from_a {
-                                b.handle_mad(now, ip_a, &m);
+                                b.handle_mad(now, ip_a, 0, &m);
                             } else {
-                                a.handle_mad(now, ip_b, &m);
+                                a.handle_mad(now, ip_b, 0, &m);
                             }
                         }
                     }

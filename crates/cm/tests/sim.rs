@@ -102,9 +102,9 @@ impl Net {
             return;
         }
         if from == ip_a() {
-            self.b.handle_mad(self.now, from, m);
+            self.b.handle_mad(self.now, from, 0, m);
         } else {
-            self.a.handle_mad(self.now, from, m);
+            self.a.handle_mad(self.now, from, 0, m);
         }
     }
 
@@ -319,7 +319,7 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
     let rep = net.sent(ip_b(), "REP")[0].msg;
     let mut m = [0u8; 256];
     mad::emit(&rep, &mut m).unwrap();
-    net.a.handle_mad(net.now, ip_b(), &m);
+    net.a.handle_mad(net.now, ip_b(), 0, &m);
     let mra = net.a.poll_transmit().unwrap().mad;
     let CmBody::Mra(mra) = mad::parse(&mra).unwrap().body else {
         panic!()
@@ -335,7 +335,7 @@ fn lost_req_is_retransmitted_after_the_kernel_interval() {
         &mut b,
     )
     .unwrap();
-    net.b.handle_mad(net.now, ip_a(), &b);
+    net.b.handle_mad(net.now, ip_a(), 0, &b);
     assert_eq!(
         std::iter::from_fn(|| net.b.poll_event()).collect::<Vec<_>>(),
         vec![CmEvent::MraReceived {
@@ -390,7 +390,7 @@ fn lost_rep_is_retransmitted_and_taken_once() {
     let rep = net.sent(ip_b(), "REP")[0].msg;
     let mut m = [0u8; 256];
     mad::emit(&rep, &mut m).unwrap();
-    net.a.handle_mad(net.now, ip_b(), &m);
+    net.a.handle_mad(net.now, ip_b(), 0, &m);
     let again = net.a.poll_transmit().unwrap().mad;
     assert!(matches!(mad::parse(&again).unwrap().body, CmBody::Rtu(_)));
     assert_eq!(net.a.counters().rx_duplicates, 1);
@@ -627,7 +627,7 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     let mut m = [0u8; 256];
     mad::emit(&dreq, &mut m).unwrap();
     // Again while B is in timewait: DREP with the same private data.
-    net.b.handle_mad(net.now, ip_a(), &m);
+    net.b.handle_mad(net.now, ip_a(), 0, &m);
     let d = net.b.poll_transmit().unwrap().mad;
     let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
         panic!()
@@ -636,7 +636,7 @@ fn dreq_duplicates_and_strays_get_a_drep() {
     assert_eq!(&d.private_data[..3], b"bye");
     // After timewait B has forgotten it; a stray DREQ still gets a DREP (cm_issue_drep).
     while net.advance() {}
-    net.b.handle_mad(net.now, ip_a(), &m);
+    net.b.handle_mad(net.now, ip_a(), 0, &m);
     let Outgoing { dst, mad: d, .. } = net.b.poll_transmit().unwrap();
     assert_eq!(dst, ip_a());
     let CmBody::Drep(d) = mad::parse(&d).unwrap().body else {
@@ -661,7 +661,7 @@ fn dreq_naming_another_qpn_is_dropped() {
     };
     let mut m = [0u8; 256];
     mad::emit(&dreq, &mut m).unwrap();
-    net.b.handle_mad(net.now, ip_a(), &m);
+    net.b.handle_mad(net.now, ip_a(), 0, &m);
     assert_eq!(net.b.counters().dreq_bad_qpn, 1);
     assert_eq!(net.b.state(idb), Some(CmState::Established));
     assert!(net.b.poll_transmit().is_none());
@@ -676,7 +676,7 @@ fn req_from_a_live_remote_qp_is_stale() {
     let mut a2 = Endpoint::new(EndpointConfig::new(GUID_A, 0x9999));
     a2.connect(net.now, &connect_params(rping_sid())).unwrap();
     let req = a2.poll_transmit().unwrap().mad;
-    net.b.handle_mad(net.now, ip_a(), &req);
+    net.b.handle_mad(net.now, ip_a(), 0, &req);
     let out: Vec<_> = std::iter::from_fn(|| net.b.poll_transmit()).collect();
     let names: Vec<_> = out
         .iter()
@@ -805,7 +805,7 @@ fn req_flood_is_bounded() {
     }
     let mut n = 0;
     while let Some(Outgoing { mad: m, .. }) = a.poll_transmit() {
-        b.handle_mad(0, ip_a(), &m);
+        b.handle_mad(0, ip_a(), 0, &m);
         n += 1;
     }
     assert_eq!(n, 1000);
@@ -827,7 +827,7 @@ fn req_flood_is_bounded() {
     a.handle_timeout(6144 * MS);
     let mut taken = 0;
     while let Some(Outgoing { mad: m, .. }) = a.poll_transmit() {
-        b.handle_mad(6144 * MS, ip_a(), &m);
+        b.handle_mad(6144 * MS, ip_a(), 0, &m);
         taken += 1;
     }
     assert!(taken >= 999);
@@ -842,13 +842,13 @@ fn req_flood_is_bounded() {
 #[test]
 fn malformed_and_unmatched_mads_are_counted_and_dropped() {
     let mut b = Endpoint::new(EndpointConfig::new(GUID_B, 3));
-    b.handle_mad(0, ip_a(), &[0u8; 10]);
+    b.handle_mad(0, ip_a(), 0, &[0u8; 10]);
     let mut m = [0u8; 256];
     m[..4].copy_from_slice(&[1, 7, 2, 3]);
     m[17] = 0x19; // LAP
-    b.handle_mad(0, ip_a(), &m);
+    b.handle_mad(0, ip_a(), 0, &m);
     m[17] = 0x14; // RTU for nothing
-    b.handle_mad(0, ip_a(), &m);
+    b.handle_mad(0, ip_a(), 0, &m);
     let c = b.counters();
     assert_eq!((c.rx_mads, c.rx_malformed, c.rx_unmatched), (3, 2, 1));
     assert!(b.poll_transmit().is_none());
@@ -889,7 +889,10 @@ fn destroy_sends_what_the_kernel_sends() {
 
 /// A connection's MADs go with its primary path's traffic class as their IP TOS, both
 /// ways (the kernel's CM sends on an address handle built from the path, and the passive
-/// side's path is the REQ's); a REJ to a REQ nobody listens for goes with 0.
+/// side's path is the REQ's). Answers that belong to no connection (a REJ to a REQ
+/// nobody listens for, a DREP to a DREQ for a connection gone, a SIDR_REP "unsupported")
+/// go back with the TOS the MAD came with, as the kernel answers on an address handle
+/// built from the received GRH.
 #[test]
 fn mads_carry_the_paths_traffic_class() {
     let mut a = Endpoint::new(EndpointConfig::new(GUID_A, 1));
@@ -900,7 +903,7 @@ fn mads_carry_the_paths_traffic_class() {
     let ca = a.connect(0, &p).unwrap();
     let req = a.poll_transmit().unwrap();
     assert_eq!((req.dst, req.traffic_class), (ip_b(), 0x20));
-    b.handle_mad(0, ip_a(), &req.mad);
+    b.handle_mad(0, ip_a(), 0, &req.mad);
     let Some(CmEvent::ReqReceived { id: cb, .. }) = b.poll_event() else {
         panic!()
     };
@@ -908,19 +911,38 @@ fn mads_carry_the_paths_traffic_class() {
         .unwrap();
     let rep = b.poll_transmit().unwrap();
     assert_eq!((rep.dst, rep.traffic_class), (ip_a(), 0x20));
-    a.handle_mad(0, ip_b(), &rep.mad);
+    a.handle_mad(0, ip_b(), 0, &rep.mad);
     a.establish(0, ca, &[]).unwrap();
     let rtu = a.poll_transmit().unwrap();
     assert_eq!(rtu.traffic_class, 0x20, "RTU");
-    b.handle_mad(0, ip_a(), &rtu.mad);
+    b.handle_mad(0, ip_a(), 0, &rtu.mad);
     b.disconnect(0, cb, &[]).unwrap();
     assert_eq!(b.poll_transmit().unwrap().traffic_class, 0x20, "DREQ");
     // No listener on another port: the REJ belongs to no connection.
     let mut p = connect_params(service_id(PortSpace::Tcp, 7175));
     p.traffic_class = 0x20;
     a.connect(0, &p).unwrap();
-    b.handle_mad(0, ip_a(), &a.poll_transmit().unwrap().mad);
+    b.handle_mad(0, ip_a(), 0x48, &a.poll_transmit().unwrap().mad);
     let rej = b.poll_transmit().unwrap();
     assert!(matches!(mad::parse(&rej.mad).unwrap().body, CmBody::Rej(_)));
-    assert_eq!(rej.traffic_class, 0);
+    assert_eq!(rej.traffic_class, 0x48, "REJ");
+    // A DREQ for a connection b no longer has: the DREP.
+    let dreq = CmMessage {
+        hdr: MadHeader::default(),
+        body: CmBody::Dreq(mad::Dreq {
+            local_comm_id: 0x1234,
+            remote_comm_id: 0x5678,
+            remote_qpn: Qpn::new(0x99),
+            private_data: [0; 220],
+        }),
+    };
+    let mut m = [0u8; 256];
+    mad::emit(&dreq, &mut m).unwrap();
+    b.handle_mad(0, ip_a(), 0x68, &m);
+    let drep = b.poll_transmit().unwrap();
+    assert!(matches!(
+        mad::parse(&drep.mad).unwrap().body,
+        CmBody::Drep(_)
+    ));
+    assert_eq!((drep.dst, drep.traffic_class), (ip_a(), 0x68), "DREP");
 }

@@ -343,9 +343,9 @@ impl Dev {
         unsafe { libc::timerfd_settime(self.timerfd, 0, &its, std::ptr::null_mut()) };
     }
 
-    /// Waits for MADs or the timer; returns the MADs received (source IP, MAD) and whether
-    /// the timer fired.
-    pub fn wait(&self) -> (Vec<(IpAddr, [u8; MAD_LEN])>, bool) {
+    /// Waits for MADs or the timer; returns the MADs received (source IP, IP TOS, MAD)
+    /// and whether the timer fired.
+    pub fn wait(&self) -> (Vec<(IpAddr, u8, [u8; MAD_LEN])>, bool) {
         // SAFETY: the channel pointer is valid.
         let chan_fd = unsafe { *(self.chan as *const c_int).add(2) };
         let mut fds = [
@@ -404,17 +404,18 @@ impl Dev {
                         std::slice::from_raw_parts(self.buf.add(slot * RECV_LEN), RECV_LEN)
                     };
                     // The GRH: for an IPv4 peer its last 20 bytes are the IPv4 header
-                    // (version nibble 4); otherwise the IPv6 source GID at bytes 8..24.
-                    let src = if b[20] >> 4 == 4 {
-                        IpAddr::V4(Ipv4Addr::new(b[32], b[33], b[34], b[35]))
+                    // (version nibble 4); otherwise the IPv6 source GID at bytes 8..24
+                    // and the traffic class in bits 4..12.
+                    let (src, tos) = if b[20] >> 4 == 4 {
+                        (IpAddr::V4(Ipv4Addr::new(b[32], b[33], b[34], b[35])), b[21])
                     } else {
                         let mut g = [0u8; 16];
                         g.copy_from_slice(&b[8..24]);
-                        softhca_cm::Gid(g).to_ip()
+                        (softhca_cm::Gid(g).to_ip(), (b[0] << 4) | (b[1] >> 4))
                     };
                     let mut mad = [0u8; MAD_LEN];
                     mad.copy_from_slice(&b[40..]);
-                    mads.push((src, mad));
+                    mads.push((src, tos, mad));
                 }
                 let _ = self.post_recv(slot);
             }

@@ -820,8 +820,8 @@ fn progress(d: usize, dev: Arc<Dev>) {
         }
         let mut c = lock();
         let now = agent::now();
-        for (src, mad) in &mads {
-            c.devs[d].ep.handle_mad(now, *src, mad);
+        for (src, tos, mad) in &mads {
+            c.devs[d].ep.handle_mad(now, *src, *tos, mad);
         }
         if fired || c.devs[d].ep.poll_timeout().is_some_and(|t| t <= now) {
             c.devs[d].ep.handle_timeout(now);
