@@ -1055,7 +1055,7 @@ impl Engine {
             len: total,
             segment_size: total,
             src_port: sport,
-            tos: 0,
+            tos: p.tos,
             only_acks: false,
         })
     }
@@ -1132,6 +1132,7 @@ impl Engine {
                         src: info.dst,
                         dst: SocketAddr::new(peer, port),
                         sport: info.src.port(),
+                        tos: info.tos,
                         bytes,
                     });
                 }

@@ -138,6 +138,35 @@ fn negotiates_validates_every_address_pair_and_sprays() {
     assert!(first_mad < first_mp);
 }
 
+/// The extension's packets (negotiation, probes and their answers, SACKs) go with the
+/// QP's traffic class as their IP TOS, as its requests and ACKs do: a switch that
+/// queues or marks by it treats the whole connection alike.
+#[test]
+fn extension_packets_carry_the_qps_traffic_class() {
+    let mut net = SimNet::multihomed(11, 2, Mtu::M1024, mp_on);
+    net.wire_tos = Some(Vec::new());
+    let o = RcOpts {
+        timeout: 12,
+        traffic_class: 0x48,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    settle(&mut net);
+    let la = net.reg(0, MIB, full_access());
+    let rb = net.reg(1, MIB, full_access());
+    net.fill_random(&la);
+    post_writes(&mut net, a, &la, &rb, 16, 64 * 1024);
+    finish(&mut net, 16, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb));
+    let seen = net.wire_tos.take().unwrap();
+    let ext: Vec<_> = seen
+        .iter()
+        .filter(|(op, _)| *op >= 0xe0 || *op == 0x64)
+        .collect();
+    assert!(ext.len() > 4, "extension packets: {ext:?}");
+    assert!(seen.iter().all(|&(_, tos)| tos == 0x48), "{seen:?}");
+}
+
 #[test]
 fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
     let mut net = SimNet::multihomed(2, 2, Mtu::M1024, mp_on);

@@ -154,6 +154,7 @@ impl Qp {
             src: self.path.src,
             dst: SocketAddr::new(self.path.dst.ip(), ctx.cfg.udp_port),
             sport: self.path.sport,
+            tos: self.path.tos,
             bytes: h.encode()?,
         })
     }
@@ -359,6 +360,7 @@ impl Qp {
                         src: p.path.src,
                         dst: SocketAddr::new(p.path.dst.ip(), port),
                         sport: p.path.sport,
+                        tos: p.path.tos,
                         bytes,
                     });
                     ctx.counters.mp_probe_sent += 1;
@@ -696,6 +698,7 @@ impl Qp {
                 src: path.src,
                 dst: path.dst,
                 sport: path.sport,
+                tos: path.tos,
                 bytes,
             });
         }
@@ -759,12 +762,13 @@ impl Qp {
                 };
                 if let Some(bytes) = mpw::encode_probe(self.attr.dest_qp_num, true, p) {
                     ctx.counters.mp_probe_answered += 1;
-                    let sport = self.path.sport;
+                    let (sport, tos) = (self.path.sport, self.path.tos);
                     let port = ctx.cfg.udp_port;
                     ctx.mp_out.push_back(MpPacket {
                         src: dst,
                         dst: SocketAddr::new(src.ip(), port),
                         sport,
+                        tos,
                         bytes,
                     });
                 }

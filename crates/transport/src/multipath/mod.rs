@@ -219,6 +219,9 @@ pub(crate) struct MpPacket {
     pub src: IpAddr,
     pub dst: SocketAddr,
     pub sport: u16,
+    /// The IP TOS: the QP's traffic class, as its other packets (a switch queues and
+    /// marks by it), or, answering a packet for no QP, the TOS that packet came with.
+    pub tos: u8,
     pub bytes: Vec<u8>,
 }
 

@@ -214,6 +214,8 @@ pub struct SimNet {
     pub path_faults: Vec<PathFault>,
     /// Packets put on the wire, by (source, destination) address.
     pub per_link: std::collections::HashMap<(IpAddr, IpAddr), u64>,
+    /// When set, the (opcode, IP TOS) of every packet put on the wire.
+    pub wire_tos: Option<Vec<(u8, u8)>>,
 }
 
 pub fn cfg_for(ip: IpAddr, mtu: Mtu) -> EngineConfig {
@@ -274,6 +276,7 @@ impl SimNet {
             direct: false,
             path_faults: Vec::new(),
             per_link: std::collections::HashMap::new(),
+            wire_tos: None,
         }
     }
 
@@ -430,6 +433,9 @@ impl SimNet {
             return;
         }
         *self.per_link.entry((t.src, t.dst.ip())).or_default() += 1;
+        if let Some(w) = self.wire_tos.as_mut() {
+            w.push((pkt[0], t.tos));
+        }
         let mut path_delay = 0;
         for pf in &self.path_faults {
             if pf.matches(t.src, t.dst.ip()) {
