@@ -141,11 +141,7 @@ impl Stepper {
         list.extend(order.iter().map(|&k| io_transmit(bufs, iovs, self.tx[k])));
         if let Some(impair) = self.impair.as_mut() {
             // No connected sockets under fault injection: everything takes `sock`.
-            let mut kept: SmallVec<[(usize, sio::Transmit<'_>); TX_BATCH]> = SmallVec::new();
-            Stats::add(&st.tx_injected_drops, impair.apply(&list, &mut kept));
-            let kept: SmallVec<[sio::Transmit<'_>; TX_BATCH]> =
-                kept.into_iter().map(|(_, t)| t).collect();
-            send_all(shared, sock, &kept);
+            send_impaired(impair, shared, sock, &list);
             return;
         }
         let mut i = 0;
@@ -167,7 +163,8 @@ impl Stepper {
     }
 
     /// Sends the transmits of a multipath extra source port from its socket, in order,
-    /// sealed for that port (no connected sockets: their ports are others).
+    /// sealed for that port (no connected sockets: their ports are others). Injected
+    /// loss (`SOFTHCA_TX_DROP`) applies here as on the device sockets.
     fn send_from_port(
         &mut self,
         shared: &DatapathShared,
@@ -192,7 +189,12 @@ impl Stepper {
             .iter()
             .map(|&k| io_transmit(bufs, iovs, self.tx[k]))
             .collect();
-        send_all(shared, sock, &list);
+        match self.impair.as_mut() {
+            Some(impair) => send_impaired(impair, shared, sock, &list),
+            None => {
+                send_all(shared, sock, &list);
+            }
+        }
     }
 
     /// The way each transmit of `order` leaves, in send order (the slot of a connected
@@ -273,6 +275,22 @@ fn io_transmit<'a>(
         pieces: &iovs[b],
         segment_size: (t.segment_size > 0 && t.segment_size < t.len).then_some(t.segment_size),
     }
+}
+
+/// Sends `list` from `sock`, less the packets the fault injection drops (counted).
+fn send_impaired<'a>(
+    impair: &'a mut sio::Impair,
+    shared: &DatapathShared,
+    sock: &sio::RoceSocket,
+    list: &[sio::Transmit<'a>],
+) {
+    let mut kept: SmallVec<[(usize, sio::Transmit<'a>); TX_BATCH]> = SmallVec::new();
+    Stats::add(
+        &shared.stats.tx_injected_drops,
+        impair.apply(list, &mut kept),
+    );
+    let kept: SmallVec<[sio::Transmit<'a>; TX_BATCH]> = kept.into_iter().map(|(_, t)| t).collect();
+    send_all(shared, sock, &kept);
 }
 
 /// Hands `list` to the kernel on `sock`, waiting while the socket buffer is full, dropping
