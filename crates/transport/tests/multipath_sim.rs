@@ -33,13 +33,27 @@ fn setup(seed: u64, links: u8) -> (SimNet, Qpn, Qpn) {
 }
 
 fn setup_with(seed: u64, links: u8, timeout: u8) -> (SimNet, Qpn, Qpn) {
-    let mut net = SimNet::multihomed(seed, links, Mtu::M1024, mp_on);
     let o = RcOpts {
         timeout,
         ..RcOpts::default()
     };
-    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    setup_opts(seed, links, &o)
+}
+
+fn setup_opts(seed: u64, links: u8, o: &RcOpts) -> (SimNet, Qpn, Qpn) {
+    let mut net = SimNet::multihomed(seed, links, Mtu::M1024, mp_on);
+    let (a, b) = pair(&mut net, QpType::Rc, o);
     (net, a, b)
+}
+
+/// WRITEs 1 MiB in 16 WRITEs from `a` on node 0 to node 1 and checks it arrived.
+fn write_mib(net: &mut SimNet, a: Qpn) {
+    let la = net.reg(0, MIB, full_access());
+    let rb = net.reg(1, MIB, full_access());
+    net.fill_random(&la);
+    post_writes(net, a, &la, &rb, 16, 64 * 1024);
+    finish(net, 16, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb));
 }
 
 /// Every packet's opcode seen on the wire, from either node.
@@ -143,21 +157,15 @@ fn negotiates_validates_every_address_pair_and_sprays() {
 /// queues or marks by it treats the whole connection alike.
 #[test]
 fn extension_packets_carry_the_qps_traffic_class() {
-    let mut net = SimNet::multihomed(11, 2, Mtu::M1024, mp_on);
-    net.wire_tos = Some(Vec::new());
     let o = RcOpts {
         timeout: 12,
         traffic_class: 0x48,
         ..RcOpts::default()
     };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    let (mut net, a, _b) = setup_opts(11, 2, &o);
+    net.wire_tos = Some(Vec::new());
     settle(&mut net);
-    let la = net.reg(0, MIB, full_access());
-    let rb = net.reg(1, MIB, full_access());
-    net.fill_random(&la);
-    post_writes(&mut net, a, &la, &rb, 16, 64 * 1024);
-    finish(&mut net, 16, 1_000_000_000);
-    assert_eq!(net.mem(&la), net.mem(&rb));
+    write_mib(&mut net, a);
     let seen = net.wire_tos.take().unwrap();
     let ext: Vec<_> = seen
         .iter()
@@ -185,12 +193,7 @@ fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
     assert!(net.nodes[0].engine.mp_stats(a).is_none(), "fell back");
     assert!(net.nodes[1].engine.mp_stats(b).is_none());
     assert_eq!(net.nodes[0].engine.counters().mp_fallback, 1);
-    let la = net.reg(0, MIB, full_access());
-    let rb = net.reg(1, MIB, full_access());
-    net.fill_random(&la);
-    post_writes(&mut net, a, &la, &rb, 16, 64 * 1024);
-    finish(&mut net, 16, 1_000_000_000);
-    assert_eq!(net.mem(&la), net.mem(&rb));
+    write_mib(&mut net, a);
     assert!(
         seen.borrow().iter().all(|&o| o < 0xe0),
         "no extension opcode"

@@ -592,44 +592,55 @@ fn lost_re_request_is_asked_again_before_the_timeout() {
     assert_eq!(resp.duplicate_request, 1, "the second re-request: {resp:?}");
 }
 
-/// A ping-pong's loss is always at the tail: the last packet of a WRITE with nothing
-/// sent after it. Once a round trip is measured, the tail-loss probe resends it after
-/// two round trips of silence instead of waiting for the retransmit timeout; a spurious
-/// probe (the ACK was only slow) costs a duplicate and no retry.
-#[test]
-fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
-    let mut net = SimNet::new(3, 2, Mtu::M1024);
+/// A WRITE pair with perftest's timeout (14: 67 ms) whose round trip is measured (one
+/// WRITE of 1000 bytes done), buffers of `size` bytes.
+fn measured_write_pair(seed: u64, size: usize) -> (SimNet, Qpn, Mr, Mr) {
+    let mut net = SimNet::new(seed, 2, Mtu::M1024);
     let o = RcOpts {
-        timeout: 14, // 67 ms, perftest's
+        timeout: 14,
         ..RcOpts::default()
     };
     let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    let la = net.reg(0, 3000, full_access());
-    let rb = net.reg(1, 3000, full_access());
+    let la = net.reg(0, size, full_access());
+    let rb = net.reg(1, size, full_access());
     net.fill_random(&la);
-    // A first WRITE measures the round trip.
     post_write(&mut net, a, 1, &la, &rb, 0, 1000);
     net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
     assert_eq!(net.take_completions(0)[0].status, WcStatus::Success);
-    // The second loses its last packet (the one asking for the ACK).
+    (net, a, la, rb)
+}
+
+/// WRITE 2 of `len` bytes completes intact, within 10 ms of its post (not a timeout
+/// later); returns the requester's counters.
+fn second_write_done(net: &mut SimNet, a: Qpn, la: &Mr, rb: &Mr, len: usize) -> Counters {
+    let start = net.now;
+    post_write(net, a, 2, la, rb, 0, len);
+    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    let s = net.take_completions(0);
+    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
+    assert!(net.mem(rb) == net.mem(la));
+    assert!(
+        net.now - start < 10_000_000,
+        "done {} ns after the post",
+        net.now - start
+    );
+    net.nodes[0].engine.counters().clone()
+}
+
+/// A ping-pong's loss is always at the tail: the last packet of a WRITE with nothing
+/// sent after it. Once a round trip is measured, the tail-loss probe resends it after
+/// two round trips of silence instead of waiting for the retransmit timeout.
+#[test]
+fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
+    let (mut net, a, la, rb) = measured_write_pair(3, 3000);
+    // The last packet (the one asking for the ACK) is lost.
     let dropped = drop_first(&mut net, 0, 1, |p| {
         matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
     });
-    let start = net.now;
-    post_write(&mut net, a, 2, &la, &rb, 0, 3000);
-    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    let c = second_write_done(&mut net, a, &la, &rb, 3000);
     assert_eq!(*dropped.borrow(), 1);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
-    assert!(net.mem(&rb) == net.mem(&la));
-    let c = net.nodes[0].engine.counters().clone();
     assert_eq!((c.tail_probe, c.local_ack_timeout_err), (1, 0), "{c:?}");
     assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
-    assert!(
-        net.now - start < 10_000_000,
-        "recovered {} ns after the post, not a timeout later",
-        net.now - start
-    );
 }
 
 /// The whole tail of a message lost: the probe (its last packet) reaches the responder
@@ -637,19 +648,7 @@ fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
 /// packet.
 #[test]
 fn tail_loss_probe_draws_a_sequence_nak_when_more_was_lost() {
-    let mut net = SimNet::new(4, 2, Mtu::M1024);
-    let o = RcOpts {
-        timeout: 14,
-        ..RcOpts::default()
-    };
-    let (a, b) = pair(&mut net, QpType::Rc, &o);
-    let la = net.reg(0, 8192, full_access());
-    let rb = net.reg(1, 8192, full_access());
-    net.fill_random(&la);
-    post_write(&mut net, a, 1, &la, &rb, 0, 1000);
-    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
-    net.take_completions(0);
-    let _ = b;
+    let (mut net, a, la, rb) = measured_write_pair(4, 8192);
     // Lose the last three request packets of an 8-packet WRITE, once each.
     let dropped = drop_first(&mut net, 0, 3, {
         let seen = std::cell::Cell::new(0usize);
@@ -661,17 +660,10 @@ fn tail_loss_probe_draws_a_sequence_nak_when_more_was_lost() {
             seen.get() > 5
         }
     });
-    let start = net.now;
-    post_write(&mut net, a, 2, &la, &rb, 0, 8192);
-    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
+    let c = second_write_done(&mut net, a, &la, &rb, 8192);
     assert_eq!(*dropped.borrow(), 3);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
-    assert!(net.mem(&rb) == net.mem(&la));
-    let c = net.nodes[0].engine.counters().clone();
     assert_eq!((c.tail_probe, c.local_ack_timeout_err), (1, 0), "{c:?}");
     assert_eq!(c.rcvd_seq_err, 1, "{c:?}");
-    assert!(net.now - start < 10_000_000, "{} ns", net.now - start);
 }
 
 /// A READ's last response lost: no later response shows a gap. The probe asks again
@@ -713,28 +705,9 @@ fn tail_loss_probe_asks_again_for_a_lost_last_read_response() {
 /// duplicate, acknowledged again, and spends no retry.
 #[test]
 fn a_spurious_tail_loss_probe_costs_a_duplicate() {
-    let mut net = SimNet::new(6, 2, Mtu::M1024);
-    let o = RcOpts {
-        timeout: 14,
-        ..RcOpts::default()
-    };
-    let (a, _b, la, rb) = {
-        let (a, b) = pair(&mut net, QpType::Rc, &o);
-        let la = net.reg(0, 2048, full_access());
-        let rb = net.reg(1, 2048, full_access());
-        net.fill_random(&la);
-        (a, b, la, rb)
-    };
-    post_write(&mut net, a, 1, &la, &rb, 0, 1000);
-    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
-    net.take_completions(0);
-    post_write(&mut net, a, 2, &la, &rb, 0, 2048);
+    let (mut net, a, la, rb) = measured_write_pair(6, 2048);
     net.pause(1, 5_000_000);
-    net.run_until(1_000_000_000, |n| n.count_completions(0) == 1);
-    let s = net.take_completions(0);
-    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success));
-    assert!(net.mem(&rb) == net.mem(&la));
-    let c = net.nodes[0].engine.counters().clone();
+    let c = second_write_done(&mut net, a, &la, &rb, 2048);
     assert_eq!(c.tail_probe, 1, "{c:?}");
     assert_eq!(
         (c.completer_retry_err, c.local_ack_timeout_err),
