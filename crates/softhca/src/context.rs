@@ -660,20 +660,9 @@ impl Context {
     }
 
     /// Runs `f` on the engine under its lock, then moves any completions and events it
-    /// produced into the CQ rings / event queue. Fails with [`Error::Closed`] once the
-    /// datapath has stopped.
-    pub(crate) fn with_core<R>(
-        &self,
-        f: impl FnOnce(&mut LockedEngine, Nanos) -> R,
-    ) -> Result<R, Error> {
-        self.with_core_untimed(|core| {
-            let now = self.dev.shared.now();
-            f(core, now)
-        })
-    }
-
-    /// [`Context::with_core`] for engine calls that take no time (posting a receive is
-    /// per message: no clock read for it at high message rates).
+    /// produced into the CQ rings / event queue; takes no clock reading (posting a
+    /// receive is per message: none at high message rates). Fails with
+    /// [`Error::Closed`] once the datapath has stopped.
     pub(crate) fn with_core_untimed<R>(
         &self,
         f: impl FnOnce(&mut LockedEngine) -> R,
@@ -687,7 +676,7 @@ impl Context {
         Ok(r)
     }
 
-    /// Like [`Context::with_core`] but also after the datapath stopped: for teardown
+    /// Like [`Context::with_core_untimed`] but also after the datapath stopped: for teardown
     /// (deregistering memory must always happen).
     pub(crate) fn with_core_always<R>(&self, f: impl FnOnce(&mut LockedEngine) -> R) -> R {
         let mut core = self.dev.shared.engine.lock();

@@ -190,7 +190,14 @@ impl Qp {
     /// Modifies the QP (`ibv_modify_qp`): the fields of `attr` that `mask` selects.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), Error> {
         let ctx = self.pd.context();
-        ctx.with_core(|core, now| core.engine.modify_qp(now, self.qpn, attr, mask))??;
+        // ACKs held for the application's answer (see `Stepper::held`) leave first: a NIC
+        // or rxe sent them as the packets came, and a QP moved to ERR sends nothing more,
+        // so the peer's last SEND would wait out its retries (rdma_disconnect right after
+        // the receive completed: rdma_client's pattern).
+        ctx.with_core_no_transmit(|core| {
+            core.engine
+                .modify_qp(ctx.shared().now(), self.qpn, attr, mask)
+        })?;
         // A state change may start traffic (RTS) or flush (ERR): let the datapath look.
         ctx.kick();
         Ok(())

@@ -39,6 +39,49 @@ fn held_ack_leaves_when_the_receiver_stops_polling() {
     }
 }
 
+/// A receiver that moves its QP to ERR the moment its receive completes (rdma_client
+/// calls rdma_disconnect right after rdma_get_recv_comp): the ACK its polling step held
+/// still leaves, and the sender's SEND completes with success instead of retrying into
+/// a dead QP until its retries run out.
+#[test]
+fn held_ack_leaves_before_the_qp_moves_to_error() {
+    let (ca, cb) = (open("127.0.1.77"), open("127.0.1.78"));
+    for round in 0..20u64 {
+        let (a, b) = (
+            side(ca.clone(), QpType::Rc, 4096),
+            side(cb.clone(), QpType::Rc, 4096),
+        );
+        connect(&a, &b);
+        b.qp.post_recv(recv_wr(round, b.mr.sge(0, 4096))).unwrap();
+        a.qp.post_send(send_wr(round, WrOpcode::Send, a.mr.sge(0, 16)))
+            .unwrap();
+        let mut wc = [Completion::default(); 1];
+        let t = Instant::now();
+        while b.cq.poll(&mut wc) == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "receive never completed"
+            );
+        }
+        assert_eq!(wc[0].status, WcStatus::Success);
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        b.qp.modify(&err, QpAttrMask::STATE).unwrap();
+        let sc = one(&a.cq);
+        assert_eq!(
+            (sc.wr_id, sc.status),
+            (round, WcStatus::Success),
+            "round {round}"
+        );
+    }
+    assert!(
+        counter(&cb, "dp_tx_held") > 0,
+        "no ACK was ever held: the test did not test the hold"
+    );
+}
+
 /// One end of a ping-pong with its own send and receive CQs (as perftest has).
 struct End {
     ctx: std::sync::Arc<Context>,

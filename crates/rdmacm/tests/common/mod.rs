@@ -124,7 +124,10 @@ pub fn pair_of(
     let mut s = server().spawn().expect("spawn server");
     std::thread::sleep(Duration::from_millis(1500));
     let mut attempts = 0;
-    let c = loop {
+    // What earlier attempts printed goes with the last one's stderr, so that a failure
+    // shows why the client was started again.
+    let mut earlier = String::new();
+    let mut c = loop {
         attempts += 1;
         let start = Instant::now();
         let c = finish(client().spawn().expect("spawn client"), timeout);
@@ -133,8 +136,10 @@ pub fn pair_of(
         if !(retry && quick_failure && server_running && attempts < 5) {
             break c;
         }
+        earlier += &format!("--- attempt {attempts}, started again\n{}", c.all());
         std::thread::sleep(Duration::from_secs(1));
     };
+    c.stderr += &earlier;
     let s = finish(
         s,
         if server_exits {
