@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use parking_lot::MutexGuard;
+use smallvec::SmallVec;
 use softhca_io::{self as sio, Impair, RecvBatch, RecvMeta, RoceSocket};
 use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
 
@@ -68,9 +69,10 @@ pub(crate) struct Stepper {
     /// that spins on memory (see `takeover`), any step that received requests holds
     /// their ACKs for the answer, for at most `SERVE_HOLD_NS`.
     held: bool,
-    /// The last transmit of an application's post, kept back for its next call to fill
-    /// up: its buffer index and the Transmit (see [`Stepper::defer_tail`]).
-    deferred: Option<(usize, Transmit)>,
+    /// Transmits of an application's posts, kept back for its next call: their buffer
+    /// indices and Transmits, in send order; the last may be filled up (see
+    /// [`Stepper::defer_tail`]).
+    deferred: SmallVec<[(usize, Transmit); TX_BATCH]>,
     /// The last call was an application's post, not a step: posts come in a burst.
     burst: bool,
     /// Where the last step stopped feeding its received datagrams (socket, datagram,
@@ -132,7 +134,7 @@ impl Stepper {
             tx: Vec::with_capacity(TX_BATCH),
             after_send: Vec::new(),
             held: false,
-            deferred: None,
+            deferred: SmallVec::new(),
             burst: false,
             rx_resume: None,
             senders,
@@ -169,7 +171,7 @@ impl Stepper {
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
-        if self.deferred.is_some() {
+        if !self.deferred.is_empty() {
             Stats::add(&shared.stats.tx_deferred, 1);
             wake_by_window_end(shared, now);
         }
@@ -210,7 +212,7 @@ impl Stepper {
         let may_hold = (polled.is_some() && shared.open_app_window(now)) || serving;
         let pending = shared.pending.swap(false, Ordering::SeqCst);
         let due = shared.deadline.load(Ordering::Relaxed) <= now;
-        let was_held = self.held || self.deferred.is_some();
+        let was_held = self.held || !self.deferred.is_empty();
         let mut step = Step {
             active: rx > 0 || resume,
             received: rx > 0,
@@ -223,7 +225,7 @@ impl Stepper {
         // A step that only feeds the ACKs the last one left keeps what that one held: it
         // is not the application's next call (`ib_send_lat` polls its send CQ right after
         // the answer came, for the send the ACK completes).
-        let keep = resume && self.held && self.deferred.is_none();
+        let keep = resume && self.held && self.deferred.is_empty();
         let hold = may_hold && (!was_held || keep);
         // Never twice for one datagram.
         let answers_on = polled.filter(|_| hold && !resume);
@@ -269,7 +271,7 @@ impl Stepper {
     /// Sends what a step held for the application's answer (before a QP or the device
     /// goes away: the peer must still get the ACKs of what completed here).
     pub(crate) fn flush_held(&mut self, shared: &DatapathShared) {
-        if self.held || self.deferred.is_some() {
+        if self.held || !self.deferred.is_empty() {
             self.transmit(shared);
         }
     }
@@ -486,16 +488,21 @@ impl Stepper {
     /// if it can be, then new ones until the engine has nothing more or every buffer is
     /// used.
     fn build_transmits(&mut self, engine: &mut Engine, now: Nanos) {
-        let kept = self.deferred.take();
-        if let Some((b, prev)) = kept {
-            let t = engine
-                .poll_transmit_append(now, &mut self.tx_bufs[b], &mut self.tx_pieces[b], &prev)
-                .unwrap_or(prev);
+        let mut taken = 0u64;
+        let last = self.deferred.len().checked_sub(1);
+        for (i, (b, prev)) in self.deferred.drain(..).enumerate() {
+            let t = if Some(i) == last {
+                engine
+                    .poll_transmit_append(now, &mut self.tx_bufs[b], &mut self.tx_pieces[b], &prev)
+                    .unwrap_or(prev)
+            } else {
+                prev
+            };
             self.tx.push((b, t));
+            taken |= 1 << b;
         }
-        let taken = kept.map(|(b, _)| b);
         for (b, buf) in self.tx_bufs.iter_mut().enumerate() {
-            if Some(b) == taken {
+            if taken & (1 << b) != 0 {
                 continue;
             }
             self.tx_sealed[b] = 0;
@@ -506,19 +513,23 @@ impl Stepper {
         }
     }
 
-    /// Keeps the last transmit of this post back, for the application's next post to
-    /// fill up ([`softhca_transport::Engine::poll_transmit_append`]), when it has room
-    /// for more packets of its size and either
-    /// - it is the short end of a large message: bulk packets (not the small ones
-    ///   connected sockets carry) right after a full GSO send of the same size; or
-    /// - the post is not the first of a burst (the call before it was a post too, no
-    ///   poll in between): an application posting one WR per call, as perftest's
-    ///   bandwidth tests do, then gets GSO sends of many messages, as one posting a list
-    ///   does. A ping-pong application polls between its posts, so its messages never
-    ///   wait.
+    /// Keeps transmits of this post back for the application's next call, while it
+    /// polls (its window is open):
+    /// - within a burst (the call before this post was a post too, no poll in between),
+    ///   the trailing run of bulk transmits (packets of at least `MIN_SEGMENT`), so that
+    ///   the burst's posts leave in one `sendmmsg` at its end, and the last one may be
+    ///   filled up ([`softhca_transport::Engine::poll_transmit_append`]) with packets of
+    ///   its size. An application posting one WR per call, as perftest's bandwidth tests
+    ///   do, then gets GSO sends of many messages, as one posting a list does; one whose
+    ///   messages do not fill whole packets (UCX's 8 KiB + header eager fragments: two
+    ///   full packets and a short one) gets one system call per burst instead of one per
+    ///   post. A ping-pong application polls between its posts: its messages never wait.
+    /// - the short end of a large message: bulk packets right after a full GSO send of
+    ///   the same size, filled up by the next post.
     ///
-    /// The application's next poll, a blocking wait, a teardown (`flush_held`) or the
-    /// end of its polling window (the datapath thread) sends it as it is.
+    /// The application's next poll, a blocking wait, a teardown (`flush_held`), a call
+    /// that fills every buffer or the end of its polling window (the datapath thread)
+    /// sends them.
     ///
     /// Not when building completed work (UC and UD sends complete once their packets are
     /// with the kernel; the application may then write the buffer a kept-back packet
@@ -529,6 +540,20 @@ impl Stepper {
         if self.tx.is_empty() || self.tx.len() >= TX_BATCH {
             return;
         }
+        let bulk = |t: &Transmit| t.segment_size >= MIN_SEGMENT;
+        if self.burst {
+            let run = self.tx.iter().rev().take_while(|(_, t)| bulk(t)).count();
+            let from = self.tx.len() - run;
+            // Less than a datagram's worth (room for one more packet) waits whole; more
+            // goes now but for a tail to fill up, as a full GSO send would: the peer is
+            // not kept waiting for data that costs no more system calls to send now.
+            let bytes: usize = self.tx[from..].iter().map(|(_, t)| t.len).sum();
+            let seg = self.tx.last().map_or(0, |(_, t)| t.segment_size);
+            if bytes + seg <= TX_BUF {
+                self.deferred.extend(self.tx.drain(from..));
+                return;
+            }
+        }
         let Some(&(b, t)) = self.tx.last() else {
             return;
         };
@@ -537,7 +562,7 @@ impl Stepper {
         // same peer, no room for one more packet): a message too large for one send, not
         // a message whose first packet went out with an ACK (ibv_rc_pingpong at MTU 1024:
         // [First, ACK] then [Middle, Middle, Last], which must not wait).
-        let tail_of_large = seg >= MIN_SEGMENT && self.tx.len() >= 2 && {
+        let tail_of_large = bulk(&t) && self.tx.len() >= 2 && {
             let prev = &self.tx[self.tx.len() - 2].1;
             prev.segment_size == seg && prev.dst == t.dst && prev.len + seg > TX_BUF
         };
@@ -547,7 +572,7 @@ impl Stepper {
             && self.tx_pieces[b].len() == t.packets();
         if appendable {
             self.tx.pop();
-            self.deferred = Some((b, t));
+            self.deferred.push((b, t));
         }
     }
 }
