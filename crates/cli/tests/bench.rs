@@ -150,9 +150,9 @@ fn quick_middleware_bench_measures_both_transports() {
     let _ = std::fs::remove_file(&json);
     let rows = doc["rows"].as_array().unwrap();
     let want = if have("mpirun") && have("mpicc") {
-        6
+        7
     } else {
-        3
+        4
     };
     assert_eq!(rows.len(), want, "{stdout}");
     for r in rows {
