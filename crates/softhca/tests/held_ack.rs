@@ -14,19 +14,9 @@ use softhca::*;
 fn held_ack_leaves_when_the_receiver_stops_polling() {
     let (a, b) = rc_pair("127.0.1.71", "127.0.1.72", 1 << 16);
     for round in 0..20u64 {
-        b.qp.post_recv(recv_wr(round, b.mr.sge(0, 4096))).unwrap();
-        a.qp.post_send(send_wr(round, WrOpcode::Send, a.mr.sge(0, 64)))
-            .unwrap();
         // The receiver spins on its CQ (the step that completes the receive holds the
         // ACK), then goes quiet: no post, no blocking wait.
-        let mut wc = [Completion::default(); 1];
-        let t = Instant::now();
-        while b.cq.poll(&mut wc) == 0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "receive never completed"
-            );
-        }
+        send_and_spin(&a, &b, round, 64);
         // The sender learns its SEND completed only from that ACK, which must leave
         // before the sender's timer (67 ms) resends the SEND: no retransmission, ever.
         let sc = one(&a.cq);
@@ -52,18 +42,7 @@ fn held_ack_leaves_before_the_qp_moves_to_error() {
             side(cb.clone(), QpType::Rc, 4096),
         );
         connect(&a, &b);
-        b.qp.post_recv(recv_wr(round, b.mr.sge(0, 4096))).unwrap();
-        a.qp.post_send(send_wr(round, WrOpcode::Send, a.mr.sge(0, 16)))
-            .unwrap();
-        let mut wc = [Completion::default(); 1];
-        let t = Instant::now();
-        while b.cq.poll(&mut wc) == 0 {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "receive never completed"
-            );
-        }
-        assert_eq!(wc[0].status, WcStatus::Success);
+        send_and_spin(&a, &b, round, 16);
         let err = QpAttr {
             qp_state: QpState::Err,
             ..QpAttr::default()
@@ -80,6 +59,23 @@ fn held_ack_leaves_before_the_qp_moves_to_error() {
         counter(&cb, "dp_tx_held") > 0,
         "no ACK was ever held: the test did not test the hold"
     );
+}
+
+/// `a` SENDs `len` bytes to `b`, whose application spins on its CQ until the receive
+/// completes (the step that completes it may hold the ACK for an answer).
+fn send_and_spin(a: &Side, b: &Side, wr_id: u64, len: u32) {
+    b.qp.post_recv(recv_wr(wr_id, b.mr.sge(0, 4096))).unwrap();
+    a.qp.post_send(send_wr(wr_id, WrOpcode::Send, a.mr.sge(0, len)))
+        .unwrap();
+    let mut wc = [Completion::default(); 1];
+    let t = Instant::now();
+    while b.cq.poll(&mut wc) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "receive never completed"
+        );
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (wr_id, WcStatus::Success));
 }
 
 /// One end of a ping-pong with its own send and receive CQs (as perftest has).
