@@ -484,10 +484,12 @@ impl Stepper {
         None
     }
 
-    /// Fills the transmit buffers: first the transmit the last post kept back, filled up
-    /// if it can be, then new ones until the engine has nothing more or every buffer is
-    /// used.
+    /// Fills the transmit buffers: first the transmits the last posts kept back, the last
+    /// of them filled up if it can be, then new ones until the engine has nothing more or
+    /// every buffer is used.
     fn build_transmits(&mut self, engine: &mut Engine, now: Nanos) {
+        // The buffers in use, one bit each.
+        const _: () = assert!(TX_BATCH <= 64);
         let mut taken = 0u64;
         let last = self.deferred.len().checked_sub(1);
         for (i, (b, prev)) in self.deferred.drain(..).enumerate() {
