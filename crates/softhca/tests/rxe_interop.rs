@@ -36,9 +36,17 @@ fn example() -> PathBuf {
 }
 
 /// Runs the VM with `guest` and `host` commands; returns (exit ok, combined output).
-/// The guest command prints its own exit status.
+/// The guest command prints its own exit status, then rxe's counters; softhca prints its
+/// device counters at close (`SOFTHCA_STATS`). Both are there to explain a failure:
+/// the guest's line-buffered output shows how far the kernel side got before a timeout.
 fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
-    rxe_vm::run(harness, &format!("{guest}; echo guest-rc=$?"), host)
+    let counters =
+        "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/* | sed 's|.*/||' | tr '\\n' ' '";
+    rxe_vm::run(
+        harness,
+        &format!("{guest}; echo guest-rc=$?; echo rxe counters: $({counters})"),
+        &format!("export SOFTHCA_STATS=1; {host}"),
+    )
 }
 
 /// Both programs print "N iters in S seconds"; the guest's rc line must say 0.
@@ -71,12 +79,16 @@ fn softhca_client_kernel_rxe_server(h: &Path, ex: &Path) {
         "sleep 3; for i in 1 2 3 4 5; do {} 10.99.0.2 -n 200 -s 8192 && exit 0; sleep 3; done; exit 1",
         ex.display()
     );
-    let (ok, text) = run(h, "timeout 120 ibv_rc_pingpong -g 1 -n 200 -s 8192", &host);
+    let (ok, text) = run(
+        h,
+        "timeout 120 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192",
+        &host,
+    );
     assert_both_finished(ok, &text, 200);
 }
 
 fn kernel_rxe_client_softhca_server(h: &Path, ex: &Path) {
-    let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 120 ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 && break; done";
+    let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 120 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 && break; done";
     let host = format!("timeout 200 {} -n 200 -s 8192", ex.display());
     let (ok, text) = run(h, guest, &host);
     assert_both_finished(ok, &text, 200);
