@@ -92,6 +92,21 @@ pub(crate) fn netdev_mtu(name: &str) -> Option<usize> {
         .ok()
 }
 
+/// The largest bundle (`softhca_wire::bundle`) sent from `s`: a UDP payload that fits
+/// one datagram on its interface (DF is set: a larger one would be refused), at most a
+/// UDP datagram's; 0 (none) when the interface's MTU is unknown.
+pub(crate) fn bundle_limit(s: &Served) -> usize {
+    let ip_udp = if s.ip.is_ipv4() { 20 + 8 } else { 40 + 8 };
+    // A loopback address of 127/8 other than the interface's own is routed there too.
+    let name = s
+        .ifname
+        .clone()
+        .or_else(|| s.loopback.then(loopback_ifname));
+    name.as_deref()
+        .and_then(netdev_mtu)
+        .map_or(0, |mtu| mtu.saturating_sub(ip_udp).min(65_507))
+}
+
 /// rxe's `RXE_MAX_HDR_LENGTH`-style overhead: IP + UDP + BTH + the largest extension
 /// headers + ICRC must fit around the payload in one netdev MTU (`eth_mtu_int_to_enum`).
 const ROCE_OVERHEAD: usize = 80;

@@ -126,6 +126,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "send transmits built in the transmit buffer from a socket connected to their peer",
     ),
     (
+        "SOFTHCA_BUNDLE",
+        "bundle packets of different sizes to a softhca peer into one datagram",
+    ),
+    (
         "SOFTHCA_WRITE_SPLIT",
         "send a multi-packet RC RDMA WRITE as one WRITE Only per packet",
     ),
@@ -257,6 +261,11 @@ pub struct Config {
     /// lookup per datagram (about 0.4 µs of an 8 B half round trip); see the datapath's
     /// `senders` module. Off under fault injection.
     pub connected_senders: bool,
+    /// Bundle packets to a softhca peer that offers it (`SOFTHCA_BUNDLE`): a batch's
+    /// packets to one peer leave as few datagrams as the interface MTU allows, however
+    /// their sizes differ (`softhca_wire::bundle`); offered and learned through the
+    /// multipath negotiation, so rxe and any other peer get plain packets.
+    pub bundle: bool,
     /// Try UDP segmentation offload (`UDP_SEGMENT`) on the device's sockets; it is
     /// still probed, and off when the kernel refuses it.
     pub gso: bool,
@@ -295,6 +304,7 @@ impl Default for Config {
             congestion_control: true,
             uc_ud_rate: None,
             connected_senders: true,
+            bundle: true,
             gso: true,
             gro: true,
             sockbuf: DEFAULT_SOCKBUF,
@@ -441,6 +451,9 @@ impl Config {
         }
         if let Some(v) = env("SOFTHCA_CONNECTED") {
             cfg.connected_senders = zero_or_one("SOFTHCA_CONNECTED", &v)?;
+        }
+        if let Some(v) = env("SOFTHCA_BUNDLE") {
+            cfg.bundle = zero_or_one("SOFTHCA_BUNDLE", &v)?;
         }
         if let Some(v) = env("SOFTHCA_GSO") {
             cfg.gso = not_disabled(&v);

@@ -211,6 +211,7 @@ fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> Eng
         },
         unacked_rate: cfg.uc_ud_rate.map(|bits| (bits / 8).max(1)),
         mp: cfg.multipath.clone(),
+        bundle: cfg.bundle,
         ..EngineConfig::default()
     }
 }
@@ -366,6 +367,10 @@ impl Device {
         engine.set_source_port(Some(cfg.udp_port));
         // Served interfaces come first: the first one is the device's interface.
         let netdev = served.first().and_then(|s| s.ifname.clone());
+        let bundle_limits: Vec<usize> = served
+            .iter()
+            .map(|s| if cfg.bundle { addr::bundle_limit(s) } else { 0 })
+            .collect();
         let sockets: Vec<RoceSocket> = served.into_iter().map(|s| s.socket).collect();
         let stepper = Stepper::new(
             &sockets,
@@ -373,6 +378,7 @@ impl Device {
             cfg.connected_senders,
             cfg.sockbuf,
             cfg.direct_rx,
+            bundle_limits,
         );
         let shared = Arc::new(DatapathShared {
             engine: Mutex::new(LockedEngine {

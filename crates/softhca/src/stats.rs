@@ -27,6 +27,10 @@ pub(crate) struct Stats {
     /// (not set up, or a send failed: the peer uses the device socket for a while).
     pub tx_connected_opened: AtomicU64,
     pub tx_connected_failed: AtomicU64,
+    /// Bundles sent (several packets in one datagram, see `datapath::bundle`), and the
+    /// transmits that went in them.
+    pub tx_bundles: AtomicU64,
+    pub tx_bundled_transmits: AtomicU64,
     /// Steps whose packets were held for the polling application's answer.
     pub tx_held: AtomicU64,
     /// Steps whose ACKs were held for the answer of an application served while it
@@ -75,6 +79,8 @@ impl Stats {
             ("io_tx_connected", r(&self.tx_connected)),
             ("io_tx_connected_opened", r(&self.tx_connected_opened)),
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
+            ("io_tx_bundles", r(&self.tx_bundles)),
+            ("io_tx_bundled_transmits", r(&self.tx_bundled_transmits)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_tx_serve_held", r(&self.tx_serve_held)),
             ("dp_tx_deferred", r(&self.tx_deferred)),

@@ -51,6 +51,10 @@ pub struct EngineConfig {
     /// the application posts. They have no ACKs and so no congestion signal (see
     /// `cc`): an application on a shared or slow link sets its rate here.
     pub unacked_rate: Option<u64>,
+    /// Send and offer bundles (several packets in one datagram, `softhca_wire::bundle`)
+    /// to peers that offer them too, through multipath's negotiation. Off by default here
+    /// (as `mp`); softhca's `Config` turns it on.
+    pub bundle: bool,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +77,18 @@ impl Default for EngineConfig {
                 ..MpConfig::default()
             },
             unacked_rate: None,
+            bundle: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The features this engine offers in its negotiation.
+    pub(crate) fn bundle_features(&self) -> u8 {
+        if self.bundle {
+            crate::multipath::wire::FEATURE_BUNDLES
+        } else {
+            0
         }
     }
 }

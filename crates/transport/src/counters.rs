@@ -35,6 +35,8 @@ counters! {
     /// Packets whose payload was copied into registered memory while their ICRC was
     /// checked, in one pass, and executed there.
     rx_fused,
+    /// Bundles received (several packets in one datagram, see `softhca_wire::bundle`).
+    rx_bundles,
     /// PSN sequence error NAKs received.
     rcvd_seq_err,
     /// PSN sequence error NAKs sent.

@@ -200,6 +200,7 @@ impl Engine {
         now: Nanos,
         info: &DatagramInfo,
         udp_payload: &[u8],
+        bundled: bool,
     ) -> bool {
         if !udp_payload.first().is_some_and(|&op| may_fuse(Opcode(op))) {
             return false;
@@ -230,21 +231,26 @@ impl Engine {
         let total = udp_payload.len() - ICRC_LEN;
         let (src, sport) = (info.src.ip(), info.src.port());
         let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
-        let matched = self
-            .ip_ids
-            .verify_predicted(&pseudo, info.src, info.segment_index, |p| {
-                let Some(crc) = wire::icrc_head(p, head, total) else {
-                    return false;
-                };
-                // SAFETY: `[dst, dst + room)` is registered memory of a plan just made,
-                // which stays registered while the engine is borrowed (deregistration
-                // needs `&mut self`); `payload.len() <= room`, and the received buffer
-                // is not registered memory, so the two do not overlap.
-                let dst = unsafe { std::slice::from_raw_parts_mut(plan.dst, payload.len()) };
-                // SAFETY: `payload` is readable for `dst.len()` bytes.
-                let crc = unsafe { softhca_memory::copy_crc32_from(crc, payload.as_ptr(), dst) };
-                crc == stored
-            });
+        let copy_and_check = |p: &UdpPseudo| {
+            let Some(crc) = wire::icrc_head(p, head, total) else {
+                return false;
+            };
+            // SAFETY: `[dst, dst + room)` is registered memory of a plan just made, which
+            // stays registered while the engine is borrowed (deregistration needs
+            // `&mut self`); `payload.len() <= room`, and the received buffer is not
+            // registered memory, so the two do not overlap.
+            let dst = unsafe { std::slice::from_raw_parts_mut(plan.dst, payload.len()) };
+            // SAFETY: `payload` is readable for `dst.len()` bytes.
+            let crc = unsafe { softhca_memory::copy_crc32_from(crc, payload.as_ptr(), dst) };
+            crc == stored
+        };
+        // A bundled packet was sealed with IPv4 ID 0 (see `softhca_wire::bundle`).
+        let matched = if bundled {
+            copy_and_check(&pseudo)
+        } else {
+            self.ip_ids
+                .verify_predicted(&pseudo, info.src, info.segment_index, copy_and_check)
+        };
         if !matched {
             return false;
         }

@@ -63,6 +63,8 @@ pub struct Engine {
     source_port: Option<u16>,
     /// Per peer flow, the IPv4 ID its packets carry (for the ICRC, see `ipv4_id`).
     pub(crate) ip_ids: Ipv4IdTracker,
+    /// Peer addresses that take bundles (see [`Engine::bundles_to`]).
+    bundle_peers: HashSet<IpAddr>,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
     /// Multipath extension packets waiting to leave (each its own Transmit).
@@ -85,6 +87,8 @@ pub enum SegmentKind {
 /// Packets shorter than this are checked and copied in two passes: for a few hundred
 /// bytes the plan costs more than the pass it saves.
 const FUSE_MIN: usize = 512;
+/// Bound on remembered bundle-taking peers (memory under a flood of spoofed MADs).
+const MAX_BUNDLE_PEERS: usize = 4096;
 
 /// First QPN handed out (rxe: QPNs 0 and 1 are the special QPs; user QPs from 0x11).
 pub(crate) const FIRST_QPN: u32 = 0x11;
@@ -441,6 +445,7 @@ impl Engine {
             timers: Timers::default(),
             source_port: None,
             ip_ids: Ipv4IdTracker::default(),
+            bundle_peers: HashSet::default(),
             budget: Budget::default(),
             mp_out: VecDeque::new(),
         }
@@ -603,15 +608,40 @@ impl Engine {
     /// Handle one received RoCEv2 UDP payload (BTH .. ICRC). Anything invalid is
     /// dropped and counted, never a panic.
     pub fn handle_datagram(&mut self, now: Nanos, info: &DatagramInfo, udp_payload: &[u8]) {
-        if udp_payload.len() >= FUSE_MIN && self.handle_fused(now, info, udp_payload) {
+        if wire::is_bundle(udp_payload) {
+            self.handle_bundle(now, info, udp_payload);
+        } else {
+            self.handle_packet(now, info, udp_payload, false);
+        }
+    }
+
+    /// A bundle: each of its packets as if it had come alone (accepted from any peer:
+    /// each packet still passes its own ICRC and every check of a plain one).
+    fn handle_bundle(&mut self, now: Nanos, info: &DatagramInfo, udp_payload: &[u8]) {
+        self.counters.rx_bundles += 1;
+        let mut packets = wire::bundle_packets(udp_payload);
+        for p in packets.by_ref() {
+            self.handle_packet(now, info, p, true);
+        }
+        if packets.malformed() {
+            self.counters.drop_malformed += 1;
+        }
+    }
+
+    /// One packet (BTH .. ICRC), alone in its datagram or `bundled`.
+    fn handle_packet(
+        &mut self,
+        now: Nanos,
+        info: &DatagramInfo,
+        udp_payload: &[u8],
+        bundled: bool,
+    ) {
+        if udp_payload.len() >= FUSE_MIN && self.handle_fused(now, info, udp_payload, bundled) {
             return;
         }
         let (src, sport) = (info.src.ip(), info.src.port());
         let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
-        match self
-            .ip_ids
-            .verify(&pseudo, info.src, info.segment_index, udp_payload)
-        {
+        match self.check_icrc(info, &pseudo, udp_payload, bundled) {
             IdCheck::Matched { mispredicted } => {
                 self.counters.icrc_ipv4_id_mispredicted += u64::from(mispredicted);
             }
@@ -631,6 +661,30 @@ impl Engine {
         };
         let payload = udp_payload.get(range).unwrap_or(&[]);
         self.dispatch(now, info, &h, payload, udp_payload.len());
+    }
+
+    /// Checks a received packet's ICRC, whose `pseudo` header is right but for the IPv4
+    /// ID: a bundled packet was sealed with ID 0 (see `softhca_wire::bundle`), any other
+    /// with the ID its datagram carried, which the tracker predicts.
+    pub(crate) fn check_icrc(
+        &mut self,
+        info: &DatagramInfo,
+        pseudo: &UdpPseudo,
+        udp_payload: &[u8],
+        bundled: bool,
+    ) -> IdCheck {
+        if !bundled {
+            return self
+                .ip_ids
+                .verify(pseudo, info.src, info.segment_index, udp_payload);
+        }
+        if wire::verify(pseudo, udp_payload) {
+            IdCheck::Matched {
+                mispredicted: false,
+            }
+        } else {
+            IdCheck::Failed
+        }
     }
 
     /// A received packet whose ICRC matched, parsed: `payload` between its headers and
@@ -1083,10 +1137,52 @@ impl Engine {
         sync(qp, &mut ctx, ready, timers);
     }
 
+    /// Whether a negotiation MAD belongs to a negotiation of ours: an answer with the
+    /// nonce one of our QPs asked with, or a question from the peer one of our QPs is
+    /// connected to, about that QP. What it says is believed only then: a forged MAD
+    /// must guess a QPN pair or a nonce to make us send bundles to a peer (rxe) that
+    /// drops them.
+    fn hello_is_for_us(&self, peer: IpAddr, hello: &Hello) -> bool {
+        if hello.answer {
+            return self.qps.values().any(|q| {
+                q.mp.as_ref().is_some_and(|m| {
+                    m.nonce == hello.nonce && m.state == crate::multipath::MpState::Negotiating
+                }) && same_ip(peer, q.path.dst.ip())
+            });
+        }
+        self.qps.get(&hello.to_qpn).is_some_and(|q| {
+            q.is_rc() && q.attr.dest_qp_num == hello.from_qpn && same_ip(peer, q.path.dst.ip())
+        })
+    }
+
+    /// What a negotiation MAD says of its sender's bundles: each of its addresses takes
+    /// them, or (a Linux host's answer, an older softhca) none does. Every MAD says it
+    /// again, so a peer restarted as something else is believed at its first.
+    fn note_bundles(&mut self, src: IpAddr, hello: &Hello) {
+        let takes = self.cfg.bundle && hello.features & mpw::FEATURE_BUNDLES != 0;
+        for ip in std::iter::once(src).chain(hello.addrs.iter().copied()) {
+            if !takes {
+                self.bundle_peers.remove(&ip);
+            } else if self.bundle_peers.len() < MAX_BUNDLE_PEERS {
+                self.bundle_peers.insert(ip);
+            }
+        }
+    }
+
+    /// Whether packets to `dst` may leave in bundles (`softhca_wire::bundle`): its
+    /// device said, in multipath's negotiation, that it takes them.
+    pub fn bundles_to(&self, dst: SocketAddr) -> bool {
+        dst.port() == self.cfg.udp_port && self.bundle_peers.contains(&dst.ip())
+    }
+
     /// A multipath negotiation MAD: a peer asks about one of our QPs, or answers us.
     fn on_hello(&mut self, now: Nanos, info: &DatagramInfo, hello: Hello) {
         let enabled = self.cfg.mp.enabled;
         let port = self.cfg.udp_port;
+        let features = self.cfg.bundle_features();
+        if self.hello_is_for_us(info.src.ip(), &hello) {
+            self.note_bundles(info.src.ip(), &hello);
+        }
         let Parts {
             qps,
             ready,
@@ -1126,6 +1222,7 @@ impl Engine {
                     nonce: hello.nonce,
                     addrs: Vec::new(),
                     sports: 1,
+                    features,
                 };
                 if let Some(bytes) = no.encode() {
                     ctx.mp_out.push_back(MpPacket {

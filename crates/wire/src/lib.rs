@@ -43,6 +43,7 @@
 )]
 
 mod bth;
+mod bundle;
 mod bytes;
 mod error;
 mod ext;
@@ -55,6 +56,10 @@ mod qpn;
 mod sport;
 
 pub use bth::{pkey_ok, Bth, BTH_LEN, DEFAULT_PKEY};
+pub use bundle::{
+    bundle_header, bundle_packets, is_bundle, BundlePackets, BUNDLE_ENTRY_LEN, BUNDLE_HEADER_LEN,
+    OP_BUNDLE,
+};
 pub use error::Error;
 pub use ext::{
     Aeth, AethKind, AtomicAckEth, AtomicEth, Deth, NakCode, Reth, AETH_LEN, ATOMIC_ACK_ETH_LEN,

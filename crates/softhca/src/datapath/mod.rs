@@ -15,6 +15,7 @@
 //! sockets, so arriving packets do not wake it for nothing; when the application waits
 //! without polling, the thread takes the sockets over ([`takeover`]).
 
+mod bundle;
 mod direct;
 mod schedule;
 mod senders;

@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 use softhca_io::{self as sio, Impair, RecvBatch, RecvMeta, RoceSocket};
 use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
 
+use super::bundle::Bundler;
 use super::direct::{DirectRx, Then};
 use super::schedule::{wake_by_hold_end, wake_by_window_end, DatapathShared};
 use super::senders::Senders;
@@ -86,6 +87,8 @@ pub(crate) struct Stepper {
     pub(super) impair: Option<Impair>,
     /// Direct receive into registered memory ([`crate::Config::direct_rx`]).
     direct: Option<DirectRx>,
+    /// Which transmits leave in bundles, and the bundles (see `bundle`).
+    pub(super) bundler: Bundler,
 }
 
 // SAFETY: the raw pointers in `tx_iov` name `tx_bufs` (owned here) and registered
@@ -101,12 +104,19 @@ impl Stepper {
         connected: bool,
         sockbuf: usize,
         direct_rx: bool,
+        bundle_limits: Vec<usize>,
     ) -> Stepper {
         // Fault injection cuts transmits apart after they are sealed: it keeps the
         // device sockets, whose seal does not depend on what was sent before.
         let gso = sockets.iter().all(|s| s.capabilities().gso);
         let bound = sockets.first().map_or(0, RoceSocket::bound_ifindex);
         let senders = Senders::new(connected && impair.is_none(), gso, sockbuf, bound);
+        // Fault injection cuts transmits apart as they are sent: no bundles then.
+        let bundler = Bundler::new(if impair.is_none() {
+            bundle_limits
+        } else {
+            Vec::new()
+        });
         let readiness = if sockets.len() > 1 {
             let poll_in = |s: &RoceSocket| libc::pollfd {
                 fd: s.as_raw_fd(),
@@ -140,6 +150,7 @@ impl Stepper {
             senders,
             impair,
             direct: direct_rx.then(DirectRx::new),
+            bundler,
         }
     }
 
@@ -380,6 +391,20 @@ impl Stepper {
         if may_defer && self.after_send.is_empty() {
             self.defer_tail();
         }
+        let engine = &core.engine;
+        let own_port = |t: &Transmit| {
+            shared
+                .sport_sockets
+                .iter()
+                .any(|(a, p, _)| *a == t.src && *p == t.src_port)
+        };
+        self.bundler.plan(
+            &self.tx,
+            &self.tx_pieces,
+            &self.local_ips,
+            |dst| engine.bundles_to(dst),
+            own_port,
+        );
         self.seal_external(core.engine.memory());
         let mut deadline = core.engine.poll_timeout();
         if self.held && serving {

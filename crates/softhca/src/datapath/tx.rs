@@ -28,16 +28,18 @@ use crate::stats::Stats;
 const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
 
 /// Seals pieces `from..` of transmit `t` for UDP source port `sport`, piece `i` with IPv4
-/// ID `first_id + i`, reading external payloads through `mem`. False when a piece could
+/// ID `first_id + i` (as GSO numbers segments), or ID 0 each when `bundled` (see
+/// [`super::bundle`]), reading external payloads through `mem`. False when a piece could
 /// not be sealed (the rest are left as they are).
 fn seal(
     t: &Transmit,
     buf: &mut [u8],
     pieces: &[TxPiece],
     from: usize,
-    (sport, first_id): (u16, u16),
+    (sport, first_id, bundled): (u16, u16, bool),
     mem: Option<&MemoryTable>,
 ) -> bool {
+    let step = u16::from(!bundled);
     pieces.iter().enumerate().skip(from).all(|(i, p)| {
         let payload = match (p.external, mem) {
             (None, _) => &[][..],
@@ -47,7 +49,13 @@ fn seal(
             },
             (Some(_), None) => return false,
         };
-        t.seal(buf, p, payload, sport, first_id.wrapping_add(i as u16))
+        t.seal(
+            buf,
+            p,
+            payload,
+            sport,
+            first_id.wrapping_add(step.wrapping_mul(i as u16)),
+        )
     })
 }
 
@@ -61,12 +69,12 @@ impl Stepper {
     /// whose UDP port is theirs and which gives a GSO segment the IPv4 ID of its index
     /// in the send (a plain datagram is segment 0).
     pub(super) fn seal_external(&mut self, mem: &MemoryTable) {
-        for &(b, t) in &self.tx {
+        for (k, &(b, t)) in self.tx.iter().enumerate() {
             let pieces = &self.tx_pieces[b];
             if in_buffer(pieces) || self.tx_sealed[b] >= pieces.len() {
                 continue;
             }
-            let way = (t.src_port, 0);
+            let way = (t.src_port, 0, self.bundler.marked(k));
             if !seal(
                 &t,
                 &mut self.tx_bufs[b],
@@ -135,6 +143,10 @@ impl Stepper {
         // Stable: each group keeps its order.
         order.sort_by_key(|&k| self.tx[k].1.only_acks);
         let via = self.route_and_seal(&order, st);
+        let (order, via) = self.send_bundles(shared, si, sock, order, via);
+        if order.is_empty() {
+            return;
+        }
         // Filled in place: collecting moved the whole inline array per send.
         let mut list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = SmallVec::new();
         let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
@@ -181,7 +193,7 @@ impl Stepper {
             let (b, t) = self.tx[k];
             let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
             if in_buffer(pieces) {
-                seal(&t, buf, pieces, 0, (port, 0), None);
+                seal(&t, buf, pieces, 0, (port, 0, false), None);
             }
         }
         let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
@@ -195,6 +207,40 @@ impl Stepper {
                 send_all(shared, sock, &list);
             }
         }
+    }
+
+    /// Sends the bundled transmits of `order` (see [`super::bundle`]) from `sock`, device
+    /// socket `si`; returns the others with their ways.
+    fn send_bundles(
+        &mut self,
+        shared: &DatapathShared,
+        si: usize,
+        sock: &sio::RoceSocket,
+        order: SmallVec<[usize; TX_BATCH]>,
+        via: SmallVec<[Option<usize>; TX_BATCH]>,
+    ) -> (
+        SmallVec<[usize; TX_BATCH]>,
+        SmallVec<[Option<usize>; TX_BATCH]>,
+    ) {
+        if !order.iter().any(|&k| self.bundler.marked(k)) {
+            return (order, via);
+        }
+        let (bundled, rest): (SmallVec<[usize; TX_BATCH]>, SmallVec<[usize; TX_BATCH]>) =
+            order.iter().copied().partition(|&k| self.bundler.marked(k));
+        let via = order
+            .iter()
+            .zip(via)
+            .filter(|(k, _)| !self.bundler.marked(**k))
+            .map(|(_, w)| w)
+            .collect();
+        let list = self
+            .bundler
+            .build(si, &bundled, &self.tx, &self.tx_bufs, &self.tx_pieces);
+        let st = &shared.stats;
+        Stats::add(&st.tx_bundles, list.len() as u64);
+        Stats::add(&st.tx_bundled_transmits, bundled.len() as u64);
+        send_all(shared, sock, &list);
+        (rest, via)
     }
 
     /// The way each transmit of `order` leaves, in send order (the slot of a connected
@@ -212,14 +258,19 @@ impl Stepper {
                 via.push(None); // sealed by `seal_external`
                 continue;
             }
+            if self.bundler.marked(k) {
+                seal(&t, buf, pieces, 0, (t.src_port, 0, true), None);
+                via.push(None);
+                continue;
+            }
             let way = self.senders.way(&t, st);
             let slot = match way {
-                Some(w) if seal(&t, buf, pieces, 0, (w.sport, w.first_id), None) => {
+                Some(w) if seal(&t, buf, pieces, 0, (w.sport, w.first_id, false), None) => {
                     self.senders.planned(&w);
                     Some(w.slot)
                 }
                 _ => {
-                    seal(&t, buf, pieces, 0, (t.src_port, 0), None);
+                    seal(&t, buf, pieces, 0, (t.src_port, 0, false), None);
                     None
                 }
             };

@@ -149,6 +149,7 @@ impl Qp {
             nonce,
             addrs: self.mp_local_addrs(ctx),
             sports: ctx.cfg.mp.sports.max(1),
+            features: ctx.cfg.bundle_features(),
         };
         Some(MpPacket {
             src: self.path.src,

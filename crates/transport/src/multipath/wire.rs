@@ -60,7 +60,12 @@ pub(crate) struct Hello {
     pub addrs: Vec<IpAddr>,
     /// UDP source ports per address pair the sender uses.
     pub sports: u8,
+    /// Other extensions the sender takes ([`FEATURE_BUNDLES`]).
+    pub features: u8,
 }
+
+/// [`Hello::features`]: the sender takes bundles (`softhca_wire::bundle`).
+pub(crate) const FEATURE_BUNDLES: u8 = 1;
 
 /// Bounds-checked big-endian writer (the crate forbids slice indexing).
 struct Put<'a> {
@@ -143,7 +148,7 @@ impl Hello {
         p.bytes(&[0, 0, 0, 0, 0, 0])?;
         p.bytes(&MAGIC)?;
         let n = self.addrs.len().min(MAX_ADDRS);
-        p.bytes(&[MP_VERSION, self.sports, n as u8, 0])?;
+        p.bytes(&[MP_VERSION, self.sports, n as u8, self.features])?;
         p.bytes(&self.from_qpn.to_be_bytes())?;
         p.bytes(&self.to_qpn.to_be_bytes())?;
         for a in self.addrs.iter().take(n) {
@@ -180,14 +185,17 @@ impl Hello {
             nonce: tid as u32,
             addrs: Vec::new(),
             sports: 1,
+            features: 0,
         };
         if g.take::<4>()? != MAGIC {
             // A Linux host's "unsupported" answer echoes our request: the body is ours,
             // with the answering side's status; only the status matters then.
             return answer.then_some(h);
         }
-        let [_version, sports, n, _] = g.take::<4>()?;
+        // The last byte was reserved (0) before the features: an older softhca takes none.
+        let [_version, sports, n, features] = g.take::<4>()?;
         h.sports = sports.max(1);
+        h.features = features;
         h.from_qpn = g.u32()? & 0x00ff_ffff;
         h.to_qpn = g.u32()? & 0x00ff_ffff;
         for _ in 0..usize::from(n).min(MAX_ADDRS) {
@@ -291,6 +299,7 @@ mod tests {
                 "fd00::1".parse().unwrap(),
             ],
             sports: 2,
+            features: FEATURE_BUNDLES,
         };
         let pkt = h.encode().unwrap();
         assert_eq!(pkt.len(), 12 + 8 + 256);

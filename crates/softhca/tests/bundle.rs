@@ -1,0 +1,110 @@
+//! Bundles (several packets of different sizes in one datagram, `softhca_wire::bundle`)
+//! between two softhca devices that offered them in multipath's negotiation, and none to
+//! a device that did not: every byte arrives either way, and every bundled packet passes
+//! its ICRC.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use softhca::*;
+
+/// UCX's eager fragment at MTU 4096 (two full packets and a short one), and a short
+/// message: the sizes GSO cannot put in one datagram.
+const SIZES: [usize; 2] = [8192 + 40, 100];
+const SLOT: usize = 16384;
+const BURST: u64 = 8;
+const ROUNDS: u64 = 20;
+
+fn open_with(addr: &str, bundle: bool) -> Arc<Context> {
+    let mut cfg = Config::loopback(ip(addr));
+    cfg.poll = Config::from_env().unwrap().poll;
+    cfg.bundle = bundle;
+    Context::open(&cfg).unwrap_or_else(|e| panic!("open {addr}: {e}"))
+}
+
+fn pair(a: &str, b: &str, b_bundles: bool) -> (Side, Side) {
+    let sa = side(open_with(a, true), QpType::Rc, SLOT * BURST as usize);
+    let sb = side(open_with(b, b_bundles), QpType::Rc, SLOT * BURST as usize);
+    connect(&sa, &sb);
+    // Both QPs' negotiations end (answered yes, or no) before the traffic starts.
+    let t = Instant::now();
+    let done = |s: &Side| counter(&s.ctx, "mp_negotiated") + counter(&s.ctx, "mp_fallback");
+    while done(&sa) == 0 || done(&sb) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no negotiation");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (sa, sb)
+}
+
+/// Bursts of SENDs of both sizes, posted one per call between polls, each checked.
+fn bursts(a: &Side, b: &Side) {
+    let mut wc = [Completion::default(); 16];
+    for round in 0..ROUNDS {
+        let len = |i: u64| SIZES[(i % 2) as usize];
+        for i in 0..BURST {
+            let off = i as usize * SLOT;
+            b.qp.post_recv(recv_wr(i, b.mr.sge(off, SLOT as u32)))
+                .unwrap();
+            a.mr.write(off, &pattern(len(i), (round * BURST + i) as u8))
+                .unwrap();
+        }
+        assert_eq!(a.cq.poll(&mut wc), 0);
+        for i in 0..BURST {
+            let sge = a.mr.sge(i as usize * SLOT, len(i) as u32);
+            a.qp.post_send(send_wr(i, WrOpcode::Send, sge)).unwrap();
+        }
+        let (mut sent, mut received) = (0, 0);
+        let t = Instant::now();
+        while sent < BURST || received < BURST {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "round {round}: {sent} sends and {received} receives completed"
+            );
+            let n = a.cq.poll(&mut wc);
+            for c in &wc[..n] {
+                assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send));
+                sent += 1;
+            }
+            let n = b.cq.poll(&mut wc);
+            for c in &wc[..n] {
+                assert_eq!(c.status, WcStatus::Success);
+                assert_eq!(c.byte_len as usize, len(c.wr_id));
+                let mut got = vec![0u8; len(c.wr_id)];
+                b.mr.read(c.wr_id as usize * SLOT, &mut got).unwrap();
+                let want = pattern(len(c.wr_id), (round * BURST + c.wr_id) as u8);
+                assert!(got == want, "round {round}, message {}", c.wr_id);
+                received += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn bursts_to_a_softhca_peer_leave_in_bundles() {
+    let (a, b) = pair("127.0.1.81", "127.0.1.82", true);
+    bursts(&a, &b);
+    let bundles = counter(&a.ctx, "io_tx_bundles");
+    let bundled = counter(&a.ctx, "io_tx_bundled_transmits");
+    assert!(bundles > 0, "no bundle sent");
+    assert!(
+        bundled >= 2 * bundles,
+        "{bundled} transmits in {bundles} bundles"
+    );
+    assert_eq!(counter(&b.ctx, "rx_bundles"), bundles);
+    assert_eq!(counter(&b.ctx, "drop_bad_icrc"), 0);
+    assert_eq!(counter(&b.ctx, "drop_malformed"), 0);
+}
+
+#[test]
+fn no_bundles_to_a_peer_that_did_not_offer_them() {
+    let (a, b) = pair("127.0.1.83", "127.0.1.84", false);
+    bursts(&a, &b);
+    assert_eq!(counter(&a.ctx, "io_tx_bundles"), 0);
+    assert_eq!(counter(&b.ctx, "rx_bundles"), 0);
+    // Its answers carry no bundles either, though the other side offered them.
+    assert_eq!(counter(&b.ctx, "io_tx_bundles"), 0);
+    assert_eq!(counter(&a.ctx, "rx_bundles"), 0);
+}
