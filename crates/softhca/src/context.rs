@@ -211,7 +211,16 @@ fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> Eng
         },
         unacked_rate: cfg.uc_ud_rate.map(|bits| (bits / 8).max(1)),
         mp: cfg.multipath.clone(),
-        bundle: cfg.bundle,
+        // What one receive buffer holds: a larger datagram would be cut.
+        bundle_max: if cfg.bundle {
+            served
+                .iter()
+                .map(|s| s.socket.recv_buf_size())
+                .min()
+                .unwrap_or(0)
+        } else {
+            0
+        },
         ..EngineConfig::default()
     }
 }

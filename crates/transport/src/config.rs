@@ -51,10 +51,11 @@ pub struct EngineConfig {
     /// the application posts. They have no ACKs and so no congestion signal (see
     /// `cc`): an application on a shared or slow link sets its rate here.
     pub unacked_rate: Option<u64>,
-    /// Send and offer bundles (several packets in one datagram, `softhca_wire::bundle`)
-    /// to peers that offer them too, through multipath's negotiation. Off by default here
-    /// (as `mp`); softhca's `Config` turns it on.
-    pub bundle: bool,
+    /// The largest bundle (several packets in one datagram, `softhca_wire::bundle`) this
+    /// device receives whole, offered to peers in multipath's negotiation; bundles go
+    /// only to peers that offered them too. 0 (the default here, as `mp`): none;
+    /// softhca's `Config` sets its receive buffer size.
+    pub bundle_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -77,18 +78,7 @@ impl Default for EngineConfig {
                 ..MpConfig::default()
             },
             unacked_rate: None,
-            bundle: false,
-        }
-    }
-}
-
-impl EngineConfig {
-    /// The features this engine offers in its negotiation.
-    pub(crate) fn bundle_features(&self) -> u8 {
-        if self.bundle {
-            crate::multipath::wire::FEATURE_BUNDLES
-        } else {
-            0
+            bundle_max: 0,
         }
     }
 }

@@ -63,8 +63,9 @@ pub struct Engine {
     source_port: Option<u16>,
     /// Per peer flow, the IPv4 ID its packets carry (for the ICRC, see `ipv4_id`).
     pub(crate) ip_ids: Ipv4IdTracker,
-    /// Peer addresses that take bundles (see [`Engine::bundles_to`]).
-    bundle_peers: HashSet<IpAddr>,
+    /// Peer addresses that take bundles, and the largest each takes (see
+    /// [`Engine::bundles_to`]).
+    bundle_peers: HashMap<IpAddr, usize>,
     /// Request PSNs in flight over all QPs, and the QPs waiting for room.
     pub(crate) budget: Budget,
     /// Multipath extension packets waiting to leave (each its own Transmit).
@@ -445,7 +446,7 @@ impl Engine {
             timers: Timers::default(),
             source_port: None,
             ip_ids: Ipv4IdTracker::default(),
-            bundle_peers: HashSet::default(),
+            bundle_peers: HashMap::default(),
             budget: Budget::default(),
             mp_out: VecDeque::new(),
         }
@@ -1156,30 +1157,37 @@ impl Engine {
     }
 
     /// What a negotiation MAD says of its sender's bundles: each of its addresses takes
-    /// them, or (a Linux host's answer, an older softhca) none does. Every MAD says it
+    /// them up to a size, or (a Linux host's answer, an older softhca) none does. Every MAD says it
     /// again, so a peer restarted as something else is believed at its first.
     fn note_bundles(&mut self, src: IpAddr, hello: &Hello) {
-        let takes = self.cfg.bundle && hello.features & mpw::FEATURE_BUNDLES != 0;
+        let max = if self.cfg.bundle_max > 0 {
+            hello.bundle_max
+        } else {
+            0
+        };
         for ip in std::iter::once(src).chain(hello.addrs.iter().copied()) {
-            if !takes {
+            if max == 0 {
                 self.bundle_peers.remove(&ip);
             } else if self.bundle_peers.len() < MAX_BUNDLE_PEERS {
-                self.bundle_peers.insert(ip);
+                self.bundle_peers.insert(ip, max);
             }
         }
     }
 
-    /// Whether packets to `dst` may leave in bundles (`softhca_wire::bundle`): its
-    /// device said, in multipath's negotiation, that it takes them.
-    pub fn bundles_to(&self, dst: SocketAddr) -> bool {
-        dst.port() == self.cfg.udp_port && self.bundle_peers.contains(&dst.ip())
+    /// The largest bundle (`softhca_wire::bundle`) packets to `dst` may leave in, as its
+    /// device said in multipath's negotiation; 0: none.
+    pub fn bundles_to(&self, dst: SocketAddr) -> usize {
+        if dst.port() != self.cfg.udp_port {
+            return 0;
+        }
+        self.bundle_peers.get(&dst.ip()).copied().unwrap_or(0)
     }
 
     /// A multipath negotiation MAD: a peer asks about one of our QPs, or answers us.
     fn on_hello(&mut self, now: Nanos, info: &DatagramInfo, hello: Hello) {
         let enabled = self.cfg.mp.enabled;
         let port = self.cfg.udp_port;
-        let features = self.cfg.bundle_features();
+        let bundle_max = self.cfg.bundle_max;
         if self.hello_is_for_us(info.src.ip(), &hello) {
             self.note_bundles(info.src.ip(), &hello);
         }
@@ -1222,7 +1230,7 @@ impl Engine {
                     nonce: hello.nonce,
                     addrs: Vec::new(),
                     sports: 1,
-                    features,
+                    bundle_max,
                 };
                 if let Some(bytes) = no.encode() {
                     ctx.mp_out.push_back(MpPacket {

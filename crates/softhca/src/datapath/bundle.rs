@@ -10,8 +10,9 @@
 //! Which transmits: every one of a batch from one device address to one peer that took
 //! bundles in the multipath negotiation ([`softhca_transport::Engine::bundles_to`]), with
 //! one IP TOS, when there are at least two (a lone transmit leaves as it did, through a
-//! connected socket when it may) and each packet fits a bundle. All or none of a peer's
-//! transmits, so their order holds. A bundled packet is sealed with IPv4 ID 0, the rule
+//! connected socket when it may) and two of each packet fit a bundle (on a 1500-byte
+//! link full packets gain nothing: GSO carries them in one send and cuts them later).
+//! All or none of a peer's transmits, so their order holds. A bundled packet is sealed with IPv4 ID 0, the rule
 //! the receiver checks it by (plain packets take the ID the kernel writes).
 
 use std::net::{IpAddr, SocketAddr};
@@ -32,8 +33,9 @@ const IOV_PER_PACKET: usize = 4;
 pub(super) struct Bundler {
     /// Per device socket: the largest bundle it sends (UDP payload bytes); 0: none.
     limits: Vec<usize>,
-    /// Per transmit of the step (`Stepper::tx`): whether it leaves in a bundle.
-    marked: SmallVec<[bool; TX_BATCH]>,
+    /// Per transmit of the step (`Stepper::tx`): the largest bundle it leaves in; 0: it
+    /// leaves as it is.
+    marked: SmallVec<[usize; TX_BATCH]>,
     header: [u8; BUNDLE_HEADER_LEN],
     /// Each bundled packet's length, as it goes on the wire (the iovecs point here:
     /// reserved before they are made, so it does not move while they live).
@@ -59,10 +61,10 @@ impl Bundler {
 
     /// Whether transmit `k` of the step leaves in a bundle (after [`Bundler::plan`]).
     pub(super) fn marked(&self, k: usize) -> bool {
-        self.marked.get(k).copied().unwrap_or(false)
+        self.marked.get(k).is_some_and(|&l| l > 0)
     }
 
-    /// Decides which of `tx` leave in bundles. `takes`: whether a peer took bundles;
+    /// Decides which of `tx` leave in bundles. `takes`: the largest bundle a peer takes;
     /// `own_port`: whether a transmit leaves from a socket of its own (multipath's extra
     /// source ports), never bundled.
     pub(super) fn plan(
@@ -70,31 +72,32 @@ impl Bundler {
         tx: &[(usize, Transmit)],
         pieces: &[Vec<TxPiece>],
         local_ips: &[IpAddr],
-        takes: impl Fn(SocketAddr) -> bool,
+        takes: impl Fn(SocketAddr) -> usize,
         own_port: impl Fn(&Transmit) -> bool,
     ) {
         self.marked.clear();
-        self.marked.resize(tx.len(), false);
+        self.marked.resize(tx.len(), 0);
         if tx.len() < 2 || self.limits.iter().all(|&l| l == 0) {
             return;
         }
         let key = |t: &Transmit| (t.src, t.dst, t.tos);
         for k in 0..tx.len() {
             let (_, t) = &tx[k];
-            if self.marked[k] || tx[..k].iter().any(|(_, u)| key(u) == key(t)) {
+            if self.marked[k] > 0 || tx[..k].iter().any(|(_, u)| key(u) == key(t)) {
                 continue; // decided with the first of its peer's transmits
             }
-            let limit = local_ips
+            let ours = local_ips
                 .iter()
                 .position(|ip| *ip == t.src)
                 .and_then(|si| self.limits.get(si).copied())
                 .unwrap_or(0);
+            let limit = if ours > 0 { ours.min(takes(t.dst)) } else { 0 };
             let fits = |(b, u): &(usize, Transmit)| {
                 !own_port(u)
                     && pieces[*b].len() == u.packets()
                     && pieces[*b]
                         .iter()
-                        .all(|p| BUNDLE_HEADER_LEN + BUNDLE_ENTRY_LEN + p.wire_len() <= limit)
+                        .all(|p| BUNDLE_HEADER_LEN + 2 * (BUNDLE_ENTRY_LEN + p.wire_len()) <= limit)
             };
             let group = || {
                 tx.iter()
@@ -102,29 +105,25 @@ impl Bundler {
                     .skip(k)
                     .filter(|(_, e)| key(&e.1) == key(t))
             };
-            let bundle = limit > 0
-                && group().nth(1).is_some()
-                && group().all(|(_, e)| fits(e))
-                && takes(t.dst);
+            let bundle = limit > 0 && group().nth(1).is_some() && group().all(|(_, e)| fits(e));
             if bundle {
                 for (j, _) in group() {
-                    self.marked[j] = true;
+                    self.marked[j] = limit;
                 }
             }
         }
     }
 
-    /// Packs the marked transmits `order` (device socket `si`'s, in send order) into
-    /// bundles, packets in order, as full as its limit allows; returns them to send.
+    /// Packs the marked transmits `order` (one device socket's, in send order) into
+    /// bundles, packets in order, each as full as its peer's limit allows; returns them
+    /// to send.
     pub(super) fn build<'a>(
         &'a mut self,
-        si: usize,
         order: &[usize],
         tx: &[(usize, Transmit)],
         bufs: &'a [Box<[u8]>],
         pieces: &[Vec<TxPiece>],
     ) -> SmallVec<[sio::Transmit<'a>; TX_BATCH]> {
-        let limit = self.limits.get(si).copied().unwrap_or(0);
         let total: usize = order.iter().map(|&k| pieces[tx[k].0].len()).sum();
         self.lens.clear();
         self.lens.reserve(total);
@@ -132,6 +131,7 @@ impl Bundler {
         let mut open: Option<(SocketAddr, u8, usize)> = None; // dst, tos, bytes so far
         for &k in order {
             let (b, t) = tx[k];
+            let limit = self.marked.get(k).copied().unwrap_or(0);
             for p in &pieces[b] {
                 let len = p.wire_len();
                 let room = open.is_some_and(|(dst, tos, bytes)| {

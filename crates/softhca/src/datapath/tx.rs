@@ -143,7 +143,7 @@ impl Stepper {
         // Stable: each group keeps its order.
         order.sort_by_key(|&k| self.tx[k].1.only_acks);
         let via = self.route_and_seal(&order, st);
-        let (order, via) = self.send_bundles(shared, si, sock, order, via);
+        let (order, via) = self.send_bundles(shared, sock, order, via);
         if order.is_empty() {
             return;
         }
@@ -209,12 +209,11 @@ impl Stepper {
         }
     }
 
-    /// Sends the bundled transmits of `order` (see [`super::bundle`]) from `sock`, device
-    /// socket `si`; returns the others with their ways.
+    /// Sends the bundled transmits of `order` (see [`super::bundle`]) from `sock`;
+    /// returns the others with their ways.
     fn send_bundles(
         &mut self,
         shared: &DatapathShared,
-        si: usize,
         sock: &sio::RoceSocket,
         order: SmallVec<[usize; TX_BATCH]>,
         via: SmallVec<[Option<usize>; TX_BATCH]>,
@@ -235,7 +234,7 @@ impl Stepper {
             .collect();
         let list = self
             .bundler
-            .build(si, &bundled, &self.tx, &self.tx_bufs, &self.tx_pieces);
+            .build(&bundled, &self.tx, &self.tx_bufs, &self.tx_pieces);
         let st = &shared.stats;
         Stats::add(&st.tx_bundles, list.len() as u64);
         Stats::add(&st.tx_bundled_transmits, bundled.len() as u64);

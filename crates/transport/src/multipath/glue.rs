@@ -149,7 +149,7 @@ impl Qp {
             nonce,
             addrs: self.mp_local_addrs(ctx),
             sports: ctx.cfg.mp.sports.max(1),
-            features: ctx.cfg.bundle_features(),
+            bundle_max: ctx.cfg.bundle_max,
         };
         Some(MpPacket {
             src: self.path.src,

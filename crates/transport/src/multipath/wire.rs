@@ -60,12 +60,13 @@ pub(crate) struct Hello {
     pub addrs: Vec<IpAddr>,
     /// UDP source ports per address pair the sender uses.
     pub sports: u8,
-    /// Other extensions the sender takes ([`FEATURE_BUNDLES`]).
-    pub features: u8,
+    /// The largest bundle (`softhca_wire::bundle`) the sender receives, bytes; 0: none.
+    pub bundle_max: usize,
 }
 
-/// [`Hello::features`]: the sender takes bundles (`softhca_wire::bundle`).
-pub(crate) const FEATURE_BUNDLES: u8 = 1;
+/// [`Hello::bundle_max`] travels in the body's last reserved byte (an older softhca sent
+/// 0 there: no bundles), in units of this many bytes, rounded down.
+const BUNDLE_UNIT: usize = 256;
 
 /// Bounds-checked big-endian writer (the crate forbids slice indexing).
 struct Put<'a> {
@@ -148,7 +149,8 @@ impl Hello {
         p.bytes(&[0, 0, 0, 0, 0, 0])?;
         p.bytes(&MAGIC)?;
         let n = self.addrs.len().min(MAX_ADDRS);
-        p.bytes(&[MP_VERSION, self.sports, n as u8, self.features])?;
+        let bundle = (self.bundle_max / BUNDLE_UNIT).min(255) as u8;
+        p.bytes(&[MP_VERSION, self.sports, n as u8, bundle])?;
         p.bytes(&self.from_qpn.to_be_bytes())?;
         p.bytes(&self.to_qpn.to_be_bytes())?;
         for a in self.addrs.iter().take(n) {
@@ -185,17 +187,16 @@ impl Hello {
             nonce: tid as u32,
             addrs: Vec::new(),
             sports: 1,
-            features: 0,
+            bundle_max: 0,
         };
         if g.take::<4>()? != MAGIC {
             // A Linux host's "unsupported" answer echoes our request: the body is ours,
             // with the answering side's status; only the status matters then.
             return answer.then_some(h);
         }
-        // The last byte was reserved (0) before the features: an older softhca takes none.
-        let [_version, sports, n, features] = g.take::<4>()?;
+        let [_version, sports, n, bundle] = g.take::<4>()?;
         h.sports = sports.max(1);
-        h.features = features;
+        h.bundle_max = usize::from(bundle) * BUNDLE_UNIT;
         h.from_qpn = g.u32()? & 0x00ff_ffff;
         h.to_qpn = g.u32()? & 0x00ff_ffff;
         for _ in 0..usize::from(n).min(MAX_ADDRS) {
@@ -299,7 +300,7 @@ mod tests {
                 "fd00::1".parse().unwrap(),
             ],
             sports: 2,
-            features: FEATURE_BUNDLES,
+            bundle_max: 9216,
         };
         let pkt = h.encode().unwrap();
         assert_eq!(pkt.len(), 12 + 8 + 256);
