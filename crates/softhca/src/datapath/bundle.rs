@@ -29,10 +29,27 @@ const MAX_IOV: usize = 1024;
 /// Iovecs per packet at most: its length, headers, external payload, tail.
 const IOV_PER_PACKET: usize = 4;
 
+/// How many bundles of at most `limit` bytes `packets` make, packed in order.
+fn bundles_for<'a>(limit: usize, packets: impl Iterator<Item = &'a TxPiece>) -> usize {
+    let mut n = 0;
+    let mut bytes = limit;
+    for p in packets {
+        let need = BUNDLE_ENTRY_LEN + p.wire_len();
+        if bytes + need > limit {
+            n += 1;
+            bytes = BUNDLE_HEADER_LEN;
+        }
+        bytes += need;
+    }
+    n
+}
+
 /// The bundles of one step, and what they are made of.
 pub(super) struct Bundler {
     /// Per device socket: the largest bundle it sends (UDP payload bytes); 0: none.
     limits: Vec<usize>,
+    /// The device sockets send GSO datagrams (a transmit of equal packets is one).
+    gso: bool,
     /// Per transmit of the step (`Stepper::tx`): the largest bundle it leaves in; 0: it
     /// leaves as it is.
     marked: SmallVec<[usize; TX_BATCH]>,
@@ -47,10 +64,12 @@ pub(super) struct Bundler {
 }
 
 impl Bundler {
-    /// `limits`: per device socket, the largest bundle (see `addr::bundle_limit`).
-    pub(super) fn new(limits: Vec<usize>) -> Bundler {
+    /// `limits`: per device socket, the largest bundle (see `addr::bundle_limit`); `gso`:
+    /// whether they send GSO datagrams.
+    pub(super) fn new(limits: Vec<usize>, gso: bool) -> Bundler {
         Bundler {
             limits,
+            gso,
             marked: SmallVec::new(),
             header: bundle_header(),
             lens: Vec::new(),
@@ -105,7 +124,15 @@ impl Bundler {
                     .skip(k)
                     .filter(|(_, e)| key(&e.1) == key(t))
             };
-            let bundle = limit > 0 && group().nth(1).is_some() && group().all(|(_, e)| fits(e));
+            // Only where bundles make fewer datagrams than plain sends (a run of full GSO
+            // sends, 64 KiB writes, would each become a bundle of the same size).
+            let plain: usize = group()
+                .map(|(_, (_, u))| if self.gso { 1 } else { u.packets() })
+                .sum();
+            let bundle = limit > 0
+                && plain >= 2
+                && group().all(|(_, e)| fits(e))
+                && bundles_for(limit, group().flat_map(|(_, (b, _))| &pieces[*b])) < plain;
             if bundle {
                 for (j, _) in group() {
                     self.marked[j] = limit;

@@ -112,11 +112,12 @@ impl Stepper {
         let bound = sockets.first().map_or(0, RoceSocket::bound_ifindex);
         let senders = Senders::new(connected && impair.is_none(), gso, sockbuf, bound);
         // Fault injection cuts transmits apart as they are sent: no bundles then.
-        let bundler = Bundler::new(if impair.is_none() {
+        let limits = if impair.is_none() {
             bundle_limits
         } else {
             Vec::new()
-        });
+        };
+        let bundler = Bundler::new(limits, gso);
         let readiness = if sockets.len() > 1 {
             let poll_in = |s: &RoceSocket| libc::pollfd {
                 fd: s.as_raw_fd(),

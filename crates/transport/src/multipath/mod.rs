@@ -20,6 +20,10 @@
 //! plain RC. The 0xE1+ opcodes below are sent only to a peer that said "yes", so rxe
 //! never sees one (rxe before 2021 did not reject non-RC opcodes on RC QPs). The MAD is
 //! the one packet a softhca QP adds towards rxe; the QP's own packets are unchanged.
+//! The MAD also says how large a bundle (`softhca_wire::bundle`: several packets in one
+//! datagram, opcode 0xE4) its sender receives; a device sends bundles only to addresses
+//! whose MAD said so, in a negotiation of one of its QPs, so never to rxe. Bundles are
+//! the datapath's, for every QP to that peer, whether or not multipath is active.
 //!
 //! # Paths
 //! A path is (local IP, remote IP, UDP source port). Candidates: every local address
