@@ -48,44 +48,9 @@ fn pair(a: &str, b: &str, b_bundles: bool, b_gro: bool) -> (Side, Side) {
 
 /// Bursts of SENDs of both sizes, posted one per call between polls, each checked.
 fn bursts(a: &Side, b: &Side) {
-    let mut wc = [Completion::default(); 16];
+    let lens: Vec<usize> = (0..BURST).map(|i| SIZES[(i % 2) as usize]).collect();
     for round in 0..ROUNDS {
-        let len = |i: u64| SIZES[(i % 2) as usize];
-        for i in 0..BURST {
-            let off = i as usize * SLOT;
-            b.qp.post_recv(recv_wr(i, b.mr.sge(off, SLOT as u32)))
-                .unwrap();
-            a.mr.write(off, &pattern(len(i), (round * BURST + i) as u8))
-                .unwrap();
-        }
-        assert_eq!(a.cq.poll(&mut wc), 0);
-        for i in 0..BURST {
-            let sge = a.mr.sge(i as usize * SLOT, len(i) as u32);
-            a.qp.post_send(send_wr(i, WrOpcode::Send, sge)).unwrap();
-        }
-        let (mut sent, mut received) = (0, 0);
-        let t = Instant::now();
-        while sent < BURST || received < BURST {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "round {round}: {sent} sends and {received} receives completed"
-            );
-            let n = a.cq.poll(&mut wc);
-            for c in &wc[..n] {
-                assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send));
-                sent += 1;
-            }
-            let n = b.cq.poll(&mut wc);
-            for c in &wc[..n] {
-                assert_eq!(c.status, WcStatus::Success);
-                assert_eq!(c.byte_len as usize, len(c.wr_id));
-                let mut got = vec![0u8; len(c.wr_id)];
-                b.mr.read(c.wr_id as usize * SLOT, &mut got).unwrap();
-                let want = pattern(len(c.wr_id), (round * BURST + c.wr_id) as u8);
-                assert!(got == want, "round {round}, message {}", c.wr_id);
-                received += 1;
-            }
-        }
+        send_burst(a, b, &lens, SLOT, round * BURST);
     }
 }
 

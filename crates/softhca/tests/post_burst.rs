@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
-use softhca::*;
 
 #[test]
 fn a_burst_of_posts_leaves_in_few_send_batches() {
@@ -21,44 +18,7 @@ fn a_burst_of_posts_leaves_in_few_send_batches() {
     let transmits = || counter(&a.ctx, "io_tx_transmits");
     let (batches0, transmits0) = (batches(), transmits());
     for round in 0..ROUNDS {
-        for i in 0..BURST {
-            let off = i as usize * SLOT;
-            b.qp.post_recv(recv_wr(i, b.mr.sge(off, SLOT as u32)))
-                .unwrap();
-            a.mr.write(off, &pattern(LEN, (round * BURST + i) as u8))
-                .unwrap();
-        }
-        // The application polls (its polling window opens), then posts its burst.
-        let mut wc = [Completion::default(); 16];
-        assert_eq!(a.cq.poll(&mut wc), 0);
-        for i in 0..BURST {
-            let off = i as usize * SLOT;
-            a.qp.post_send(send_wr(i, WrOpcode::Send, a.mr.sge(off, LEN as u32)))
-                .unwrap();
-        }
-        let (mut sent, mut received) = (0, 0);
-        let t = Instant::now();
-        while sent < BURST || received < BURST {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "round {round}: {sent} sends and {received} receives completed"
-            );
-            let n = a.cq.poll(&mut wc);
-            for c in &wc[..n] {
-                assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send));
-                sent += 1;
-            }
-            let n = b.cq.poll(&mut wc);
-            for c in &wc[..n] {
-                assert_eq!(c.status, WcStatus::Success);
-                assert_eq!(c.byte_len as usize, LEN);
-                let mut got = vec![0u8; LEN];
-                b.mr.read(c.wr_id as usize * SLOT, &mut got).unwrap();
-                let want = pattern(LEN, (round * BURST + c.wr_id) as u8);
-                assert!(got == want, "round {round}, message {}", c.wr_id);
-                received += 1;
-            }
-        }
+        send_burst(&a, &b, &[LEN; BURST as usize], SLOT, round * BURST);
     }
     // One post per system call would make a batch per transmit. A loaded machine may
     // deschedule the poster mid-burst (its window closes, the datapath thread sends what

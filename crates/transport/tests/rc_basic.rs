@@ -296,9 +296,10 @@ fn one_write_each(net: &mut SimNet, qps: &[(Qpn, Qpn)]) -> (Mr, Mr) {
     (la, rb)
 }
 
-#[test]
-fn qps_to_one_peer_share_a_gso_batch() {
-    let mut net = SimNet::new(8, 2, Mtu::M4096);
+/// Two engines sending from UDP port 4791 (as softhca's device socket), four RC QPs
+/// between them, and node 0's [`one_write_each`] posted on them.
+fn four_qps_one_write_each(seed: u64) -> (SimNet, Mr, Mr) {
+    let mut net = SimNet::new(seed, 2, Mtu::M4096);
     for n in &mut net.nodes {
         n.engine.set_source_port(Some(4791));
     }
@@ -306,6 +307,12 @@ fn qps_to_one_peer_share_a_gso_batch() {
         .map(|_| pair(&mut net, QpType::Rc, &RcOpts::default()))
         .collect();
     let (la, rb) = one_write_each(&mut net, &qps);
+    (net, la, rb)
+}
+
+#[test]
+fn qps_to_one_peer_share_a_gso_batch() {
+    let (mut net, la, rb) = four_qps_one_write_each(8);
     let mut buf = vec![0u8; 256 * 1024];
     let t = net.nodes[0].engine.poll_transmit(0, &mut buf).unwrap();
     assert_eq!(t.len / t.segment_size, 4, "four QPs' WRITEs in one batch");
@@ -764,14 +771,7 @@ fn traffic_class_is_the_tos_of_a_qps_packets() {
 /// IPv4 ID plays no part.
 #[test]
 fn a_bundles_packets_are_checked_and_executed_one_by_one() {
-    let mut net = SimNet::new(41, 2, Mtu::M4096);
-    for n in &mut net.nodes {
-        n.engine.set_source_port(Some(4791));
-    }
-    let qps: Vec<(Qpn, Qpn)> = (0..4)
-        .map(|_| pair(&mut net, QpType::Rc, &RcOpts::default()))
-        .collect();
-    let (la, rb) = one_write_each(&mut net, &qps);
+    let (mut net, la, rb) = four_qps_one_write_each(41);
     let mut buf = vec![0u8; 65_507];
     let mut pieces = Vec::new();
     let t = net.nodes[0]

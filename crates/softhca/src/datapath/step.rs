@@ -392,20 +392,7 @@ impl Stepper {
         if may_defer && self.after_send.is_empty() {
             self.defer_tail();
         }
-        let engine = &core.engine;
-        let own_port = |t: &Transmit| {
-            shared
-                .sport_sockets
-                .iter()
-                .any(|(a, p, _)| *a == t.src && *p == t.src_port)
-        };
-        self.bundler.plan(
-            &self.tx,
-            &self.tx_pieces,
-            &self.local_ips,
-            |dst| engine.bundles_to(dst),
-            own_port,
-        );
+        self.plan_bundles(&core.engine, shared);
         self.seal_external(core.engine.memory());
         let mut deadline = core.engine.poll_timeout();
         if self.held && serving {
@@ -422,6 +409,24 @@ impl Stepper {
         Stats::add(&st.rx_gro_datagrams, counts.gro);
         Stats::add(&st.rx_truncated, counts.truncated);
         (self.tx.len(), deadline)
+    }
+
+    /// Decides which transmits leave in bundles (see `bundle`), before any is sealed: a
+    /// bundled packet is sealed differently.
+    fn plan_bundles(&mut self, engine: &Engine, shared: &DatapathShared) {
+        let own_port = |t: &Transmit| {
+            shared
+                .sport_sockets
+                .iter()
+                .any(|(a, p, _)| *a == t.src && *p == t.src_port)
+        };
+        self.bundler.plan(
+            &self.tx,
+            &self.tx_pieces,
+            &self.local_ips,
+            |dst| engine.bundles_to(dst),
+            own_port,
+        );
     }
 
     /// Feeds the received datagrams to the engine, from `start` (where the last step

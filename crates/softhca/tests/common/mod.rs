@@ -114,3 +114,52 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13) as u8 ^ seed)
         .collect()
 }
+
+/// One burst: `b` posts a receive per message into slot i (`slot` bytes apart), `a`
+/// polls once (its polling window opens) and posts SENDs of `lens[i]` bytes from its
+/// slot i, one per call, filled with the pattern seeded `seed + i`; then both sides'
+/// completions are awaited (5 s) and every byte received is checked.
+pub fn send_burst(a: &Side, b: &Side, lens: &[usize], slot: usize, seed: u64) {
+    use std::time::Instant;
+    let seed_of = |i: u64| (seed + i) as u8;
+    for (i, &len) in lens.iter().enumerate() {
+        let off = i * slot;
+        b.qp.post_recv(recv_wr(i as u64, b.mr.sge(off, slot as u32)))
+            .unwrap();
+        a.mr.write(off, &pattern(len, seed_of(i as u64))).unwrap();
+    }
+    let mut wc = [Completion::default(); 16];
+    assert_eq!(a.cq.poll(&mut wc), 0);
+    for (i, &len) in lens.iter().enumerate() {
+        let sge = a.mr.sge(i * slot, len as u32);
+        a.qp.post_send(send_wr(i as u64, WrOpcode::Send, sge))
+            .unwrap();
+    }
+    let (mut sent, mut received) = (0, 0);
+    let t = Instant::now();
+    while sent < lens.len() || received < lens.len() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "burst {seed}: {sent} sends and {received} receives completed"
+        );
+        let n = a.cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Send));
+            sent += 1;
+        }
+        let n = b.cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!(c.status, WcStatus::Success);
+            let len = lens[c.wr_id as usize];
+            assert_eq!(c.byte_len as usize, len);
+            let mut got = vec![0u8; len];
+            b.mr.read(c.wr_id as usize * slot, &mut got).unwrap();
+            assert!(
+                got == pattern(len, seed_of(c.wr_id)),
+                "burst {seed}, message {}",
+                c.wr_id
+            );
+            received += 1;
+        }
+    }
+}
