@@ -433,8 +433,18 @@ impl Config {
                 })?;
             cfg.tx_drop_ppm = (p * 1e6).round() as u32;
         }
-        if let Some(v) = env("SOFTHCA_CC") {
-            cfg.congestion_control = zero_or_one("SOFTHCA_CC", &v)?;
+        // The on/off switches: 0 or 1.
+        for (name, switch) in [
+            ("SOFTHCA_CC", &mut cfg.congestion_control),
+            ("SOFTHCA_WRITE_SPLIT", &mut cfg.split_writes),
+            ("SOFTHCA_DIRECT_RX", &mut cfg.direct_rx),
+            ("SOFTHCA_CONNECTED", &mut cfg.connected_senders),
+            ("SOFTHCA_BUNDLE", &mut cfg.bundle),
+            ("SOFTHCA_MP", &mut cfg.multipath.enabled),
+        ] {
+            if let Some(v) = env(name) {
+                *switch = zero_or_one(name, &v)?;
+            }
         }
         if let Some(v) = env("SOFTHCA_UC_UD_RATE") {
             cfg.uc_ud_rate = Some(bits_per_second(&v).ok_or_else(|| {
@@ -442,18 +452,6 @@ impl Config {
                     "SOFTHCA_UC_UD_RATE: {v:?} is not a rate in bits per second (100M, 1G)"
                 ))
             })?);
-        }
-        if let Some(v) = env("SOFTHCA_WRITE_SPLIT") {
-            cfg.split_writes = zero_or_one("SOFTHCA_WRITE_SPLIT", &v)?;
-        }
-        if let Some(v) = env("SOFTHCA_DIRECT_RX") {
-            cfg.direct_rx = zero_or_one("SOFTHCA_DIRECT_RX", &v)?;
-        }
-        if let Some(v) = env("SOFTHCA_CONNECTED") {
-            cfg.connected_senders = zero_or_one("SOFTHCA_CONNECTED", &v)?;
-        }
-        if let Some(v) = env("SOFTHCA_BUNDLE") {
-            cfg.bundle = zero_or_one("SOFTHCA_BUNDLE", &v)?;
         }
         if let Some(v) = env("SOFTHCA_GSO") {
             cfg.gso = not_disabled(&v);
@@ -464,9 +462,6 @@ impl Config {
         // A value that is not a byte count keeps the default, as it always has.
         if let Some(n) = env("SOFTHCA_SOCKBUF").and_then(|v| v.parse::<usize>().ok()) {
             cfg.sockbuf = n;
-        }
-        if let Some(v) = env("SOFTHCA_MP") {
-            cfg.multipath.enabled = zero_or_one("SOFTHCA_MP", &v)?;
         }
         if let Some(v) = env("SOFTHCA_MP_ADDRS") {
             cfg.multipath.addrs = parse_addrs("SOFTHCA_MP_ADDRS", &v)?;
