@@ -1157,8 +1157,8 @@ impl Engine {
     }
 
     /// What a negotiation MAD says of its sender's bundles: each of its addresses takes
-    /// them up to a size, or (a Linux host's answer, an older softhca) none does. Every MAD says it
-    /// again, so a peer restarted as something else is believed at its first.
+    /// them up to a size, or (a Linux host's answer, an older softhca) none does. Every
+    /// MAD says it again, so a peer restarted as something else is believed at its first.
     fn note_bundles(&mut self, src: IpAddr, hello: &Hello) {
         let max = if self.cfg.bundle_max > 0 {
             hello.bundle_max

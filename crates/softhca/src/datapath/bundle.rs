@@ -9,11 +9,13 @@
 //!
 //! Which transmits: every one of a batch from one device address to one peer that took
 //! bundles in the multipath negotiation ([`softhca_transport::Engine::bundles_to`]), with
-//! one IP TOS, when there are at least two (a lone transmit leaves as it did, through a
-//! connected socket when it may) and two of each packet fit a bundle (on a 1500-byte
+//! one IP TOS, when packing them makes fewer datagrams than sending them as they are (a
+//! lone transmit leaves as it did, through a connected socket when it may; a run of full
+//! 64 KiB GSO sends is left alone) and two of each packet fit a bundle (on a 1500-byte
 //! link full packets gain nothing: GSO carries them in one send and cuts them later).
-//! All or none of a peer's transmits, so their order holds. A bundled packet is sealed with IPv4 ID 0, the rule
-//! the receiver checks it by (plain packets take the ID the kernel writes).
+//! All or none of a peer's transmits, so their order holds. A bundled packet is sealed
+//! with IPv4 ID 0, the rule the receiver checks it by (plain packets take the ID the
+//! kernel writes).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -155,24 +157,23 @@ impl Bundler {
         self.lens.clear();
         self.lens.reserve(total);
         self.used = 0;
-        let mut open: Option<(SocketAddr, u8, usize)> = None; // dst, tos, bytes so far
+        // Bytes in the open bundle (the last of `bundles[..used]`).
+        let mut bytes = 0;
         for &k in order {
             let (b, t) = tx[k];
             let limit = self.marked.get(k).copied().unwrap_or(0);
             for p in &pieces[b] {
                 let len = p.wire_len();
-                let room = open.is_some_and(|(dst, tos, bytes)| {
-                    (dst, tos) == (t.dst, t.tos)
+                let room = self.current().is_some_and(|(iov, dst, tos)| {
+                    (*dst, *tos) == (t.dst, t.tos)
                         && bytes + BUNDLE_ENTRY_LEN + len <= limit
-                        && self.current().len() + IOV_PER_PACKET <= MAX_IOV
+                        && iov.len() + IOV_PER_PACKET <= MAX_IOV
                 });
                 if !room {
                     self.open_bundle(t.dst, t.tos);
-                    open = Some((t.dst, t.tos, BUNDLE_HEADER_LEN));
+                    bytes = BUNDLE_HEADER_LEN;
                 }
-                if let Some((_, _, bytes)) = open.as_mut() {
-                    *bytes += BUNDLE_ENTRY_LEN + len;
-                }
+                bytes += BUNDLE_ENTRY_LEN + len;
                 self.push_packet(&bufs[b], p, len);
             }
         }
@@ -189,10 +190,9 @@ impl Bundler {
             .collect()
     }
 
-    fn current(&self) -> &[libc::iovec] {
-        self.used
-            .checked_sub(1)
-            .map_or(&[][..], |i| &self.bundles[i].0)
+    /// The open bundle: its iovecs, destination and TOS.
+    fn current(&self) -> Option<&(Vec<libc::iovec>, SocketAddr, u8)> {
+        self.bundles[..self.used].last()
     }
 
     fn open_bundle(&mut self, dst: SocketAddr, tos: u8) {
@@ -215,11 +215,7 @@ impl Bundler {
         // At most 65507 bytes: every limit is below u16::MAX.
         self.lens.push((len as u16).to_be_bytes());
         let len_ptr = self.lens.last().map_or(std::ptr::null(), |l| l.as_ptr());
-        let Some((iov, _, _)) = self
-            .used
-            .checked_sub(1)
-            .and_then(|i| self.bundles.get_mut(i))
-        else {
+        let Some((iov, _, _)) = self.bundles[..self.used].last_mut() else {
             return;
         };
         let at = |off: usize, n: usize| libc::iovec {

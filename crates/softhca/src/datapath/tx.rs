@@ -281,12 +281,14 @@ impl Stepper {
     /// The iovecs of each gathered transmit (one with a payload left in registered
     /// memory): per packet its headers, its payload, its pad and ICRC.
     fn build_iovecs(&mut self) {
-        for &(b, _) in &self.tx {
+        for (k, &(b, _)) in self.tx.iter().enumerate() {
             let iov = &mut self.tx_iov[b];
             iov.clear();
             let pieces = &self.tx_pieces[b];
-            if in_buffer(pieces) {
-                continue; // all in the buffer, back to back: sent as plain bytes
+            // All in the buffer, back to back: sent as plain bytes; or in a bundle, which
+            // makes its own iovecs.
+            if in_buffer(pieces) || self.bundler.marked(k) {
+                continue;
             }
             let buf = self.tx_bufs[b].as_ptr();
             for p in pieces {
