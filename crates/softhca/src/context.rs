@@ -409,6 +409,7 @@ impl Device {
             serve_until: AtomicU64::new(0),
             deadline: AtomicU64::new(Nanos::MAX),
             thread_wake: AtomicU64::new(Nanos::MAX),
+            window_sleep: AtomicBool::new(false),
             turnaround: cfg.diagnostics.stats.then(Turnaround::new),
             print_stats: cfg.diagnostics.stats,
         });

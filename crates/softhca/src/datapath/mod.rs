@@ -40,9 +40,16 @@ const TX_BUF: usize = 65_507;
 /// that keeps doing it gets no windows for a while ([`takeover`]). Short, because a
 /// responder's application owes one-sided operations (READ, atomics, WRITE) no poll,
 /// and one that polls now and then (UCX progresses about every millisecond) must not
-/// hold its peer's READs for a window each. A polling application costs the sleeping
-/// datapath thread one wake-up per window.
+/// hold its peer's READs for a window each.
 const APP_WINDOW_NS: u64 = 200_000;
+/// The datapath thread checks that a polling application still polls at the end of its
+/// window; each window it finds extended doubles the next look's delay beyond the
+/// window end, up to this. Each look is a wake-up that preempts a spinning thread on a
+/// busy machine (two MPI ranks on two cores lost a fifth of their 64 KiB ping-pong rate
+/// to one every 200 µs per process); the price is that an application that stops
+/// polling without saying so, after polling steadily, may leave its traffic (and held
+/// ACKs, and timers) waiting this much longer once.
+const APP_WINDOW_STRETCH_MAX_NS: u64 = 1_600_000;
 /// How long the datapath thread, serving an application that spins on memory, holds the
 /// ACKs of what it placed for the application's answer (see `Stepper::held`): a few
 /// times the answer's usual delay, far below a retransmit timeout or tail-loss probe.

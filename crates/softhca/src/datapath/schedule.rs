@@ -49,6 +49,9 @@ pub(crate) struct DatapathShared {
     pub deadline: AtomicU64,
     /// When the sleeping datapath thread wakes by itself (`Nanos::MAX`: only for I/O).
     pub thread_wake: AtomicU64,
+    /// The datapath thread sleeps (or last slept) only to see whether a polling
+    /// application still polls, on its doorbell alone.
+    pub window_sleep: AtomicBool,
     /// Times each turnaround when `SOFTHCA_STATS` is set (`crate::turnaround`).
     pub turnaround: Option<Box<Turnaround>>,
     /// `SOFTHCA_STATS`: print the counters when the device closes, or at exit.
@@ -153,7 +156,7 @@ impl DatapathShared {
 
     /// A timer earlier than the sleeping datapath thread's wake-up: wake it (the
     /// application may stop polling at any time and never come back for it). Not when
-    /// the thread sleeps only until the end of a polling window of the application's:
+    /// the thread sleeps only to see whether the application still polls:
     /// the application's own steps run the timer while it polls, the thread's wake-up
     /// when it stops. Why: a QP's armed timer (the tail-loss probe's, a millisecond
     /// after each send, fires early and re-arms as the probe moves on) often falls
@@ -162,8 +165,7 @@ impl DatapathShared {
     /// 5-10 times longer for as long as the test ran.
     fn wake_for_timer(&self) {
         let wake = self.thread_wake.load(Ordering::SeqCst);
-        if self.deadline.load(Ordering::Relaxed) < wake
-            && wake > self.app_active_until.load(Ordering::SeqCst)
+        if self.deadline.load(Ordering::Relaxed) < wake && !self.window_sleep.load(Ordering::SeqCst)
         {
             self.kick();
         }
@@ -245,12 +247,17 @@ pub(super) fn wake_by_hold_end(shared: &DatapathShared, now: Nanos) {
 ///
 /// Dekker with `DatapathThread::sleep`: the window is published with a read-modify-write
 /// (SeqCst) before `sleeping` is read, and the thread sets `sleeping` before it reads
-/// the window; so either it sees the window and sleeps only until its end, or we see
-/// it asleep and ring. Runs once per held step, not per poll.
+/// the window; so either it sees the window and sleeps only until its end (or the
+/// stretch beyond it, `APP_WINDOW_STRETCH_MAX_NS`), or we see it asleep and ring. A
+/// thread asleep for a window is not rung: that would be a wake-up per held step.
+/// Runs once per held step, not per poll.
 pub(super) fn wake_by_window_end(shared: &DatapathShared, now: Nanos) {
     let until = now + shared.app_window(now);
     shared.app_active_until.fetch_max(until, Ordering::SeqCst);
-    if shared.sleeping.load(Ordering::SeqCst) && shared.thread_wake.load(Ordering::SeqCst) > until {
+    if shared.sleeping.load(Ordering::SeqCst)
+        && !shared.window_sleep.load(Ordering::SeqCst)
+        && shared.thread_wake.load(Ordering::SeqCst) > until
+    {
         Stats::add(&shared.stats.doorbells, 1);
         shared.doorbell.notify();
     }

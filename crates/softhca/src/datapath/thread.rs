@@ -41,6 +41,9 @@ struct Turns {
     iterations: u64,
     /// The application's polling window this thread last slept out (0: none).
     slept_out: Nanos,
+    /// How far beyond the application's window end this thread sleeps (see
+    /// `APP_WINDOW_STRETCH_MAX_NS`); 0 until it finds a window extended.
+    stretch: Nanos,
     takeover: Takeover,
 }
 
@@ -97,6 +100,7 @@ impl DatapathThread {
             last_active: Instant::now(),
             iterations: 0,
             slept_out: 0,
+            stretch: 0,
             takeover: Takeover::default(),
         };
         while !shared.stop.load(Ordering::Relaxed) {
@@ -120,6 +124,7 @@ impl DatapathThread {
         // application about to block sets it to 0).
         let expired = turns.slept_out != 0 && app_until == turns.slept_out;
         turns.slept_out = 0;
+        turns.stretch = 0;
         let Some(step) = shared
             .stepper
             .try_lock()
@@ -163,9 +168,16 @@ impl DatapathThread {
             Stats::add(&shared.stats.loop_iterations, iterations);
             if app_polls {
                 // The application runs sockets and timers; look again when its window
-                // ends (or when it says it will block: the doorbell).
+                // ends (or when it says it will block: the doorbell), later each time
+                // it has polled through the last one.
+                turns.stretch = if turns.slept_out == 0 {
+                    0
+                } else {
+                    (turns.stretch * 2)
+                        .clamp(super::APP_WINDOW_NS, super::APP_WINDOW_STRETCH_MAX_NS)
+                };
                 turns.slept_out = app_until;
-                self.sleep(Some(app_until), true);
+                self.sleep(Some(app_until + turns.stretch), true);
             } else {
                 let d = shared.deadline.load(Ordering::Relaxed);
                 self.sleep((d != Nanos::MAX).then_some(d), false);
@@ -189,6 +201,7 @@ impl DatapathThread {
         shared
             .thread_wake
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::SeqCst);
+        shared.window_sleep.store(doorbell_only, Ordering::SeqCst);
         shared.sleeping.store(true, Ordering::SeqCst);
         // Dekker with `DatapathShared::kick`: a post after our last `pending.swap` either
         // sees `sleeping` and rings, or we see `pending` here. (While the application
