@@ -10,7 +10,8 @@
 //! Why this never shows bytes that RC/UC semantics do not allow. A plan is made only
 //! for a Middle or Last packet (SEND or WRITE, no immediate) at the expected PSN of a
 //! message whose First packet has already been checked and executed, or for a SEND
-//! First at the expected PSN when the QP's own receive queue has a WQE; and it covers
+//! First at the expected PSN when the QP's own receive queue has a WQE (or its shared
+//! one, for a packet in hand that takes that WQE at once); and it covers
 //! only what that message may still write: a WRITE's remaining RETH range (checked
 //! against the rkey when the First came), or the rest of the current SGE of the receive
 //! WQE the SEND consumes or will consume. On the requester, a plan is made for the READ
@@ -67,16 +68,23 @@ impl Qp {
     /// Where the payload of the in-order packet `bth` goes (a Middle or Last SEND or
     /// WRITE without immediate, at the expected PSN, of a message in progress, or a SEND
     /// First into the next receive WQE), and how much room that message has left there.
+    /// `srq_head`: the WQE at the head of the QP's shared receive queue, when the packet
+    /// is executed before any other can take it (see [`Engine::handle_fused`]).
     fn direct_target(
         &self,
         mem: &softhca_memory::MemoryTable,
         bth: &Bth,
+        srq_head: Option<&RecvWr>,
     ) -> Option<(*mut u8, usize)> {
         let op = bth.opcode;
         let follows = op.is_middle() || (op.is_last() && !op.has_immediate());
-        // A SEND First takes the receive WQE at the head of the QP's own queue (not a
-        // shared one, which another QP may take first).
-        let starts = op.is_send() && op.is_first() && self.init.srq.is_none();
+        // A SEND First takes the receive WQE at the head of the QP's own queue, or of a
+        // shared one only when no other QP can take it first.
+        let head = match self.init.srq {
+            None => self.rq.front(),
+            Some(_) => srq_head,
+        };
+        let starts = op.is_send() && op.is_first() && head.is_some();
         let ty = self.init.qp_type;
         if !(follows || starts)
             || !matches!(ty, QpType::Rc | QpType::Uc)
@@ -91,7 +99,7 @@ impl Qp {
             return None;
         }
         if starts {
-            let wqe = self.rq.front().filter(|_| self.resp.cur.is_none())?;
+            let wqe = head.filter(|_| self.resp.cur.is_none())?;
             return mem.scatter_span(self.init.pd, &wqe.sg_list, 0).ok()?;
         }
         match self.resp.cur.as_ref()? {
@@ -167,6 +175,14 @@ impl Engine {
     /// `src`, may be received straight into registered memory; `None` when it must be
     /// received into a buffer (see the module comment for what a plan allows).
     pub fn direct_plan(&self, src: IpAddr, head: &[u8]) -> Option<DirectPlan> {
+        self.plan(src, head, false)
+    }
+
+    /// [`Engine::direct_plan`]; `now`: the packet is in hand and executes at once, so a
+    /// SEND First may be planned into the head of a shared receive queue (a plan for a
+    /// datagram still to be received may not: the segments before it may be SENDs of
+    /// other QPs that take that WQE first).
+    fn plan(&self, src: IpAddr, head: &[u8], now: bool) -> Option<DirectPlan> {
         let bth = Bth::parse(head).ok()?;
         if bth.tver != 0 || bth.pad_count != 0 || !wire::pkey_ok(bth.pkey) {
             return None;
@@ -178,7 +194,13 @@ impl Engine {
         let (dst, room) = if bth.opcode.is_read_response() {
             qp.read_response_target(&self.memory, &bth, qp.mtu(&self.cfg))?
         } else {
-            qp.direct_target(&self.memory, &bth)?
+            let srq_head = qp
+                .init
+                .srq
+                .filter(|_| now)
+                .and_then(|id| self.srqs.get(&id.0))
+                .and_then(|s| s.queue.front());
+            qp.direct_target(&self.memory, &bth, srq_head)?
         };
         Some(DirectPlan {
             header_len: bth.opcode.header_len(),
@@ -205,7 +227,7 @@ impl Engine {
         if !udp_payload.first().is_some_and(|&op| may_fuse(Opcode(op))) {
             return false;
         }
-        let Some(plan) = self.direct_plan(info.src.ip(), udp_payload) else {
+        let Some(plan) = self.plan(info.src.ip(), udp_payload, true) else {
             return false;
         };
         let Some((head, rest)) = udp_payload.split_at_checked(plan.header_len) else {

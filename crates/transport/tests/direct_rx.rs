@@ -183,6 +183,87 @@ fn send_case(seed: u64, direct: bool) -> Counters {
 }
 
 #[test]
+fn sends_of_two_qps_land_only_in_shared_receives_and_complete_intact() {
+    for seed in 400..408 {
+        srq_case(faulty_net(seed, false), 2_100, 9_000);
+    }
+    // Lossless, messages of two packets: each First is checked while it is copied into
+    // the WQE at the head of the shared queue, as each Last is into the rest of it.
+    let c = srq_case(SimNet::new(7, 2, Mtu::M1024), 2_048, 2_048);
+    assert_eq!(c.rx_fused, 2 * 2 * SRQ_MSGS as u64);
+}
+
+const SRQ_MSGS: usize = 24;
+
+/// Two RC QPs of node 0 send `SRQ_MSGS` messages each (`least..=most` bytes, MTU 1024,
+/// interleaved) to two QPs of node 1 that share one receive queue; checks that the
+/// k-th receive completion of each QP holds that QP's k-th message and nothing outside
+/// the posted buffers was written; returns node 1's counters.
+fn srq_case(mut net: SimNet, least: usize, most: usize) -> Counters {
+    const BUF: usize = 10_000;
+    const GAP: usize = 300;
+    let o = RcOpts::default();
+    let pd = net.nodes[1].pd;
+    let attr = SrqAttr {
+        max_wr: 2 * SRQ_MSGS as u32,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq = net.nodes[1].engine.create_srq(pd, attr).unwrap();
+    let mut qps = Vec::new();
+    for _ in 0..2 {
+        let a = create(&mut net, 0, QpType::Rc, &o, None);
+        let b = create(&mut net, 1, QpType::Rc, &o, Some(srq));
+        connect_one(&mut net, 0, a, QpType::Rc, 1, b, &o, 10, 20);
+        connect_one(&mut net, 1, b, QpType::Rc, 0, a, &o, 20, 10);
+        qps.push((a, b));
+    }
+    let len = |i: usize| least + (i * 1_777) % (most - least + 1);
+    let src = net.reg(0, 2 * SRQ_MSGS * BUF, full_access());
+    let dst = net.reg(1, GAP + 2 * SRQ_MSGS * (BUF + GAP), full_access());
+    net.fill_random(&src);
+    net.mem_mut(&dst).fill(SENTINEL);
+    let buf = |w: usize| GAP + w * (BUF + GAP);
+    for w in 0..2 * SRQ_MSGS {
+        let wr = recv_wr(w as u64, dst.sges(buf(w), BUF));
+        net.nodes[1].engine.post_srq_recv(srq, wr).unwrap();
+    }
+    // Message i of QP q is at src[(q * SRQ_MSGS + i) * BUF..], len(i) bytes.
+    for i in 0..SRQ_MSGS {
+        for (q, &(a, _)) in qps.iter().enumerate() {
+            let at = (q * SRQ_MSGS + i) * BUF;
+            let wr = send_wr(i as u64, WrOpcode::Send, src.sges(at, len(i)));
+            net.nodes[0].engine.post_send(0, a, wr).unwrap();
+        }
+    }
+    let all = net.run_until(60_000_000_000, |net| {
+        let (s, d) = (net.mem(&src), net.mem(&dst));
+        let mut nth = [0usize; 2];
+        for (_, c) in &net.nodes[1].completions {
+            let q = qps.iter().position(|&(_, b)| qpn_u32(b) == c.qp_num);
+            let q = q.expect("a receive completion of one of the two QPs");
+            let (i, w) = (nth[q], c.wr_id as usize);
+            nth[q] += 1;
+            assert_eq!((c.status, c.byte_len as usize), (WcStatus::Success, len(i)));
+            let want = &s[(q * SRQ_MSGS + i) * BUF..][..len(i)];
+            assert!(
+                d[buf(w)..][..len(i)] == *want,
+                "QP {q}'s message {i} differs"
+            );
+        }
+        assert!(untouched(&d[..GAP]));
+        for w in 0..2 * SRQ_MSGS {
+            let after = &d[buf(w) + BUF..][..GAP];
+            assert!(untouched(after), "bytes after receive {w} were written");
+        }
+        let sent = net.nodes[0].completions.len();
+        net.nodes[1].completions.len() == 2 * SRQ_MSGS && sent == 2 * SRQ_MSGS
+    });
+    assert!(all, "not every SEND completed");
+    net.nodes[1].engine.counters().clone()
+}
+
+#[test]
 fn only_in_order_continuations_are_planned() {
     let mut net = SimNet::with_config(13, 2, Mtu::M1024, |c| c.split_rc_writes = false);
     let (a, b) = pair(&mut net, QpType::Rc, &RcOpts::default());

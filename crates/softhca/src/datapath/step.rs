@@ -210,6 +210,12 @@ impl Stepper {
         force: bool,
         polled: Option<CqId>,
     ) -> Step {
+        // What the application's last posts kept back leaves before anything is received:
+        // the peer waits for it, and what came in meanwhile (ACKs, mostly) can wait the
+        // few microseconds its receive and handling take.
+        if !self.deferred.is_empty() {
+            self.transmit(shared);
+        }
         let resume = self.rx_resume.is_some();
         let rx = if resume { 0 } else { self.receive(shared) };
         let now = shared.now();
