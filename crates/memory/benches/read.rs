@@ -1,6 +1,7 @@
 //! Regression guard for the RDMA READ responder's copy out of registered memory: the plain
 //! copy, the copy followed by a separate CRC (what the seal did before `remote_read_crc`),
-//! and the fused copy + CRC.
+//! and the fused copy + CRC; and the receive side's fused copy into memory beyond the
+//! caches (a deep receive queue's buffers), against a plain copy there.
 //!
 //! Run: `cargo bench -p softhca-memory` (add `-- --quick` for a short check).
 
@@ -52,5 +53,36 @@ fn bench_remote_read(c: &mut Criterion) {
     drop(region);
 }
 
-criterion_group!(benches, bench_remote_read);
+/// The receive side: a 4 KiB packet's payload (warm, as the socket left it) copied into
+/// registered memory far beyond the caches, as a deep receive queue's buffers are (UCX
+/// posts thousands): the plain copy, and the copy that checks the ICRC on the way.
+fn bench_receive_cold(c: &mut Criterion) {
+    const PKT: usize = 4096;
+    const SPAN: usize = 256 << 20;
+    let mut g = c.benchmark_group("receive_cold");
+    let src: Vec<u8> = (0..PKT).map(|i| (i as u8).wrapping_mul(31)).collect();
+    let mut dst = vec![0u8; SPAN];
+    g.throughput(Throughput::Bytes(PKT as u64));
+    let mut at = 0;
+    let mut next = move || {
+        at = (at + PKT + 64) % (SPAN - PKT);
+        at
+    };
+    g.bench_function("copy", |b| {
+        b.iter(|| {
+            let o = next();
+            dst[o..o + PKT].copy_from_slice(black_box(&src));
+        })
+    });
+    g.bench_function("fused_copy_crc", |b| {
+        b.iter(|| {
+            let o = next();
+            // SAFETY: `src` is readable for PKT bytes and does not overlap `dst`.
+            unsafe { softhca_memory::copy_crc32_from(0, src.as_ptr(), &mut dst[o..o + PKT]) }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_remote_read, bench_receive_cold);
 criterion_main!(benches);
