@@ -178,11 +178,11 @@ impl Engine {
         self.plan(src, head, false)
     }
 
-    /// [`Engine::direct_plan`]; `now`: the packet is in hand and executes at once, so a
+    /// [`Engine::direct_plan`]; `in_hand`: the packet is received and executes at once, so a
     /// SEND First may be planned into the head of a shared receive queue (a plan for a
     /// datagram still to be received may not: the segments before it may be SENDs of
     /// other QPs that take that WQE first).
-    fn plan(&self, src: IpAddr, head: &[u8], now: bool) -> Option<DirectPlan> {
+    fn plan(&self, src: IpAddr, head: &[u8], in_hand: bool) -> Option<DirectPlan> {
         let bth = Bth::parse(head).ok()?;
         if bth.tver != 0 || bth.pad_count != 0 || !wire::pkey_ok(bth.pkey) {
             return None;
@@ -197,7 +197,7 @@ impl Engine {
             let srq_head = qp
                 .init
                 .srq
-                .filter(|_| now)
+                .filter(|_| in_hand)
                 .and_then(|id| self.srqs.get(&id.0))
                 .and_then(|s| s.queue.front());
             qp.direct_target(&self.memory, &bth, srq_head)?

@@ -213,8 +213,9 @@ impl Stepper {
         // What the application's last posts kept back leaves before anything is received:
         // the peer waits for it, and what came in meanwhile (ACKs, mostly) can wait the
         // few microseconds its receive and handling take.
-        if !self.deferred.is_empty() {
-            self.transmit(shared);
+        if !self.deferred.is_empty() && self.transmit(shared) {
+            // Every buffer filled: the step below builds the rest.
+            shared.pending.store(true, Ordering::SeqCst);
         }
         let resume = self.rx_resume.is_some();
         let rx = if resume { 0 } else { self.receive(shared) };
