@@ -3,7 +3,8 @@
 //! then watches the last byte of its buffer, calling nothing. The peer's WRITE must
 //! still be placed: after a few round trips in which it waited for the end of the
 //! application's polling window, the datapath thread serves the sockets itself (see
-//! `datapath/takeover.rs`; `dp_app_served` counts the periods).
+//! `datapath/takeover.rs`; `dp_app_served` counts the periods). And one that polled
+//! steadily, then stops polling without saying so, is still served.
 
 mod common;
 
@@ -93,4 +94,48 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
             "{name}: served {served} periods, no ACK held for an answer"
         );
     }
+}
+
+/// An application that polls its CQ steadily (so the datapath thread checks on it less
+/// and less often, see `APP_WINDOW_STRETCH_MAX_NS`), then stops polling without saying
+/// so: a READ its peer sends after that is still answered, by the datapath thread, within
+/// a couple of milliseconds, not when the application polls again.
+#[test]
+fn a_steady_poller_that_stops_polling_still_answers_reads() {
+    const LEN: usize = 4096;
+    let (a, b) = rc_pair("127.0.1.87", "127.0.1.88", 1 << 16);
+    let data = pattern(LEN, 7);
+    a.mr.write(0, &data).unwrap();
+    let stopped = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut wc = [Completion::default(); 1];
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(100) {
+                assert_eq!(a.cq.poll(&mut wc), 0);
+            }
+            stopped.wait();
+            // Busy elsewhere: no poll, no blocking wait.
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        // Right as it stops: its window and the datapath thread's stretch are still on.
+        stopped.wait();
+        let mut wr = send_wr(1, WrOpcode::RdmaRead, b.mr.sge(0, LEN as u32));
+        wr.remote_addr = a.mr.addr();
+        wr.rkey = a.mr.rkey();
+        let t = Instant::now();
+        b.qp.post_send(wr).unwrap();
+        let c = one(&b.cq);
+        let took = t.elapsed();
+        assert_eq!(c.status, WcStatus::Success);
+        let mut got = vec![0u8; LEN];
+        b.mr.read(0, &mut got).unwrap();
+        assert!(got == data, "the READ's bytes");
+        // 0.2 ms of window and at most 1.6 ms of stretch (0.5-1.9 ms here); generous for
+        // a loaded machine, far below the 500 ms until the application would poll again.
+        assert!(
+            took < Duration::from_millis(100),
+            "READ answered after {took:?}"
+        );
+    });
 }
