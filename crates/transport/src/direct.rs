@@ -194,10 +194,12 @@ impl Engine {
         let (dst, room) = if bth.opcode.is_read_response() {
             qp.read_response_target(&self.memory, &bth, qp.mtu(&self.cfg))?
         } else {
+            // Only a SEND First takes a WQE: no lookup for the packets that continue one.
+            let first = bth.opcode.is_send() && bth.opcode.is_first();
             let srq_head = qp
                 .init
                 .srq
-                .filter(|_| in_hand)
+                .filter(|_| in_hand && first)
                 .and_then(|id| self.srqs.get(&id.0))
                 .and_then(|s| s.queue.front());
             qp.direct_target(&self.memory, &bth, srq_head)?
