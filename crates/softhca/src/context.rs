@@ -6,13 +6,13 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
 use crate::placement::Placement;
 use softhca_io::{EventFd, RoceSocket};
-use softhca_transport::{CcAlgorithm, Engine, EngineConfig};
+use softhca_transport::{CcAlgorithm, DelayAimdConfig, Engine, EngineConfig};
 
 use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
@@ -189,7 +189,14 @@ fn node_guid(gids: &[Gid]) -> u64 {
 }
 
 /// The engine's configuration for a device serving `served` with these GIDs and MTU.
-fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> EngineConfig {
+/// `epoch`: when the engine's clock reads 0, on the wall clock (ns since the Unix epoch).
+fn engine_config(
+    cfg: &Config,
+    served: &[Served],
+    gids: &[Gid],
+    mtu: Mtu,
+    epoch: Nanos,
+) -> EngineConfig {
     let max_gso_segments = served
         .iter()
         .map(|s| s.socket.capabilities().max_gso_segments)
@@ -205,7 +212,10 @@ fn engine_config(cfg: &Config, served: &[Served], gids: &[Gid], mtu: Mtu) -> Eng
         // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
         split_rc_writes: cfg.split_writes && max_gso_segments > 1,
         cc: if cfg.congestion_control {
-            CcAlgorithm::default()
+            CcAlgorithm::DelayAimd(DelayAimdConfig {
+                wall_clock_at_zero: epoch,
+                ..DelayAimdConfig::default()
+            })
         } else {
             CcAlgorithm::Off
         },
@@ -357,7 +367,11 @@ impl Device {
             let c = s.socket.capabilities();
             (gso && c.gso, gro && c.gro)
         });
-        let mut ecfg = engine_config(cfg, &served, &gids, mtu);
+        let epoch = Instant::now();
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as Nanos);
+        let mut ecfg = engine_config(cfg, &served, &gids, mtu, wall);
         let (ports, sport_sockets) = addr::sport_sockets(cfg, &served);
         ecfg.mp.ports = ports;
         let attr = device_attr(&ecfg, &gids);
@@ -395,7 +409,7 @@ impl Device {
                 cqs: HashMap::default(),
                 owners: HashMap::default(),
             }),
-            epoch: Instant::now(),
+            epoch,
             sockets,
             sport_sockets,
             doorbell: EventFd::new()?,

@@ -250,13 +250,27 @@ fn two_flows_share_the_link_fairly() {
     flows.iter_mut().for_each(|f| f.started = true);
     run_for(&mut net, &mut flows, 200 * MS);
     let r = rates_over(&mut net, &mut flows, 500 * MS);
-    let total: f64 = r.iter().sum();
     eprintln!(
         "two flows: {:?} Mb/s, Jain {:.3}",
         r.iter().map(|x| (x / 1e6) as u64).collect::<Vec<_>>(),
         jain(&r)
     );
     assert!(jain(&r) >= 0.95, "{r:?}");
+    assert!(r.iter().sum::<f64>() >= 0.9 * GBIT as f64, "{r:?}");
+    // The second took part of the first's queue for its base (0.42 / 0.58 here without
+    // probes taken together); both probe at the wall-clock grid's first point (1.07 s
+    // at this round trip), see the base, and share the link from then on.
+    run_for(&mut net, &mut flows, 500 * MS);
+    let r = rates_over(&mut net, &mut flows, 1000 * MS);
+    let total: f64 = r.iter().sum();
+    eprintln!(
+        "two flows after the grid's probe: {:?} Mb/s",
+        r.iter().map(|x| (x / 1e6) as u64).collect::<Vec<_>>(),
+    );
+    assert!(
+        r.iter().all(|x| (0.45..=0.55).contains(&(x / total))),
+        "{r:?}"
+    );
     assert!(total >= 0.9 * GBIT as f64, "{total}");
     assert!(drop_ratio(&net) <= 0.01, "drops {}", drop_ratio(&net));
     finish_and_verify(&mut net, &mut flows);
