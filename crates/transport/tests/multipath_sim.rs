@@ -620,6 +620,104 @@ fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
     ((n * len) as f64 * 8.0 / secs / 1e9, passed, failed)
 }
 
+/// READs over two paths, each behind its own 1 Gb/s bottleneck with a tbf's queue: a
+/// READ's responses wait behind those of every READ ahead of it at the responder and in
+/// the queue, so when they come says nothing of whether its request was lost. Judged by
+/// the time of its path's other packets, the requests were taken for lost and asked
+/// again by the dozen, each re-request added responses to the queue, and the QP ended
+/// in RETRY_EXC_ERR within a second.
+#[test]
+fn reads_through_two_bottlenecked_paths_complete_intact() {
+    let mut net = SimNet::multihomed(15, 2, Mtu::M4096, mp_on);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    // The responses' direction is the bottleneck: node 0 receives them.
+    for link in 0..2 {
+        net.addr_bottlenecks.push((
+            ip(0, link),
+            Bottleneck::new(1_000_000_000, 657_000, vec![0]),
+        ));
+    }
+    net.link_ps_per_byte = 800;
+    net.faults.delay_ns = 5_000_000;
+    settle(&mut net);
+    let (n, len) = (64, 256 * 1024);
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&rb);
+    for i in 0..n {
+        let mut r = send_wr(i as u64, WrOpcode::RdmaRead, la.sges(i * len, len));
+        r.remote_addr = rb.addr + (i * len) as u64;
+        r.rkey = rb.rkey;
+        let now = net.now;
+        net.nodes[0].engine.post_send(now, a, r).expect("post");
+    }
+    finish(&mut net, n, 5_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    assert_eq!(state(&net, 1, b), QpState::Rts);
+    let c = net.nodes[0].engine.counters();
+    assert_eq!(c.retry_exceeded_err, 0, "{c:?}");
+    // The bottlenecks are in the responses' direction: no request is lost, and none is
+    // taken for lost (54 were, before).
+    assert_eq!(c.mp_lost, 0, "{c:?}");
+}
+
+/// An application that posts less than the paths carry (64 KiB every 2 ms, 0.26 Gb/s,
+/// over two 1 Gb/s paths with a 10 ms round trip): each path's window grows only as far
+/// as it is used, as a single-path QP's. Grown on every ACK of an unused window, both
+/// reached the protocol's 1024 packets, and the first burst the application posts
+/// after such a stretch leaves as one window into a 5 ms queue.
+#[test]
+fn an_application_limited_qp_does_not_grow_its_path_windows() {
+    let mut net = SimNet::multihomed(16, 2, Mtu::M4096, mp_on);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    for link in 0..2 {
+        net.addr_bottlenecks.push((
+            ip(1, link),
+            Bottleneck::new(1_000_000_000, 657_000, vec![1]),
+        ));
+    }
+    net.link_ps_per_byte = 800;
+    net.faults.delay_ns = 5_000_000;
+    settle(&mut net);
+    let (n, len) = (400, 64 * 1024);
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    for i in 0..n {
+        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * len, len));
+        w.remote_addr = rb.addr + (i * len) as u64;
+        w.rkey = rb.rkey;
+        let now = net.now;
+        net.nodes[0].engine.post_send(now, a, w).expect("post");
+        let until = net.now + 2_000_000;
+        while net.now < until && net.step() {}
+    }
+    finish(&mut net, n, 1_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
+    let s = stats(&net, 0, a);
+    let windows: Vec<u32> = s
+        .paths
+        .iter()
+        .filter(|p| p.pkts > 0)
+        .map(|p| p.cwnd)
+        .collect();
+    // 80 packets per round trip over all the paths: windows of a few hundred packets at
+    // most (slow start doubles what was used); up to 1024 without the rule.
+    assert!(
+        !windows.is_empty() && windows.iter().all(|&w| w <= 300),
+        "{windows:?}"
+    );
+}
+
 #[test]
 fn two_bottlenecked_paths_aggregate_with_a_controller_per_path() {
     let (gbps, passed, failed) = two_bottlenecked_links(12, true);

@@ -85,7 +85,7 @@
 //!   count, which an arbitrary IP path does not give), nor Copa (its oscillation
 //!   empties the queue every few round trips, part of a different window rule).
 //! - The window grows only while it is used (RFC 7661; Linux's cwnd validation; a
-//!   single-path QP's, multipath's per-path windows not yet): by
+//!   single-path QP's window and each of a multipath QP's path windows): by
 //!   the end of a round the bytes in flight reached it, in slow start half of it. A
 //!   sender that was descheduled, CPU-bound or application-limited saw an empty queue
 //!   that says nothing of a larger window; grown through such a stretch, the window

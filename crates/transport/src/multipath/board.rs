@@ -34,6 +34,11 @@ pub(crate) struct Sent {
     pub resent: bool,
     /// The last packet the requester had to send (`RttSample::app_limited`).
     pub app_limited: bool,
+    /// A READ or atomic request: its answer comes after whatever the responder owes
+    /// before it (the responses of every READ ahead, paced), so neither its loss nor
+    /// the path's round trip can be judged from when that comes. Plain RC's rules find
+    /// it lost (a hole in the responses, the retransmit timer), and a failed path.
+    pub rd_atomic: bool,
 }
 
 const UNTRACKED: Sent = Sent {
@@ -43,6 +48,7 @@ const UNTRACKED: Sent = Sent {
     at: 0,
     resent: false,
     app_limited: false,
+    rd_atomic: false,
 };
 
 /// Records from `base` (the oldest unacknowledged PSN) on.
@@ -83,6 +89,7 @@ impl Board {
         seq: u32,
         now: Nanos,
         app_limited: bool,
+        rd_atomic: bool,
     ) -> Option<Option<u8>> {
         if self.sent.is_empty() {
             self.base = psn;
@@ -102,6 +109,7 @@ impl Board {
             at: now,
             resent,
             app_limited,
+            rd_atomic,
         };
         prev
     }
@@ -167,7 +175,7 @@ impl Board {
         for s in self.sent.iter_mut() {
             let this = psn;
             psn = psn.next();
-            if s.mark != Mark::Out {
+            if s.mark != Mark::Out || s.rd_atomic {
                 continue;
             }
             let Some(p) = paths.get_mut(usize::from(s.path)) else {
@@ -258,7 +266,7 @@ fn hold(s: &mut Sent, delivered_sent_at: &mut Nanos, paths: &mut [PathState], no
     match s.mark {
         Mark::Out => {
             s.mark = Mark::Sacked;
-            if !s.resent {
+            if !s.resent && !s.rd_atomic {
                 *delivered_sent_at = (*delivered_sent_at).max(s.at);
             }
             credit(s, paths, now);
@@ -276,7 +284,7 @@ fn hold(s: &mut Sent, delivered_sent_at: &mut Nanos, paths: &mut [PathState], no
 /// a round-trip sample, and the losses in a row that could fail the path are undone.
 fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
-        if !s.resent {
+        if !s.resent && !s.rd_atomic {
             p.on_rtt(now.saturating_sub(s.at));
         }
         p.on_delivered(s.at, now, false);
@@ -287,12 +295,13 @@ fn late(s: &Sent, paths: &mut [PathState], now: Nanos) {
 fn credit(s: &Sent, paths: &mut [PathState], now: Nanos) {
     if let Some(p) = paths.get_mut(usize::from(s.path)) {
         let rtt = now.saturating_sub(s.at);
-        if !s.resent {
+        let once = !s.resent && !s.rd_atomic;
+        if once {
             p.on_rtt(rtt);
             p.data_rtt = true;
         }
-        p.on_delivered(s.at, now, !s.resent);
-        let sample = (!s.resent).then_some(RttSample {
+        p.on_delivered(s.at, now, once);
+        let sample = once.then_some(RttSample {
             rtt,
             app_limited: s.app_limited,
         });
@@ -321,7 +330,14 @@ mod tests {
         let mut ps = paths(2);
         let mut b = Board::default();
         for i in 0..5u32 {
-            b.record(Psn::new(100 + i), 0, i + 1, 1000 + u64::from(i), false);
+            b.record(
+                Psn::new(100 + i),
+                0,
+                i + 1,
+                1000 + u64::from(i),
+                false,
+                false,
+            );
             ps[0].inflight += 1;
         }
         // 101..=104 held: 100 has three later packets on its path acknowledged.
@@ -342,10 +358,10 @@ mod tests {
         let mut ps = paths(2);
         let mut b = Board::default();
         // Path 1 is slow (10 ms): its packet 0 is not lost for path 0's deliveries.
-        b.record(Psn::new(0), 1, 1, 0, false);
-        b.record(Psn::new(1), 0, 1, 10, false);
-        b.record(Psn::new(2), 0, 2, 20, false);
-        b.record(Psn::new(3), 1, 2, 30, false);
+        b.record(Psn::new(0), 1, 1, 0, false, false);
+        b.record(Psn::new(1), 0, 1, 10, false, false);
+        b.record(Psn::new(2), 0, 2, 20, false, false);
+        b.record(Psn::new(3), 1, 2, 30, false, false);
         ps[1].inflight = 2;
         ps[0].inflight = 2;
         b.sack(Psn::new(1), Psn::new(2), &mut ps, 1_000);
@@ -367,7 +383,7 @@ mod tests {
         b.sack(Psn::new(0), Psn::new(0), &mut ps, due + 100);
         assert_eq!(ps[1].spurious, 1);
         assert_eq!(ps[1].reo_mult, 2);
-        b.record(Psn::new(4), 0, 3, due, false);
+        b.record(Psn::new(4), 0, 3, due, false, false);
         assert!(b.fail_path(0, &mut ps).contains(&Psn::new(4)));
     }
 }

@@ -612,10 +612,20 @@ impl Qp {
         }
         let seq = p.next_seq;
         let psn = plan.hdr.bth.psn;
-        p.on_sent(seq, now, plan.wire_len() as u64);
-        if let Some(prev) = m.board.record(psn, plan.path, seq, now, app_limited) {
+        let op = plan.hdr.bth.opcode;
+        let rd_atomic = op.is_read_request() || op.is_atomic();
+        p.on_sent(seq, now, plan.wire_len() as u64, !rd_atomic);
+        if let Some(prev) = m
+            .board
+            .record(psn, plan.path, seq, now, app_limited, rd_atomic)
+        {
             p.next_seq += 1;
             p.inflight += 1;
+            // The path's window grows only while it is used, as a single-path QP's.
+            let in_flight = u64::from(p.inflight) * p.mtu;
+            if let Some(ctl) = p.cc.as_mut() {
+                ctl.on_sent(in_flight);
+            }
             if let Some(q) = prev.and_then(|q| m.paths.get_mut(usize::from(q))) {
                 q.inflight = q.inflight.saturating_sub(1);
             }

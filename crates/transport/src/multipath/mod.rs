@@ -88,8 +88,15 @@
 //! no evidence: a peer whose host pauses (a loaded 2-core machine pauses processes for
 //! tens of ms) delivers nothing on any path, then everything at once; judged by time,
 //! every packet in flight was taken for lost and most were resent. Lost packets are
-//! resent alone, on another healthy path, with AckReq. A READ or atomic request found
-//! lost is re-requested as plain RC does it (a READ alone), spending no retry; READ
+//! resent alone, on another healthy path, with AckReq. READ and atomic requests are
+//! not judged by time, nor counted in a path's expected deliveries or round trips: the
+//! answer comes after everything the responder owes before it (the responses of every
+//! READ ahead, paced, queued at the bottleneck), so its time says nothing of the
+//! request (judged by it, READs through a 5 ms queue were taken for lost by the dozen,
+//! asked again, and the re-requests' responses filled the queue until the QP ended in
+//! RETRY_EXC_ERR). Plain RC's rules find them lost (a hole in front of placed
+//! responses, the retransmit timer), and so does their path's failure; they are
+//! re-requested as plain RC does it (a READ alone), spending no retry; READ
 //! responses reorder and repair as in plain RC, except that an ACK overtaking them (it
 //! may come by another path) is no loss until the reorder wait has passed.
 //!

@@ -508,11 +508,15 @@ impl PathState {
     }
 
     /// A packet of `bytes` left on this path at `now` as its `seq`-th.
-    pub fn on_sent(&mut self, seq: u32, now: Nanos, bytes: u64) {
-        if self.sent_at.len() >= SENT_AT_MAX {
-            self.sent_at.pop_front();
+    /// `expect`: its delivery is expected within the path's round trip (not a READ or
+    /// atomic request, see `board::Sent::rd_atomic`), so its lateness is silence.
+    pub fn on_sent(&mut self, seq: u32, now: Nanos, bytes: u64, expect: bool) {
+        if expect {
+            if self.sent_at.len() >= SENT_AT_MAX {
+                self.sent_at.pop_front();
+            }
+            self.sent_at.push_back((seq, now));
         }
-        self.sent_at.push_back((seq, now));
         if let Some(rate) = self.cc.as_ref().and_then(|c| c.pacing_rate()) {
             self.pacer.on_sent(now, bytes, rate);
         }
