@@ -155,6 +155,26 @@ fn negotiates_validates_every_address_pair_and_sprays() {
 /// The extension's packets (negotiation, probes and their answers, SACKs) go with the
 /// QP's traffic class as their IP TOS, as its requests and ACKs do: a switch that
 /// queues or marks by it treats the whole connection alike.
+/// Paths with a 10 ms round trip: each path's first probes are answered after the
+/// least probe timeout (5 ms) has sent the next one; a late answer is still a round
+/// trip, which sets the timeout of the next probe, and the paths are validated, not
+/// failed (they failed and waited for readmission's backoff while every answer was
+/// taken for one to an older probe).
+#[test]
+fn paths_with_a_long_round_trip_are_validated_without_failing() {
+    let (mut net, a, b) = setup(23, 2);
+    net.faults.delay_ns = 5_000_000;
+    let until = net.now + 200_000_000;
+    while net.now < until && net.step() {}
+    for (node, q) in [(0, a), (1, b)] {
+        let s = stats(&net, node, q);
+        assert!(s.paths.iter().all(|p| p.state == "active"), "{s:?}");
+        let c = net.nodes[node].engine.counters();
+        assert_eq!(c.mp_path_failed, 0, "node {node}: {c:?}");
+    }
+    write_mib(&mut net, a);
+}
+
 #[test]
 fn extension_packets_carry_the_qps_traffic_class() {
     let o = RcOpts {

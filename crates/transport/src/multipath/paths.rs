@@ -29,6 +29,8 @@ const REO_RESET_RECOVERIES: u32 = 16;
 /// Least silence of a path, past its expected acknowledgement, that makes it suspect
 /// (a host's scheduling noise), and its floor on a path of a few microseconds.
 const SILENCE_MIN_NS: Nanos = 1_000_000;
+/// Probes whose late answers still count (`PathState::last_probes`).
+const RECENT_PROBES: usize = 4;
 const SILENCE_FLOOR_NS: Nanos = 200_000;
 /// Most added to a path's silence allowance after silences that were not.
 const SILENCE_EXTRA_MAX_NS: Nanos = 8_000_000;
@@ -119,8 +121,12 @@ pub(crate) struct PathState {
     pub last_loss_at: Nanos,
     /// Probe outstanding: nonce and when sent.
     pub probe: Option<(u32, Nanos)>,
-    /// The last probe sent, answered or not: a late answer is still a round trip.
-    pub last_probe: (u32, Nanos),
+    /// The last probes sent (nonce, when), answered or not: a late answer is still a
+    /// round trip. Several: a path not measured yet is probed again after the least
+    /// probe timeout (5 ms), and on a 10 ms path each answer came after the next probe
+    /// had replaced the one it answered, so the path failed validation and waited for
+    /// readmission's longer intervals.
+    pub last_probes: [(u32, Nanos); RECENT_PROBES],
     /// The send time of the newest probe answered: the path carried what was sent then.
     pub probe_answered_sent: Nanos,
     /// Round trips measured from data (then probes, which skip the data queues at the
@@ -183,7 +189,7 @@ impl PathState {
             round_losses: 0,
             last_loss_at: 0,
             probe: None,
-            last_probe: (0, 0),
+            last_probes: [(0, 0); RECENT_PROBES],
             probe_answered_sent: 0,
             data_rtt: false,
             probe_misses: 0,
@@ -415,10 +421,15 @@ impl PathState {
 
     /// A probe answer with this nonce.
     pub fn on_probe_ack(&mut self, nonce: u32, now: Nanos) -> bool {
-        let (n, at) = self.last_probe;
-        if n != nonce || at == 0 {
+        let Some(sent) = self
+            .last_probes
+            .iter_mut()
+            .find(|(n, at)| *n == nonce && *at != 0)
+        else {
             return false;
-        }
+        };
+        let at = sent.1;
+        *sent = (0, 0);
         if !self.data_rtt {
             // A probe jumps the queue of data at the sender (extension packets leave
             // first), so its round trip stands for the path only until data measures
@@ -426,7 +437,6 @@ impl PathState {
             // the data it receives: their round trips set how long a probe may take.
             self.on_rtt(now.saturating_sub(at));
         }
-        self.last_probe = (0, 0);
         self.probe_answered_sent = self.probe_answered_sent.max(at);
         if self.suspect && self.moved_at != 0 && at >= self.moved_at {
             // Silent, yet it answers a probe sent since: its packets were late (a
@@ -463,7 +473,8 @@ impl PathState {
     /// After a probe was sent: when the next one is due.
     pub fn probe_sent(&mut self, nonce: u32, now: Nanos, keepalive: Nanos) {
         self.probe = Some((nonce, now));
-        self.last_probe = (nonce, now);
+        self.last_probes.rotate_right(1);
+        self.last_probes[0] = (nonce, now);
         self.probes += 1;
         self.probe_at = match self.status {
             PathStatus::Failed => {
