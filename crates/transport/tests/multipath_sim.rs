@@ -70,12 +70,25 @@ fn watch_opcodes(net: &mut SimNet) -> Rc<RefCell<Vec<u8>>> {
 /// Post `n` RDMA WRITEs of `len` bytes each from `la` to `rb` (same offsets).
 fn post_writes(net: &mut SimNet, a: Qpn, la: &Mr, rb: &Mr, n: usize, len: usize) {
     for i in 0..n {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * len, len));
-        w.remote_addr = rb.addr + (i * len) as u64;
-        w.rkey = rb.rkey;
-        let now = net.now;
-        net.nodes[0].engine.post_send(now, a, w).expect("post");
+        post_rdma(net, a, WrOpcode::RdmaWrite, (la, rb), i, len);
     }
+}
+
+/// Posts WR `i` on node 0's `a`: an RDMA `op` of `len` bytes between the `i`-th `len`
+/// bytes of `local` and of `remote`.
+fn post_rdma(
+    net: &mut SimNet,
+    a: Qpn,
+    op: WrOpcode,
+    (local, remote): (&Mr, &Mr),
+    i: usize,
+    len: usize,
+) {
+    let mut w = send_wr(i as u64, op, local.sges(i * len, len));
+    w.remote_addr = remote.addr + (i * len) as u64;
+    w.rkey = remote.rkey;
+    let now = net.now;
+    net.nodes[0].engine.post_send(now, a, w).expect("post");
 }
 
 /// Run until `n` completions arrived on node 0 (or `max_ns`); every one a success,
@@ -640,6 +653,26 @@ fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
     ((n * len) as f64 * 8.0 / secs / 1e9, passed, failed)
 }
 
+/// Two nodes on two links with a 10 ms round trip, multipath validated, each link
+/// behind a 1 Gb/s bottleneck with a tbf's queue in front of node `receiver`, and a
+/// connected RC pair with perftest's Local ACK Timeout (67 ms).
+fn long_bottlenecked_paths(seed: u64, receiver: u8) -> (SimNet, Qpn, Qpn) {
+    let mut net = SimNet::multihomed(seed, 2, Mtu::M4096, mp_on);
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    for link in 0..2 {
+        let at = Bottleneck::new(1_000_000_000, 657_000, vec![usize::from(receiver)]);
+        net.addr_bottlenecks.push((ip(receiver, link), at));
+    }
+    net.link_ps_per_byte = 800;
+    net.faults.delay_ns = 5_000_000;
+    settle(&mut net);
+    (net, a, b)
+}
+
 /// READs over two paths, each behind its own 1 Gb/s bottleneck with a tbf's queue: a
 /// READ's responses wait behind those of every READ ahead of it at the responder and in
 /// the queue, so when they come says nothing of whether its request was lost. Judged by
@@ -648,32 +681,14 @@ fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
 /// in RETRY_EXC_ERR within a second.
 #[test]
 fn reads_through_two_bottlenecked_paths_complete_intact() {
-    let mut net = SimNet::multihomed(15, 2, Mtu::M4096, mp_on);
-    let o = RcOpts {
-        timeout: 14,
-        ..RcOpts::default()
-    };
-    let (a, b) = pair(&mut net, QpType::Rc, &o);
     // The responses' direction is the bottleneck: node 0 receives them.
-    for link in 0..2 {
-        net.addr_bottlenecks.push((
-            ip(0, link),
-            Bottleneck::new(1_000_000_000, 657_000, vec![0]),
-        ));
-    }
-    net.link_ps_per_byte = 800;
-    net.faults.delay_ns = 5_000_000;
-    settle(&mut net);
+    let (mut net, a, b) = long_bottlenecked_paths(15, 0);
     let (n, len) = (64, 256 * 1024);
     let la = net.reg(0, n * len, full_access());
     let rb = net.reg(1, n * len, full_access());
     net.fill_random(&rb);
     for i in 0..n {
-        let mut r = send_wr(i as u64, WrOpcode::RdmaRead, la.sges(i * len, len));
-        r.remote_addr = rb.addr + (i * len) as u64;
-        r.rkey = rb.rkey;
-        let now = net.now;
-        net.nodes[0].engine.post_send(now, a, r).expect("post");
+        post_rdma(&mut net, a, WrOpcode::RdmaRead, (&la, &rb), i, len);
     }
     finish(&mut net, n, 5_000_000_000);
     assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
@@ -693,31 +708,13 @@ fn reads_through_two_bottlenecked_paths_complete_intact() {
 /// after such a stretch leaves as one window into a 5 ms queue.
 #[test]
 fn an_application_limited_qp_does_not_grow_its_path_windows() {
-    let mut net = SimNet::multihomed(16, 2, Mtu::M4096, mp_on);
-    let o = RcOpts {
-        timeout: 14,
-        ..RcOpts::default()
-    };
-    let (a, _b) = pair(&mut net, QpType::Rc, &o);
-    for link in 0..2 {
-        net.addr_bottlenecks.push((
-            ip(1, link),
-            Bottleneck::new(1_000_000_000, 657_000, vec![1]),
-        ));
-    }
-    net.link_ps_per_byte = 800;
-    net.faults.delay_ns = 5_000_000;
-    settle(&mut net);
+    let (mut net, a, _b) = long_bottlenecked_paths(16, 1);
     let (n, len) = (400, 64 * 1024);
     let la = net.reg(0, n * len, full_access());
     let rb = net.reg(1, n * len, full_access());
     net.fill_random(&la);
     for i in 0..n {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, la.sges(i * len, len));
-        w.remote_addr = rb.addr + (i * len) as u64;
-        w.rkey = rb.rkey;
-        let now = net.now;
-        net.nodes[0].engine.post_send(now, a, w).expect("post");
+        post_rdma(&mut net, a, WrOpcode::RdmaWrite, (&la, &rb), i, len);
         let until = net.now + 2_000_000;
         while net.now < until && net.step() {}
     }
