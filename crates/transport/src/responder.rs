@@ -68,6 +68,7 @@ enum Fail {
 
 impl Qp {
     fn queue_ack(&mut self, psn: Psn, kind: AethKind) {
+        self.resp.ack_owed = false;
         if kind == ACK && self.mp_sack_instead() {
             // Multipath: with requests held beyond a gap, a SACK says more.
             return;
@@ -517,6 +518,7 @@ impl Qp {
             self.queue_ack(h.bth.psn, ACK);
         } else if rc {
             ctx.counters.ack_deferred += 1;
+            self.resp.ack_owed = true;
         }
         Ok(())
     }

@@ -592,6 +592,14 @@ fn sends_and_reads_across_a_cut_link() {
 /// goodput in Gb/s, the bytes each bottleneck passed and the times a path that carried
 /// data failed.
 fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
+    let (gbps, passed, failed, _) = bottlenecked_links_pausing(seed, cc, 0);
+    (gbps, passed, failed)
+}
+
+/// [`two_bottlenecked_links`], each node's process descheduled for `pause` every 50 ms
+/// (the responder 25 ms after the requester), as on a loaded 2-core host; also returns
+/// the packets resent.
+fn bottlenecked_links_pausing(seed: u64, cc: bool, pause: u64) -> (f64, [u64; 2], u64, u64) {
     let mut net = SimNet::multihomed(seed, 2, Mtu::M4096, |cfg| {
         mp_on(cfg);
         if !cc {
@@ -625,6 +633,17 @@ fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
     net.fill_random(&la);
     let start = net.now;
     post_writes(&mut net, a, &la, &rb, n, len);
+    let mut ms = 0u64;
+    while pause > 0 && net.count_completions(0) < n && net.now < start + 2_000_000_000 {
+        let until = net.now + 1_000_000;
+        while net.now < until && net.step() {}
+        ms += 1;
+        match ms % 50 {
+            0 => net.pause(0, pause),
+            25 => net.pause(1, pause),
+            _ => {}
+        }
+    }
     finish(&mut net, n, 2_000_000_000);
     let secs = (net.now - start) as f64 / 1e9;
     assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
@@ -650,7 +669,8 @@ fn two_bottlenecked_links(seed: u64, cc: bool) -> (f64, [u64; 2], u64) {
             .collect::<Vec<_>>(),
         s
     );
-    ((n * len) as f64 * 8.0 / secs / 1e9, passed, failed)
+    let gbps = (n * len) as f64 * 8.0 / secs / 1e9;
+    (gbps, passed, failed, s.resends)
 }
 
 /// Two nodes on two links with a 10 ms round trip, multipath validated, each link
@@ -733,6 +753,19 @@ fn an_application_limited_qp_does_not_grow_its_path_windows() {
         !windows.is_empty() && windows.iter().all(|&w| w <= 300),
         "{windows:?}"
     );
+}
+
+/// Both hosts pause for 15 ms every 50 ms: nothing is lost, and little is resent. A
+/// probe answer, sent at once, overtook the acknowledgement of the requests ahead of
+/// the probe (sent only when a request asks for one), and the prober took every packet
+/// sent during the responder's pause for a lost tail: 110 resent, 551 taken for lost.
+/// Now 35 and 136 (a path found silent once each pause, its packets moved).
+#[test]
+fn pausing_hosts_resend_little_on_bottlenecked_paths() {
+    let (gbps, _passed, failed, resent) = bottlenecked_links_pausing(12, true, 15_000_000);
+    assert!(gbps > 0.9, "{gbps:.2} Gb/s");
+    assert_eq!(failed, 0, "paths failed");
+    assert!(resent <= 50, "{resent} resent");
 }
 
 #[test]

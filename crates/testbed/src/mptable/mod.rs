@@ -366,12 +366,15 @@ fn retransmissions(tl: &Timeline, t: Transport, retrans_tcp: u64) -> (u64, Optio
         _ => {
             let (iters, size, mtu) = (j["iters"].as_u64(), j["size"].as_u64(), j["mtu"].as_u64());
             let c = &tl.flow.counters;
-            // Path probes, their answers and the negotiation MADs are packets sent too,
-            // not retransmissions.
-            let extra: u64 = ["mp_probe_sent", "mp_probe_answered", "mp_hello_sent"]
-                .iter()
-                .filter_map(|k| c.get(*k))
-                .sum();
+            // Path probes, their answers, SACKs and the negotiation MADs are packets
+            // sent too, not retransmissions.
+            let keys = [
+                "mp_probe_sent",
+                "mp_probe_answered",
+                "mp_sack_sent",
+                "mp_hello_sent",
+            ];
+            let extra: u64 = keys.iter().filter_map(|k| c.get(*k)).sum();
             match (iters, size, mtu, c.get("sent_pkts").copied()) {
                 (Some(i), Some(s), Some(m), Some(sent)) if m > 0 => {
                     Some(sent.saturating_sub(i * s.div_ceil(m) + extra))

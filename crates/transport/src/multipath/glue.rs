@@ -7,7 +7,7 @@ use softhca_wire::{Aeth, Bth, Headers, Opcode};
 
 use crate::cc::{new_controller, Congestion};
 use crate::path::Path;
-use crate::qp::{Ctx, Qp};
+use crate::qp::{Ctx, Qp, RespOut};
 use crate::recovery::LossCause;
 use crate::requester::{TxPlan, TxSource};
 use crate::verbs::*;
@@ -681,22 +681,7 @@ impl Qp {
             return;
         }
         let path = self.mp_response_path(true);
-        let mut ranges: Vec<(Psn, Psn)> = Vec::new();
-        for (h, _) in &self.resp.ooo {
-            let p = h.bth.psn;
-            let full = ranges.len() >= mpw::MAX_SACK_RANGES;
-            match ranges.last_mut() {
-                Some((_, b)) if b.next() == p => *b = p,
-                _ if full => break,
-                _ => ranges.push((p, p)),
-            }
-        }
-        let sack = Sack {
-            msn: self.resp.msn,
-            ranges,
-        };
-        let cum = self.resp.epsn.sub(1);
-        let bytes = mpw::encode_sack(self.attr.dest_qp_num, cum, &sack);
+        let bytes = self.mp_encode_sack();
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
@@ -725,6 +710,26 @@ impl Qp {
             }
             _ => false,
         }
+    }
+
+    /// A SACK of what the responder holds: the cumulative part and the first ranges
+    /// held beyond it.
+    fn mp_encode_sack(&self) -> Option<Vec<u8>> {
+        let mut ranges: Vec<(Psn, Psn)> = Vec::new();
+        for (h, _) in &self.resp.ooo {
+            let p = h.bth.psn;
+            let full = ranges.len() >= mpw::MAX_SACK_RANGES;
+            match ranges.last_mut() {
+                Some((_, b)) if b.next() == p => *b = p,
+                _ if full => break,
+                _ => ranges.push((p, p)),
+            }
+        }
+        let sack = Sack {
+            msn: self.resp.msn,
+            ranges,
+        };
+        mpw::encode_sack(self.attr.dest_qp_num, self.resp.epsn.sub(1), &sack)
     }
 
     /// The responder kept an early packet (`ack_req`: the requester asked for an ACK).
@@ -771,10 +776,39 @@ impl Qp {
                 let Some(p) = mpw::decode_probe(body) else {
                     return;
                 };
+                let (sport, tos) = (self.path.sport, self.path.tos);
+                let port = ctx.cfg.udp_port;
+                // What came on this path before the probe came before it (a path is
+                // FIFO): with nothing missing, a cumulative acknowledgement of it goes
+                // ahead of the answer. Requests are acknowledged only when one asks,
+                // the answer at once; it is the news a lost tail waits for
+                // (`board::detect`), and overtaking the acknowledgement it made the
+                // prober take every packet sent during a pause of this host for lost.
+                // With a gap, the SACKs of the packets kept say what is held.
+                let on = self.mp.as_deref().is_some_and(|m| m.active);
+                // Owed: requests not acknowledged, or an ACK still queued (extension
+                // packets leave first).
+                let queued = self
+                    .resp
+                    .out
+                    .iter()
+                    .any(|o| matches!(o, RespOut::Ack { .. }));
+                let owed = self.resp.ack_owed || queued;
+                if on && owed && self.resp.ooo.is_empty() {
+                    self.resp.ack_owed = false;
+                    if let Some(bytes) = self.mp_encode_sack() {
+                        ctx.counters.mp_sack_sent += 1;
+                        ctx.mp_out.push_back(MpPacket {
+                            src: dst,
+                            dst: SocketAddr::new(src.ip(), port),
+                            sport,
+                            tos,
+                            bytes,
+                        });
+                    }
+                }
                 if let Some(bytes) = mpw::encode_probe(self.attr.dest_qp_num, true, p) {
                     ctx.counters.mp_probe_answered += 1;
-                    let (sport, tos) = (self.path.sport, self.path.tos);
-                    let port = ctx.cfg.udp_port;
                     ctx.mp_out.push_back(MpPacket {
                         src: dst,
                         dst: SocketAddr::new(src.ip(), port),

@@ -261,6 +261,8 @@ pub(crate) struct Responder {
     pub msn: u32,
     /// A PSN-sequence or RNR NAK was sent for `epsn` (IBTA C9-88: one NAK per error).
     pub nak_sent: bool,
+    /// Requests were executed since the last acknowledgement queued (none asked).
+    pub ack_owed: bool,
     pub cur: Option<InMsg>,
     pub res: VecDeque<RdRes>,
     pub out: VecDeque<RespOut>,
