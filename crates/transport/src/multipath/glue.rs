@@ -773,49 +773,8 @@ impl Qp {
                 }
             }
             mpw::OP_PROBE => {
-                let Some(p) = mpw::decode_probe(body) else {
-                    return;
-                };
-                let (sport, tos) = (self.path.sport, self.path.tos);
-                let port = ctx.cfg.udp_port;
-                // What came on this path before the probe came before it (a path is
-                // FIFO): with nothing missing, a cumulative acknowledgement of it goes
-                // ahead of the answer. Requests are acknowledged only when one asks,
-                // the answer at once; it is the news a lost tail waits for
-                // (`board::detect`), and overtaking the acknowledgement it made the
-                // prober take every packet sent during a pause of this host for lost.
-                // With a gap, the SACKs of the packets kept say what is held.
-                let on = self.mp.as_deref().is_some_and(|m| m.active);
-                // Owed: requests not acknowledged, or an ACK still queued (extension
-                // packets leave first).
-                let queued = self
-                    .resp
-                    .out
-                    .iter()
-                    .any(|o| matches!(o, RespOut::Ack { .. }));
-                let owed = self.resp.ack_owed || queued;
-                if on && owed && self.resp.ooo.is_empty() {
-                    self.resp.ack_owed = false;
-                    if let Some(bytes) = self.mp_encode_sack() {
-                        ctx.counters.mp_sack_sent += 1;
-                        ctx.mp_out.push_back(MpPacket {
-                            src: dst,
-                            dst: SocketAddr::new(src.ip(), port),
-                            sport,
-                            tos,
-                            bytes,
-                        });
-                    }
-                }
-                if let Some(bytes) = mpw::encode_probe(self.attr.dest_qp_num, true, p) {
-                    ctx.counters.mp_probe_answered += 1;
-                    ctx.mp_out.push_back(MpPacket {
-                        src: dst,
-                        dst: SocketAddr::new(src.ip(), port),
-                        sport,
-                        tos,
-                        bytes,
-                    });
+                if let Some(p) = mpw::decode_probe(body) {
+                    self.mp_answer_probe(ctx, src, dst, p);
                 }
             }
             mpw::OP_PROBE_ACK => {
@@ -850,6 +809,43 @@ impl Qp {
                 m.loss_at = Some(m.loss_at.map_or(now, |t| t.min(now)));
             }
             _ => ctx.counters.drop_bad_opcode += 1,
+        }
+    }
+
+    /// Answer a probe that came from `src` to our `dst`, back on the reverse pair.
+    /// What came on that path before the probe came before it (a path is FIFO): with
+    /// nothing missing and an acknowledgement owed, a cumulative SACK goes ahead of the
+    /// answer. Requests are acknowledged only when one asks, the answer at once (and
+    /// extension packets leave before queued ACKs); it is the news a lost tail waits
+    /// for (`board::detect`), and overtaking the acknowledgement it made the prober
+    /// take every packet sent during a pause of this host for lost. With a gap, the
+    /// SACKs of the packets kept say what is held (one here, limited to the first
+    /// ranges, hid a working path's newest deliveries).
+    fn mp_answer_probe(&mut self, ctx: &mut Ctx<'_>, src: SocketAddr, dst: IpAddr, p: Probe) {
+        let (sport, tos, port) = (self.path.sport, self.path.tos, ctx.cfg.udp_port);
+        let back = |bytes| MpPacket {
+            src: dst,
+            dst: SocketAddr::new(src.ip(), port),
+            sport,
+            tos,
+            bytes,
+        };
+        let on = self.mp.as_deref().is_some_and(|m| m.active);
+        let queued = self
+            .resp
+            .out
+            .iter()
+            .any(|o| matches!(o, RespOut::Ack { .. }));
+        if on && (self.resp.ack_owed || queued) && self.resp.ooo.is_empty() {
+            if let Some(bytes) = self.mp_encode_sack() {
+                self.resp.ack_owed = false;
+                ctx.counters.mp_sack_sent += 1;
+                ctx.mp_out.push_back(back(bytes));
+            }
+        }
+        if let Some(bytes) = mpw::encode_probe(self.attr.dest_qp_num, true, p) {
+            ctx.counters.mp_probe_answered += 1;
+            ctx.mp_out.push_back(back(bytes));
         }
     }
 
