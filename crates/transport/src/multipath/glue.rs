@@ -682,6 +682,8 @@ impl Qp {
         }
         let path = self.mp_response_path(true);
         let bytes = self.mp_encode_sack();
+        // The SACK acknowledges everything in order too.
+        self.resp.ack_owed = false;
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };

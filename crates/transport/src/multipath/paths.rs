@@ -29,11 +29,11 @@ const REO_RESET_RECOVERIES: u32 = 16;
 /// Least silence of a path, past its expected acknowledgement, that makes it suspect
 /// (a host's scheduling noise), and its floor on a path of a few microseconds.
 const SILENCE_MIN_NS: Nanos = 1_000_000;
-/// Probes whose late answers still count (`PathState::last_probes`).
-const RECENT_PROBES: usize = 4;
 const SILENCE_FLOOR_NS: Nanos = 200_000;
 /// Most added to a path's silence allowance after silences that were not.
 const SILENCE_EXTRA_MAX_NS: Nanos = 8_000_000;
+/// Probes whose late answers still count (`PathState::last_probes`).
+const RECENT_PROBES: usize = 4;
 /// Most send times a path keeps for its silence (a window's worth and more).
 const SENT_AT_MAX: usize = 4096;
 
