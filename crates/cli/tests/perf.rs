@@ -8,6 +8,9 @@ use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `softhca` binary. Tests that give a device address use 127.0.0.121-125: the
+/// `--loopback` runs of the tests beside them (in parallel) take their devices from
+/// 127.0.0.160-254, and one took a fixed .201 first ("address already in use").
 fn softhca() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_softhca"));
     c.env_remove("SOFTHCA_ADDR")
@@ -129,7 +132,7 @@ fn loopback_latency_has_percentiles() {
 fn devinfo_verbose_shows_port_and_gid() {
     let out = softhca()
         .args(["devinfo", "-v"])
-        .env("SOFTHCA_ADDR", "127.0.0.203")
+        .env("SOFTHCA_ADDR", "127.0.0.123")
         .output()
         .unwrap();
     let s = text(&out.stdout);
@@ -138,7 +141,7 @@ fn devinfo_verbose_shows_port_and_gid() {
     assert!(s.contains("link_layer:\t\tEthernet"), "{s}");
     assert!(s.contains("GID[  0]:"), "{s}");
     assert!(
-        s.contains("0000:0000:0000:0000:0000:ffff:7f00:00cb, RoCE v2, 127.0.0.203"),
+        s.contains("0000:0000:0000:0000:0000:ffff:7f00:007b, RoCE v2, 127.0.0.123"),
         "{s}"
     );
     assert!(s.contains("counters:"), "{s}");
@@ -170,7 +173,7 @@ fn closed_port_is_one_line() {
         .port();
     let out = softhca()
         .args(["perf", "send", "127.0.0.1", "-p", &port.to_string()])
-        .env("SOFTHCA_ADDR", "127.0.0.204")
+        .env("SOFTHCA_ADDR", "127.0.0.124")
         .output()
         .unwrap();
     let line = one_line_error(&out);
@@ -186,7 +189,7 @@ fn port_in_use_is_one_line() {
     let port = held.local_addr().unwrap().port();
     let out = softhca()
         .args(["perf", "write", "-p", &port.to_string()])
-        .env("SOFTHCA_ADDR", "127.0.0.205")
+        .env("SOFTHCA_ADDR", "127.0.0.125")
         .output()
         .unwrap();
     let line = one_line_error(&out);
@@ -201,7 +204,7 @@ fn two_processes_write_verified() {
     let port = "18631";
     let mut server = softhca()
         .args(["perf", "write", "-p", port])
-        .env("SOFTHCA_ADDR", "127.0.0.201")
+        .env("SOFTHCA_ADDR", "127.0.0.121")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -228,7 +231,7 @@ fn two_processes_write_verified() {
             "300",
             "--json",
         ])
-        .env("SOFTHCA_ADDR", "127.0.0.202")
+        .env("SOFTHCA_ADDR", "127.0.0.122")
         .output()
         .unwrap();
     let rs = json_lines(&client);
