@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{cmd, have, lib_dir, pair_of};
 use softhca_testbed::capture::{fields, problems, Capture};
+use softhca_wire::{bundle_packets, OP_BUNDLE};
 
 /// This test's device pair: the capture keeps only their packets.
 const SERVER: &str = "127.0.20.2";
@@ -151,13 +152,22 @@ fn ucmatose_tos_is_in_the_ip_header_of_its_packets() {
     let file = cap.stop();
     both_ok(&s, &c);
     assert!(c.stdout.contains("data transfers complete"), "{}", c.all());
-    // Everything but QP1's MADs: SENDs, their ACKs, both directions.
-    let rc = fields(
+    // Everything but QP1's MADs: SENDs, their ACKs, both directions, each packet of a
+    // bundle (two softhca peers may carry an ACK beside a SEND in one datagram) by itself.
+    let rc: Vec<String> = fields(
         &file,
         None,
         "infiniband.bth.destqp != 1",
-        &["ip.src", "ip.dsfield", "infiniband.bth.opcode"],
-    );
+        &[
+            "ip.src",
+            "ip.dsfield",
+            "infiniband.bth.opcode",
+            "udp.payload",
+        ],
+    )
+    .iter()
+    .flat_map(|l| unbundle(l))
+    .collect();
     // Opcodes 4 (SEND Only) and 17 (ACKNOWLEDGE), IBTA table 38.
     let has = |ip: &str, op: &str| rc.iter().any(|l| *l == format!("{ip}\t0x20\t{op}"));
     for ip in [server, client] {
@@ -193,4 +203,27 @@ fn ucmatose_tos_is_in_the_ip_header_of_its_packets() {
         file.display()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A row `ip.src, ip.dsfield, opcode, udp.payload` as `ip.src\tip.dsfield\topcode` rows,
+/// one per packet: a bundle's datagram gives its packets' opcodes (each BTH's first byte).
+fn unbundle(row: &str) -> Vec<String> {
+    let f: Vec<&str> = row.split('\t').collect();
+    let (ip, ds, op, payload) = (f[0], f[1], f[2], f.get(3).copied().unwrap_or(""));
+    if op != OP_BUNDLE.to_string() {
+        return vec![format!("{ip}\t{ds}\t{op}")];
+    }
+    let bytes: Vec<u8> = (0..payload.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&payload[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    let mut packets = bundle_packets(&bytes);
+    let rows: Vec<String> = packets
+        .by_ref()
+        .map(|p| format!("{ip}\t{ds}\t{}", p[0]))
+        .collect();
+    assert!(
+        !packets.malformed() && !rows.is_empty(),
+        "a malformed bundle: {payload}"
+    );
+    rows
 }
