@@ -142,6 +142,13 @@ pub(crate) struct DelayAimd {
     /// The most bytes in flight after a send in this round and in the one before.
     round_in_flight: u64,
     last_round_in_flight: u64,
+    /// The window the path holds at the target, from the last sample that knew
+    /// what was in flight with its packet (0: none yet): those bytes made that round
+    /// trip, so the target's window is them scaled by the target over it (TCP Vegas's
+    /// expected window, with the packet's own in-flight, not the window now).
+    path_window: f64,
+    /// When slow start last ended.
+    slow_start_exit: Option<Nanos>,
     /// The caller reports bytes in flight (`on_sent`); without, the window counts as
     /// used (multipath's per-path controllers, which keep their own packet counts).
     tracks_in_flight: bool,
@@ -171,6 +178,8 @@ impl DelayAimd {
             slow_start_over: 0,
             round_in_flight: 0,
             last_round_in_flight: 0,
+            path_window: 0.0,
+            slow_start_exit: None,
             tracks_in_flight: false,
             stats: CcStats::default(),
         }
@@ -324,6 +333,9 @@ impl DelayAimd {
 
     /// Slow start ended at `now`: the first time, the first base probe is scheduled.
     fn left_slow_start(&mut self, now: Nanos) {
+        if self.slow_start {
+            self.slow_start_exit = Some(now);
+        }
         self.slow_start = false;
         self.slow_start_over = 0;
         if !self.slow_start_ended {
@@ -419,6 +431,7 @@ impl CongestionControl for DelayAimd {
             Some(RttSample {
                 rtt,
                 app_limited: true,
+                ..
             }) => {
                 // An application-limited flow cannot have built the queue its sample
                 // would show, and the sample may hold the peer's host delay (see
@@ -431,7 +444,13 @@ impl CongestionControl for DelayAimd {
                 }
                 None
             }
-            Some(s) => Some(s.rtt),
+            Some(s) => {
+                if s.in_flight > 0 {
+                    let rtt = s.rtt.max(1) as f64;
+                    self.path_window = s.in_flight as f64 * self.target() as f64 / rtt;
+                }
+                Some(s.rtt)
+            }
             None => None,
         };
         if let Some(rtt) = sample {
@@ -491,7 +510,20 @@ impl CongestionControl for DelayAimd {
                 // `max_decrease`. Halving left a 10 ms path below its bandwidth-delay
                 // product for a hundred round trips after each loss.
                 let drain = self.min_rtt as f64 / self.srtt.max(1) as f64;
-                self.cwnd *= drain.clamp(1.0 - self.cfg.max_decrease, 1.0);
+                // A loss within two round trips of leaving slow start is its overshoot:
+                // a window that doubles per round trip is twice the path's by the time
+                // a queue shows, and the drain (0.66 on a 10 ms path with a 5 ms token
+                // bucket) left it over the path's, so it overflowed the bucket again
+                // while go-back-N repaired the first loss. It falls to the path's window
+                // instead.
+                let overshoot = self
+                    .slow_start_exit
+                    .is_some_and(|t| now.saturating_sub(t) < 2 * self.srtt);
+                self.cwnd = if overshoot && self.path_window > 0.0 {
+                    self.cwnd.min(self.path_window)
+                } else {
+                    self.cwnd * drain.clamp(1.0 - self.cfg.max_decrease, 1.0)
+                };
                 self.stats.loss_decreases += 1;
             }
             Congestion::Timeout => {
@@ -555,6 +587,7 @@ mod tests {
         Some(RttSample {
             rtt,
             app_limited: false,
+            in_flight: 0,
         })
     }
 
@@ -636,6 +669,7 @@ mod tests {
         let late = Some(RttSample {
             rtt: 30_000_000,
             app_limited: true,
+            in_flight: 0,
         });
         c.on_ack(now + 30_000_000, MTU, late);
         let after = c.stats();
@@ -646,6 +680,7 @@ mod tests {
         let fast = Some(RttSample {
             rtt: 150_000,
             app_limited: true,
+            in_flight: 0,
         });
         c.on_ack(now + 30_200_000, MTU, fast);
         assert_eq!(c.stats().min_rtt, 150_000);
@@ -689,6 +724,53 @@ mod tests {
         let t2 = t + 2 * srtt + 17 * c.stats().srtt;
         c.on_ack(t2, MTU, busy(1_000_000));
         assert_eq!(c.stats().base_probes, 2);
+    }
+
+    /// A loss right after slow start is its overshoot: the window falls to what the
+    /// path holds at the target (the last sample's in-flight scaled by the target over
+    /// its round trip), not by the base over the round trip; a later loss drains.
+    #[test]
+    fn a_slow_start_overshoot_falls_to_the_path_window() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        // A 10 ms path: slow start doubles the window to 512 packets.
+        let mut now = run_rounds(&mut c, 0, 7, 10_000_000);
+        assert!(c.stats().slow_start);
+        // A queue shows and grows to 5 ms: 460 packets in flight with each sampled
+        // packet made 15 ms.
+        let queue = |rtt: Nanos| RttSample {
+            rtt,
+            app_limited: false,
+            in_flight: 460 * MTU,
+        };
+        for _ in 0..SLOW_START_EXIT_SAMPLES {
+            now += 100_000;
+            c.on_ack(now, MTU, Some(queue(12_000_000)));
+        }
+        assert!(!c.stats().slow_start);
+        for _ in 0..20 {
+            now += 100_000;
+            c.on_ack(now, MTU, Some(queue(15_000_000)));
+        }
+        let (before, target) = (c.window(), c.stats().target);
+        assert!(before > 500 * MTU, "{before}");
+        // The overshoot is lost.
+        c.on_congestion(now, Congestion::Loss);
+        let path = 460.0 * MTU as f64 * target as f64 / 15_000_000.0;
+        assert!(
+            (c.window() as f64 - path).abs() < MTU as f64,
+            "{}",
+            c.window()
+        );
+        assert_eq!(c.stats().loss_decreases, 1);
+        // Much later, with a standing queue: the drain (base over the smoothed round
+        // trip) cuts, not the path's window.
+        now = run_rounds(&mut c, now, 20, 14_000_000);
+        let (w, s) = (c.window() as f64, c.stats());
+        assert!(w > 16.0 * MTU as f64, "{w}");
+        c.on_congestion(now, Congestion::Loss);
+        let drain = s.min_rtt as f64 / s.srtt as f64;
+        let expect = w * drain.max(0.5);
+        assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
     }
 
     /// Flows on one host (engines whose clocks began at different times) take their

@@ -196,7 +196,9 @@ impl Qp {
         if sample {
             // Nothing posted after this packet (`req.send_idx` moved past it already).
             let app_limited = self.req.send_idx >= self.req.sq.len();
-            self.cc.rtt.on_sent(psn, now, app_limited);
+            let span = u64::from(psn.diff(self.req.una).max(0) as u32) + 1;
+            let in_flight = span * self.mtu(cfg);
+            self.cc.rtt.on_sent(psn, now, app_limited, in_flight);
         }
         if let Some(rate) = ctl.pacing_rate() {
             // A READ request takes what it asks for, but not more than the window: the

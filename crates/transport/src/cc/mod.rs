@@ -179,6 +179,8 @@ pub(crate) struct RttSample {
     /// application's answer (softhca's datapath does, up to its polling window), a
     /// descheduled peer, a delayed ACK. BBR marks such samples the same way.
     pub app_limited: bool,
+    /// Bytes in flight as the packet left, itself included (0: not known).
+    pub in_flight: u64,
 }
 
 /// What a congestion controller decides for one QP's requests.

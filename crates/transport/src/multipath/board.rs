@@ -304,6 +304,7 @@ fn credit(s: &Sent, paths: &mut [PathState], now: Nanos) {
         let sample = once.then_some(RttSample {
             rtt,
             app_limited: s.app_limited,
+            in_flight: 0,
         });
         p.on_acked((!s.resent).then_some(s.seq), now, sample);
     }
