@@ -68,6 +68,7 @@ impl Qp {
             self.req.quiet_resends = 0;
             self.req.tail_probed = false;
             self.req.recovery.on_progress(self.req.una);
+            self.req.held.on_progress(self.req.una);
             self.cc_progress(ctx, una_before);
             self.req.rto =
                 if self.req.max_sent.is_after(self.req.una) && self.req.rnr_wait.is_none() {
@@ -150,6 +151,8 @@ impl Qp {
                 ctx.counters.rnr_nak_retry_err += 1;
                 let mtu = self.mtu(ctx.cfg);
                 self.rewind_to(psn, mtu);
+                // The responder may have dropped what it held behind the refused one.
+                self.req.held.clear();
                 self.req.rnr_wait = Some((ctx.now + rnr_timer_ns(timer), psn));
                 self.req.rto = None;
             }

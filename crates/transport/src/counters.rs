@@ -30,6 +30,9 @@ counters! {
     ooo_buffered,
     /// Kept out-of-sequence requests executed once the gap before them filled.
     ooo_placed,
+    /// Packets not sent again going back N because the responder's SACK said it held
+    /// them (selective repeat on one path between softhca devices).
+    held_skipped,
     /// Packets received straight into registered memory and executed there.
     rx_direct,
     /// Packets whose payload was copied into registered memory while their ICRC was

@@ -75,6 +75,140 @@ impl LossRecovery for GoBackN {
     }
 }
 
+/// What a softhca responder holds beyond the oldest unacknowledged PSN (the ranges of
+/// its last SACK): selective repeat on one path between two softhca devices that
+/// negotiated the extension (never with rxe, whose responder drops what arrives
+/// early). A pass over the holes goes back to the first, resends what is not held up
+/// to the last PSN held (a later packet arrived, so on one path these were lost) and
+/// then goes on where sending was: what is beyond is in flight, and later SACKs tell.
+/// Going back N resent a whole window of which the responder held most (at 1 % loss
+/// on a 2 ms path, 55,000-127,000 duplicates in 5 s). A held packet is executed when
+/// the gap before it fills and is never dropped before (only with the QP, in the
+/// error state), so not resending it is safe.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Held {
+    /// Inclusive PSN ranges, in PSN order.
+    ranges: Vec<(Psn, Psn)>,
+    /// The loss episode these SACKs report ends when the oldest unacknowledged PSN
+    /// reaches this (the highest PSN sent as it began: RFC 6582's "recover").
+    episode_to: Option<Psn>,
+    /// The passes of this episode, in PSN order: the last PSN each resent up to, and
+    /// when it began.
+    passes: Vec<(Psn, Nanos)>,
+    /// The pass under way resends up to this PSN, then sending goes on where it was
+    /// (None: no pass; going back N resends everything not held).
+    pub pass_to: Option<Psn>,
+    /// When new PSNs left: one mark per `MARK_EVERY` PSNs, the last `MAX_MARKS`.
+    marks: std::collections::VecDeque<(Psn, Nanos)>,
+}
+
+/// PSNs between send-time marks.
+const MARK_EVERY: i32 = 16;
+/// Send-time marks kept (a 1024-PSN window's worth).
+const MAX_MARKS: usize = 64;
+
+impl Held {
+    /// A SACK's ranges (all the responder holds, up to the SACK's limit).
+    pub fn set(&mut self, ranges: &[(Psn, Psn)]) {
+        self.ranges.clear();
+        self.ranges.extend_from_slice(ranges);
+    }
+
+    /// Forget everything (after a timeout or an RNR NAK: the next pass resends all).
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+        self.episode_to = None;
+        self.passes.clear();
+        self.pass_to = None;
+    }
+
+    /// A new PSN left at `now`.
+    pub fn on_new_sent(&mut self, psn: Psn, now: Nanos) {
+        if self
+            .marks
+            .back()
+            .is_none_or(|&(p, _)| psn.diff(p) >= MARK_EVERY)
+        {
+            if self.marks.len() >= MAX_MARKS {
+                self.marks.pop_front();
+            }
+            self.marks.push_back((psn, now));
+        }
+    }
+
+    /// The first PSN sent at `since` or later (as far as the marks tell): packets
+    /// sent before it had the time to arrive and be reported held.
+    pub fn sent_since(&self, since: Nanos) -> Option<Psn> {
+        self.marks
+            .iter()
+            .find(|&&(_, at)| at >= since)
+            .map(|&(p, _)| p)
+    }
+
+    /// The last PSN held, if any.
+    pub fn highest(&self) -> Option<Psn> {
+        self.ranges.last().map(|&(_, b)| b)
+    }
+
+    /// Whether a loss episode is under way with `una` the oldest unacknowledged PSN.
+    pub fn in_episode(&self, una: Psn) -> bool {
+        self.episode_to.is_some_and(|to| una.is_before(to))
+    }
+
+    /// A loss episode begins; `max_sent` is one past the highest PSN sent.
+    pub fn begin(&mut self, max_sent: Psn) {
+        self.episode_to = Some(max_sent);
+        self.passes.clear();
+    }
+
+    /// A pass from `from` up to `to` begins at `now` (later passes over the same PSNs
+    /// replace earlier ones).
+    pub fn start_pass(&mut self, from: Psn, to: Psn, now: Nanos) {
+        self.passes.retain(|&(t, _)| t.is_before(from));
+        self.passes.push((to, now));
+        self.pass_to = Some(to);
+    }
+
+    /// The pass under way goes on up to `to` (a later SACK held more).
+    pub fn extend_pass(&mut self, to: Psn) {
+        if let Some(last) = self.passes.last_mut() {
+            last.0 = to;
+        }
+        self.pass_to = Some(to);
+    }
+
+    /// The last PSN a pass of this episode covered.
+    pub fn covered(&self) -> Option<Psn> {
+        self.passes.last().map(|&(t, _)| t)
+    }
+
+    /// When the pass that resent `psn` began.
+    pub fn resent_at(&self, psn: Psn) -> Option<Nanos> {
+        self.passes
+            .iter()
+            .find(|&&(t, _)| !t.is_before(psn))
+            .map(|&(_, at)| at)
+    }
+
+    /// The oldest unacknowledged PSN moved to `una`: ranges behind it are gone.
+    pub fn on_progress(&mut self, una: Psn) {
+        self.ranges.retain(|&(_, b)| !b.is_before(una));
+        self.passes.retain(|&(t, _)| !t.is_before(una));
+    }
+
+    /// The last PSN of the held range `psn` is in, if any.
+    pub fn holding(&self, psn: Psn) -> Option<Psn> {
+        self.ranges
+            .iter()
+            .find(|&&(a, b)| !psn.is_before(a) && !psn.is_after(b))
+            .map(|&(_, b)| b)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
 /// Least time a gap stays open before it is a loss (a veth or a loopback reorders
 /// nothing; the wait only has to outlast one scheduling of the peer).
 pub(crate) const MIN_REORDER_NS: Nanos = 1_000_000;
@@ -216,6 +350,25 @@ mod tests {
         assert_eq!(r.on_loss(p, LossCause::Gap), Some(p));
         r.on_retransmission_lost();
         assert_eq!(r.on_loss(p, LossCause::Gap), Some(p));
+    }
+
+    #[test]
+    fn held_ranges_answer_by_psn_and_go_with_progress() {
+        let mut h = Held::default();
+        let r = |a: u32, b: u32| (Psn::new(a), Psn::new(b));
+        h.set(&[r(0xff_fffe, 2), r(10, 12)]);
+        assert_eq!(h.holding(Psn::new(0xff_ffff)), Some(Psn::new(2)));
+        assert_eq!(h.holding(Psn::new(3)), None);
+        assert_eq!(h.holding(Psn::new(12)), Some(Psn::new(12)));
+        h.on_progress(Psn::new(5));
+        assert_eq!(h.holding(Psn::new(1)), None);
+        assert_eq!(h.holding(Psn::new(11)), Some(Psn::new(12)));
+        assert!(!h.in_episode(Psn::new(5)));
+        h.begin(Psn::new(20));
+        assert!(h.in_episode(Psn::new(19)));
+        assert!(!h.in_episode(Psn::new(20)));
+        h.clear();
+        assert!(h.is_empty() && !h.in_episode(Psn::new(5)));
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub(crate) const MAX_UNACKED_PSNS: i32 = 1024;
 pub(crate) const ACK_EVERY: u32 = 32;
 /// Doublings of the retransmit timeout after timeouts in a row (see `rto_deadline`).
 pub(crate) const MAX_RTO_BACKOFF: u8 = 3;
+/// The least round trip a lost retransmission is judged by (`Qp::on_held`): a hole the
+/// responder still reports twice that long after the pass over the holes began.
+const MIN_HELD_RTT_NS: Nanos = 1_000_000;
 
 /// Where the next packet of a QP comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +243,7 @@ impl Qp {
                 Resend::None => {}
             }
         }
+        self.skip_held(ctx);
         let idx = self.req.send_idx;
         let next_psn = self.req.next_psn;
         let w = self.req.sq.get_mut(idx)?;
@@ -696,6 +700,9 @@ impl Qp {
         let sent = (plan.hdr.bth.psn, plan.paced_len(), ack_req);
         self.cc_request_sent(ctx.cfg, ctx.now, sent);
         if next.is_after(self.req.max_sent) || ty != QpType::Rc {
+            if self.mp.is_some() {
+                self.req.held.on_new_sent(plan.hdr.bth.psn, ctx.now);
+            }
             self.req.max_sent = next;
             self.req.sent_at = ctx.now;
         }
@@ -709,6 +716,126 @@ impl Qp {
         }
         if ty != QpType::Rc && whole {
             self.complete_sends(ctx);
+        }
+    }
+
+    /// Going back N, the send position passes the packets the responder said it holds
+    /// (`recovery::Held`), and at the end of a pass over the holes goes back where
+    /// sending was. READs and atomics always go again (a responder replays them), and
+    /// a READ re-request keeps its own order.
+    fn skip_held(&mut self, ctx: &mut Ctx<'_>) {
+        let held = &self.req.held;
+        if (held.is_empty() && held.pass_to.is_none())
+            || !self.req.probe_next.is_empty()
+            || self.mp_active()
+        {
+            return;
+        }
+        let mtu = self.mtu(ctx.cfg);
+        while let Some(w) = self.req.sq.get(self.req.send_idx) {
+            let psn = w.first_psn.add((self.req.send_off / mtu) as u32);
+            if !w.started || !psn.is_before(self.req.max_sent) {
+                self.req.held.pass_to = None;
+                return;
+            }
+            if self.req.held.pass_to.is_some_and(|to| psn.is_after(to)) {
+                // Past the last PSN held. What left two round trips ago or earlier had
+                // the time to be reported held: it was lost too (the tail of a flight
+                // has no later packet to show it), and the pass goes on over it. What
+                // left since may be in flight: sending goes on where it was.
+                let rtt = self.req.srtt.max(MIN_HELD_RTT_NS);
+                let recent = self.req.held.sent_since(ctx.now.saturating_sub(2 * rtt));
+                match recent {
+                    Some(p) if p.is_after(psn) => self.req.held.extend_pass(p.sub(1)),
+                    None => self.req.held.extend_pass(self.req.max_sent.sub(1)),
+                    Some(_) => {
+                        self.req.held.pass_to = None;
+                        self.resume_at(self.req.max_sent, mtu);
+                        return;
+                    }
+                }
+            }
+            if w.is_rd_atomic() {
+                return;
+            }
+            let Some(last) = self.req.held.holding(psn) else {
+                return;
+            };
+            let next = last.next();
+            if w.last_psn().is_before(next) {
+                // The rest of this WQE is held.
+                let skipped = w.last_psn().next().diff(psn);
+                ctx.counters.held_skipped += u64::from(skipped.max(0) as u32);
+                self.req.send_idx += 1;
+                self.req.send_off = 0;
+            } else {
+                ctx.counters.held_skipped += u64::from(next.diff(psn).max(0) as u32);
+                self.req.send_off = u64::from(next.diff(w.first_psn) as u32) * mtu;
+            }
+        }
+    }
+
+    /// The send position moves to `psn`, the first PSN not sent yet (or the first
+    /// WQE not started).
+    fn resume_at(&mut self, psn: Psn, mtu: u64) {
+        let from = self.req.send_idx;
+        for (i, w) in self.req.sq.iter().enumerate().skip(from) {
+            if !w.started || w.contains(psn) {
+                self.req.send_idx = i;
+                self.req.send_off = if w.contains(psn) {
+                    u64::from(psn.diff(w.first_psn) as u32) * mtu
+                } else {
+                    0
+                };
+                return;
+            }
+        }
+        self.req.send_idx = self.req.sq.len();
+        self.req.send_off = 0;
+    }
+
+    /// A SACK from a responder on one path reports the gap at `hole` and what it holds
+    /// beyond (`ranges`). A new loss episode starts a pass over the holes up to the
+    /// last PSN held (`recovery::Held`). Within one, a SACK that holds more than the
+    /// passes covered shows new holes: the pass under way goes on to them, or a new
+    /// one starts; a hole still reported two round trips after its pass began was lost
+    /// again, and a pass starts over from it.
+    pub(crate) fn on_held(&mut self, ctx: &mut Ctx<'_>, hole: Psn, ranges: &[(Psn, Psn)]) {
+        let now = ctx.now;
+        self.req.held.set(ranges);
+        self.req.held.on_progress(self.req.una);
+        let Some(top) = self.req.held.highest() else {
+            return;
+        };
+        let rtt = self.req.srtt.max(MIN_HELD_RTT_NS);
+        let held = &mut self.req.held;
+        let episode = held.in_episode(self.req.una);
+        let lost_again = held
+            .resent_at(hole)
+            .is_some_and(|at| now.saturating_sub(at) > 2 * rtt);
+        let covered = held.covered().filter(|c| !hole.is_after(*c));
+        let Some(covered) = covered.filter(|_| episode && !lost_again) else {
+            // A new episode, a hole no pass resent yet (it was in flight when the last
+            // one ended), or one resent and still missing: a pass from the hole.
+            if !episode {
+                held.begin(self.req.max_sent);
+            }
+            self.req.recovery.on_retransmission_lost();
+            if self.retransmit_from(ctx, hole, LossCause::Gap) {
+                self.req.held.start_pass(hole, top, now);
+            }
+            return;
+        };
+        if !top.is_after(covered) {
+            return;
+        }
+        if self.req.held.pass_to.is_some() {
+            self.req.held.extend_pass(top);
+        } else {
+            let from = covered.next();
+            self.req.held.start_pass(from, top, now);
+            let mtu = self.mtu(ctx.cfg);
+            self.rewind_to(from, mtu);
         }
     }
 
@@ -747,6 +874,9 @@ impl Qp {
         let Some(from) = self.req.recovery.on_loss(psn, cause) else {
             return false;
         };
+        // Going back N resends everything not held (a pass over the holes is set up
+        // by `on_held` after this).
+        self.req.held.pass_to = None;
         // A resend after silence is our guess, not a loss the spec counts (IBTA
         // 9.7.6.1.3 counts timeouts and NAKs): it spends no retry, so a dead peer is
         // reported after as many timeouts as before (and it is bounded, see
@@ -779,6 +909,7 @@ impl Qp {
         }
         if cause == LossCause::Timeout {
             self.mp_restart();
+            self.req.held.clear();
         }
         let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).

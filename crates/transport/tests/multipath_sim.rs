@@ -233,6 +233,53 @@ fn a_peer_with_multipath_off_gets_plain_rc_and_no_extension_opcode() {
     );
 }
 
+/// On one path between two devices that speak the extension, a loss is repaired by
+/// resending what the responder does not hold (its SACKs replace the sequence NAK),
+/// not the whole window: the same seeded run at 1 % loss on a 1 ms round trip sends
+/// far fewer duplicates than plain RC (both sides with the extension off), every byte
+/// and completion intact.
+#[test]
+fn one_path_resends_only_what_the_responder_lacks() {
+    let run = |mp: bool| {
+        let mut net = SimNet::multihomed(7, 1, Mtu::M1024, |c| c.mp.enabled = mp);
+        let o = RcOpts {
+            timeout: 12,
+            ..RcOpts::default()
+        };
+        let (a, b) = pair(&mut net, QpType::Rc, &o);
+        settle(&mut net);
+        assert_eq!(net.nodes[0].engine.mp_stats(a).is_some(), mp);
+        net.faults = Faults {
+            loss: 0.01,
+            delay_ns: 500_000,
+            jitter_ns: 0,
+            ..Faults::default()
+        };
+        let la = net.reg(0, 4 * MIB, full_access());
+        let rb = net.reg(1, 4 * MIB, full_access());
+        net.fill_random(&la);
+        post_writes(&mut net, a, &la, &rb, 64, 64 * 1024);
+        finish(&mut net, 64, 20_000_000_000);
+        assert_eq!(net.mem(&la), net.mem(&rb));
+        assert_eq!(state(&net, 0, a), QpState::Rts);
+        assert_eq!(state(&net, 1, b), QpState::Rts);
+        let c = |n: usize| net.nodes[n].engine.counters().clone();
+        (c(0), c(1))
+    };
+    let (plain_req, plain_resp) = run(false);
+    let (req, resp) = run(true);
+    assert!(plain_resp.seq_err_naks > 5, "{plain_resp:?}");
+    assert_eq!(plain_req.held_skipped, 0);
+    assert!(req.held_skipped > 100, "{req:?}");
+    assert!(resp.mp_sack_sent > 5 && resp.seq_err_naks == 0, "{resp:?}");
+    assert!(
+        4 * resp.duplicate_request < plain_resp.duplicate_request,
+        "duplicates: {} with SACKs, {} plain",
+        resp.duplicate_request,
+        plain_resp.duplicate_request
+    );
+}
+
 #[test]
 fn a_silent_peer_means_plain_rc_after_the_tries() {
     let (mut net, a, _b) = setup(3, 2);

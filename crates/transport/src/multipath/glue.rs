@@ -703,9 +703,13 @@ impl Qp {
     }
 
     /// Whether an ACK or sequence NAK the responder is about to queue goes as a SACK.
+    /// On one path, only once the gap was reported (a sequence NAK would have gone):
+    /// the requester takes a SACK with a hole for a loss (selective repeat, see
+    /// `recovery::Held`), so one sent during the reordering wait would have cost it.
     pub(crate) fn mp_sack_instead(&mut self) -> bool {
         let gap = !self.resp.ooo.is_empty();
-        match self.mp.as_deref_mut().filter(|m| m.active) {
+        let reported = self.resp.nak_sent;
+        match self.mp.as_deref_mut().filter(|m| m.sacks(reported)) {
             Some(m) if gap => {
                 m.sack_due = true;
                 true
@@ -736,7 +740,8 @@ impl Qp {
 
     /// The responder kept an early packet (`ack_req`: the requester asked for an ACK).
     pub(crate) fn mp_kept(&mut self, ack_req: bool) {
-        if let Some(m) = self.mp.as_deref_mut().filter(|m| m.active) {
+        let reported = self.resp.nak_sent;
+        if let Some(m) = self.mp.as_deref_mut().filter(|m| m.sacks(reported)) {
             m.kept_since_sack += 1;
             if ack_req || m.kept_since_sack >= SACK_EVERY {
                 m.sack_due = true;
@@ -874,9 +879,10 @@ impl Qp {
         m.sacks_rcvd += 1;
         ctx.counters.mp_sack_rcvd += 1;
         if !active {
-            // No scoreboard here: a hole means what a sequence NAK means.
+            // No scoreboard here: a hole means what a sequence NAK means, and going
+            // back N passes over what the responder holds.
             if !s.ranges.is_empty() && self.req.rnr_wait.is_none() {
-                self.retransmit_from(ctx, cum.next(), LossCause::Gap);
+                self.on_held(ctx, cum.next(), &s.ranges);
             }
             return;
         }

@@ -35,7 +35,9 @@
 //! `Probing` and carry data only once a probe (opcode 0xE2, nonce) on that very tuple
 //! was answered (0xE3, sent back on the reverse pair). With one candidate path the
 //! extension stays idle: single-path traffic runs the plain RC code with nothing added
-//! per packet.
+//! per packet, but for one thing: once the responder would send a sequence NAK, it
+//! sends a SACK instead (and SACKs, not ACKs, until the gap fills), and the requester
+//! resends only the holes (`recovery::Held`), not the whole window.
 //!
 //! # Wire
 //! Data packets are the standard RC opcodes, unchanged (RDMA WRITEs already go as
@@ -276,6 +278,12 @@ pub(crate) struct Multipath {
 }
 
 impl Multipath {
+    /// Whether the responder answers with SACKs: always with multipath active; on one
+    /// path with a peer that speaks the extension, once a gap was reported (`gap_reported`).
+    pub fn sacks(&self, gap_reported: bool) -> bool {
+        self.active || (self.state == MpState::On && gap_reported)
+    }
+
     pub fn new(now: Nanos, nonce: u32) -> Multipath {
         Multipath {
             state: MpState::Negotiating,

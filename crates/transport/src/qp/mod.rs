@@ -13,7 +13,7 @@ use crate::config::EngineConfig;
 use crate::counters::Counters;
 use crate::multipath::{MpPacket, Multipath};
 use crate::path::Path;
-use crate::recovery::{GoBackN, ReorderWindow};
+use crate::recovery::{GoBackN, Held, ReorderWindow};
 use crate::verbs::*;
 
 /// Everything outside the QP that QP logic touches while handling an event.
@@ -193,6 +193,8 @@ pub(crate) struct Requester {
     pub tail_probed: bool,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
+    /// What the responder said it holds (selective repeat with a softhca peer).
+    pub held: Held,
     /// READ response PSNs placed ahead of the one expected (reordering, see
     /// `completer::on_read_response`); counted into `una` when the gap fills.
     pub read_early: VecDeque<Psn>,
