@@ -40,8 +40,14 @@ fn pick_len(rng: &mut impl Rng, max: usize) -> usize {
 
 /// Run one seeded workload; panics with the seed on any mismatch.
 fn run_seed(seed: u64, faults: Faults, max_len: usize) -> Counters {
+    run_seed_on(seed, faults, max_len, false)
+}
+
+/// [`run_seed`], with the multipath extension on both devices when `mp` (one path: a
+/// gap is reported by SACK and only the holes are resent).
+fn run_seed_on(seed: u64, faults: Faults, max_len: usize, mp: bool) -> Counters {
     let mtus = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096];
-    let mut net = SimNet::new(seed, 2, Mtu::M4096);
+    let mut net = SimNet::with_config(seed, 2, Mtu::M4096, |c| c.mp.enabled = mp);
     net.faults = faults;
     let mtu = mtus[net.rng.gen_range(0..mtus.len())];
     let o = RcOpts {
@@ -248,19 +254,26 @@ fn run_seed(seed: u64, faults: Faults, max_len: usize) -> Counters {
         drop_bad_icrc: ca.drop_bad_icrc + cb.drop_bad_icrc,
         duplicate_request: cb.duplicate_request,
         out_of_seq_request: cb.out_of_seq_request,
+        held_skipped: ca.held_skipped,
         ..Counters::default()
     }
 }
 
 /// 100 seeds; returns the summed counters that show the faults were exercised.
 fn sweep(base: u64, faults: Faults, max_len: usize) -> Counters {
+    sweep_on(base, faults, max_len, false)
+}
+
+/// [`sweep`], with the multipath extension on both devices when `mp`.
+fn sweep_on(base: u64, faults: Faults, max_len: usize, mp: bool) -> Counters {
     let mut t = Counters::default();
     for seed in base..base + 100 {
-        let c = run_seed(seed, faults, max_len);
+        let c = run_seed_on(seed, faults, max_len, mp);
         t.completer_retry_err += c.completer_retry_err;
         t.drop_bad_icrc += c.drop_bad_icrc;
         t.duplicate_request += c.duplicate_request;
         t.out_of_seq_request += c.out_of_seq_request;
+        t.held_skipped += c.held_skipped;
     }
     t
 }
@@ -353,6 +366,32 @@ fn sweep_everything() {
         c.completer_retry_err > 0 && c.drop_bad_icrc > 0 && c.duplicate_request > 0,
         "{c:?}"
     );
+}
+
+/// Every fault at once between two devices that speak the extension on one path:
+/// SACKs report the gaps and only the holes are resent, every byte exactly once.
+#[test]
+fn sweep_everything_selective() {
+    let f = Faults {
+        loss: 0.03,
+        reorder: 0.1,
+        duplicate: 0.05,
+        corrupt: 0.02,
+        ..Faults::default()
+    };
+    let c = sweep_on(75_000, f, 64 * 1024, true);
+    assert!(c.held_skipped > 0 && c.drop_bad_icrc > 0, "{c:?}");
+}
+
+/// 10 % loss, selective repeat on one path.
+#[test]
+fn sweep_loss_10pct_selective() {
+    let f = Faults {
+        loss: 0.10,
+        ..Faults::default()
+    };
+    let c = sweep_on(35_000, f, 32 * 1024, true);
+    assert!(c.held_skipped > 100, "{c:?}");
 }
 
 /// Re-run one seed: `SEED=50099 FAULTS=dup cargo test --test rc_sweep one_seed -- --ignored`.
