@@ -288,19 +288,7 @@ impl Qp {
         let mut path_idx = 0;
         let path = if ty == QpType::Ud {
             let ud = w.wr.ud.unwrap_or_default();
-            let path = Path::resolve(ctx.cfg, &ud.av, self.qpn)?;
-            hdr.bth.dest_qp = Qpn::new(ud.remote_qpn);
-            // IBTA 10.2.4: a WR Q_Key with the high bit set means "use the QP's Q_Key".
-            let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
-                self.attr.qkey
-            } else {
-                ud.remote_qkey
-            };
-            hdr.deth = Some(Deth {
-                qkey,
-                src_qp: Qpn::new(self.qpn),
-            });
-            path
+            self.address_ud(ctx.cfg, &ud, &mut hdr)?
         } else if self.mp_active() {
             let (i, p) = self.mp_request_path(ctx.now)?;
             path_idx = i;
@@ -331,6 +319,24 @@ impl Qp {
             tos: path.tos,
             path: path_idx,
         })
+    }
+
+    /// A UD send's path (from the WR's address vector) and its BTH destination QP and
+    /// DETH.
+    fn address_ud(&self, cfg: &EngineConfig, ud: &UdDest, hdr: &mut Headers) -> Option<Path> {
+        let path = Path::resolve(cfg, &ud.av, self.qpn)?;
+        hdr.bth.dest_qp = Qpn::new(ud.remote_qpn);
+        // IBTA 10.2.4: a WR Q_Key with the high bit set means "use the QP's Q_Key".
+        let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+            self.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        hdr.deth = Some(Deth {
+            qkey,
+            src_qp: Qpn::new(self.qpn),
+        });
+        Some(path)
     }
 
     /// A selective resend of `psn`, a packet of WQE `idx` (SEND or WRITE), on path

@@ -352,16 +352,20 @@ fn sweep_corrupt() {
     assert!(c.drop_bad_icrc > 10, "{c:?}");
 }
 
-#[test]
-fn sweep_everything() {
-    let f = Faults {
+/// Every fault at once.
+fn every_fault() -> Faults {
+    Faults {
         loss: 0.03,
         reorder: 0.1,
         duplicate: 0.05,
         corrupt: 0.02,
         ..Faults::default()
-    };
-    let c = sweep(70_000, f, 64 * 1024);
+    }
+}
+
+#[test]
+fn sweep_everything() {
+    let c = sweep(70_000, every_fault(), 64 * 1024);
     assert!(
         c.completer_retry_err > 0 && c.drop_bad_icrc > 0 && c.duplicate_request > 0,
         "{c:?}"
@@ -372,14 +376,7 @@ fn sweep_everything() {
 /// SACKs report the gaps and only the holes are resent, every byte exactly once.
 #[test]
 fn sweep_everything_selective() {
-    let f = Faults {
-        loss: 0.03,
-        reorder: 0.1,
-        duplicate: 0.05,
-        corrupt: 0.02,
-        ..Faults::default()
-    };
-    let c = sweep_on(75_000, f, 64 * 1024, true);
+    let c = sweep_on(75_000, every_fault(), 64 * 1024, true);
     assert!(c.held_skipped > 0 && c.drop_bad_icrc > 0, "{c:?}");
 }
 
