@@ -78,13 +78,13 @@ impl LossRecovery for GoBackN {
 /// What a softhca responder holds beyond the oldest unacknowledged PSN (the ranges of
 /// its last SACK): selective repeat on one path between two softhca devices that
 /// negotiated the extension (never with rxe, whose responder drops what arrives
-/// early). A pass over the holes goes back to the first, resends what is not held up
-/// to the last PSN held (a later packet arrived, so on one path these were lost) and
-/// then goes on where sending was: what is beyond is in flight, and later SACKs tell.
-/// Going back N resent a whole window of which the responder held most (at 1 % loss
-/// on a 2 ms path, 55,000-127,000 duplicates in 5 s). A held packet is executed when
-/// the gap before it fills and is never dropped before (only with the QP, in the
-/// error state), so not resending it is safe.
+/// early). A pass over the holes goes back to the first and resends what is not held
+/// up to the last PSN held (a later packet arrived, so on one path these were lost)
+/// and beyond it what left two round trips ago or earlier (it had the time to be
+/// reported), then goes on where sending was: what left since may be in flight, and
+/// later SACKs tell. Going back N resent a whole window of which the responder held
+/// most. A held packet is executed when the gap before it fills and is never dropped
+/// before (only with the QP, in the error state), so not resending it is safe.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Held {
     /// Inclusive PSN ranges, in PSN order.
