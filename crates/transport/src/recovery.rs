@@ -169,10 +169,12 @@ impl Held {
         self.pass_to = Some(to);
     }
 
-    /// The pass under way goes on up to `to` (a later SACK held more).
-    pub fn extend_pass(&mut self, to: Psn) {
-        if let Some(last) = self.passes.last_mut() {
-            last.0 = to;
+    /// The pass under way goes on up to `to` at `now` (a later SACK held more, or
+    /// what lies beyond left long ago); one whose record progress removed starts anew.
+    pub fn extend_pass(&mut self, to: Psn, now: Nanos) {
+        match self.passes.last_mut() {
+            Some(last) => last.0 = to,
+            None => self.passes.push((to, now)),
         }
         self.pass_to = Some(to);
     }

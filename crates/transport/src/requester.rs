@@ -752,8 +752,8 @@ impl Qp {
                 let rtt = self.req.srtt.max(MIN_HELD_RTT_NS);
                 let recent = self.req.held.sent_since(ctx.now.saturating_sub(2 * rtt));
                 match recent {
-                    Some(p) if p.is_after(psn) => self.req.held.extend_pass(p.sub(1)),
-                    None => self.req.held.extend_pass(self.req.max_sent.sub(1)),
+                    Some(p) if p.is_after(psn) => self.req.held.extend_pass(p.sub(1), ctx.now),
+                    None => self.req.held.extend_pass(self.req.max_sent.sub(1), ctx.now),
                     Some(_) => {
                         self.req.held.pass_to = None;
                         self.resume_at(self.req.max_sent, mtu);
@@ -784,20 +784,29 @@ impl Qp {
     /// The send position moves to `psn`, the first PSN not sent yet (or the first
     /// WQE not started).
     fn resume_at(&mut self, psn: Psn, mtu: u64) {
-        let from = self.req.send_idx;
-        for (i, w) in self.req.sq.iter().enumerate().skip(from) {
-            if !w.started || w.contains(psn) {
-                self.req.send_idx = i;
-                self.req.send_off = if w.contains(psn) {
-                    u64::from(psn.diff(w.first_psn) as u32) * mtu
-                } else {
-                    0
-                };
-                return;
-            }
-        }
-        self.req.send_idx = self.req.sq.len();
-        self.req.send_off = 0;
+        let (idx, off) = self.position_of(psn, mtu).unwrap_or_else(|| {
+            let from = self.req.send_idx;
+            let unstarted = self.req.sq.iter().skip(from).position(|w| !w.started);
+            (unstarted.map_or(self.req.sq.len(), |i| from + i), 0)
+        });
+        self.req.send_idx = idx;
+        self.req.send_off = off;
+    }
+
+    /// The WQE that holds `psn` and the byte offset of its packet there (an atomic's
+    /// is 0: one packet whatever its length).
+    fn position_of(&self, psn: Psn, mtu: u64) -> Option<(usize, u64)> {
+        let (i, w) = self
+            .req
+            .sq
+            .iter()
+            .enumerate()
+            .find(|(_, w)| w.contains(psn))?;
+        let off = match w.wr.opcode {
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
+            _ => u64::from(psn.diff(w.first_psn) as u32) * mtu,
+        };
+        Some((i, off))
     }
 
     /// A SACK from a responder on one path reports the gap at `hole` and what it holds
@@ -836,7 +845,7 @@ impl Qp {
             return;
         }
         if self.req.held.pass_to.is_some() {
-            self.req.held.extend_pass(top);
+            self.req.held.extend_pass(top, now);
         } else {
             let from = covered.next();
             self.req.held.start_pass(from, top, now);
@@ -848,15 +857,9 @@ impl Qp {
     /// Rewind the send position to `psn` (go-back-N).
     pub fn rewind_to(&mut self, psn: Psn, mtu: u64) {
         self.req.probe_next.clear();
-        for (i, w) in self.req.sq.iter().enumerate() {
-            if w.contains(psn) {
-                self.req.send_idx = i;
-                self.req.send_off = match w.wr.opcode {
-                    WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
-                    _ => u64::from(psn.diff(w.first_psn) as u32) * mtu,
-                };
-                return;
-            }
+        if let Some((idx, off)) = self.position_of(psn, mtu) {
+            self.req.send_idx = idx;
+            self.req.send_off = off;
         }
     }
 
