@@ -293,6 +293,15 @@ impl Control {
 
     /// Reads one line, waiting up to `timeout` (None = forever). `Ok(None)` on timeout.
     fn read_line(&mut self, timeout: Option<Duration>) -> Result<Option<String>, PerfError> {
+        let whole_line_buffered = self.reader.buffer().contains(&b'\n');
+        if let Some(d) = timeout.filter(|_| !whole_line_buffered) {
+            // The socket's read timeout is no short wait: Linux rounds it up to whole
+            // clock ticks, and a 1 µs or 200 µs one blocked 8 ms here (a bandwidth
+            // client waiting for credits stalled its polling that long).
+            if !readable(self.reader.get_ref(), d).map_err(|e| self.err(e))? {
+                return Ok(None);
+            }
+        }
         let t = match timeout {
             Some(d) if d.is_zero() => Some(Duration::from_micros(1)),
             t => t,
@@ -394,6 +403,32 @@ impl Control {
     pub fn recv_until(&mut self, deadline: Instant) -> Result<Option<Ctl>, PerfError> {
         let left = deadline.saturating_duration_since(Instant::now());
         self.recv(Some(left.max(Duration::from_millis(1))))
+    }
+}
+
+/// Whether `s` has bytes to read (or is closed) within `timeout`, to the nanosecond
+/// (`ppoll`, whose timeout is a high-resolution timer).
+fn readable(s: &TcpStream, timeout: Duration) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    loop {
+        // SAFETY: `pfd` and `ts` are valid for the call, one descriptor, no signal mask.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -295,6 +295,9 @@ impl Engine {
             // Its last figures, for a run whose QPs are gone when counters are read.
             tracing::debug!("qp {:#x} congestion: {cc}", qp.qpn);
         }
+        if let Some(mp) = qp.mp_stats() {
+            tracing::debug!("qp {:#x} {mp}", qp.qpn);
+        }
         self.budget.inflight = self.budget.inflight.saturating_sub(qp.reported_inflight);
         self.budget.ooo_bytes = self.budget.ooo_bytes.saturating_sub(qp.reported_ooo);
         if let Some(s) = qp.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {
