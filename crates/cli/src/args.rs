@@ -235,6 +235,12 @@ pub struct PerfArgs {
     /// memory the buffers stream through out of the comparison with one QP.
     #[arg(long, conflicts_with = "verify")]
     pub shared_buffer: bool,
+    /// Bandwidth mode: sleep until a completion comes instead of spinning on the
+    /// completion queue (perftest's --use_event). On a host with fewer cores than busy
+    /// threads, a spinning application takes turns on the CPU with the datapath and
+    /// its peer, and its completions come in bursts.
+    #[arg(short = 'e', long)]
+    pub events: bool,
     /// Outstanding work requests per QP in bandwidth mode.
     #[arg(short = 't', long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=8192))]
     pub tx_depth: u32,

@@ -90,6 +90,7 @@ pub fn run(a: &PerfArgs) -> Result<(), CliError> {
                 !a.forever && a.op != PerfOp::All,
                 false,
                 a.json,
+                a.events,
             )
         }
     }
@@ -132,6 +133,7 @@ fn options(a: &PerfArgs) -> TestOptions {
         mtu: a.mtu,
         verify: a.verify,
         shared_buffer: a.shared_buffer,
+        events: a.events,
     }
 }
 
@@ -223,13 +225,14 @@ fn serve(
     once: bool,
     quiet: bool,
     json: bool,
+    events: bool,
 ) -> Result<(), CliError> {
     loop {
         let (stream, peer) = listener
             .accept()
             .map_err(|e| CliError::exchange("client", crate::error::io_msg(&e)))?;
         let mut ctl = Control::new(stream, peer.to_string())?;
-        let served = softhca_perf::serve_test(ctx, &mut ctl, allowed(op));
+        let served = softhca_perf::serve_test(ctx, &mut ctl, allowed(op), events);
         if !quiet {
             print_counters("server", ctx);
         }
@@ -278,7 +281,7 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
     let port = free_tcp_port()?;
     // SOFTHCA_ADDR=a,b chooses the pair (tests and captures filter on it).
     let (ctx, (server_ip, server)) = match base.addrs[..] {
-        [s, c, ..] => (open_on(&base, c)?, (s, start_server(a.op, s, port)?)),
+        [s, c, ..] => (open_on(&base, c)?, (s, start_server(a, s, port)?)),
         _ => {
             // Claim the client's address by opening its device, then try free addresses
             // for the server until one is not taken meanwhile by a concurrent run.
@@ -290,7 +293,7 @@ fn loopback(a: &PerfArgs) -> Result<(), CliError> {
             let started = free_device_ips()
                 .filter(|&ip| Some(ip) != mine)
                 .take(SERVER_ATTEMPTS)
-                .find_map(|ip| match start_server(a.op, ip, port) {
+                .find_map(|ip| match start_server(a, ip, port) {
                     Ok(s) => Some((ip, s)),
                     Err(e) => {
                         last = Some(e);
@@ -326,13 +329,17 @@ fn open_on(base: &Config, ip: IpAddr) -> Result<Arc<Context>, CliError> {
     Context::open(&cfg).map_err(CliError::verbs("cannot open device"))
 }
 
-/// `softhca perf <op>` serving on `ip` and TCP `port`, once it says it is waiting.
-fn start_server(op: PerfOp, ip: IpAddr, port: u16) -> Result<Proc, CliError> {
+/// `softhca perf <op>` serving on `ip` and TCP `port` (waiting as `a` says), once it
+/// says it is waiting.
+fn start_server(a: &PerfArgs, ip: IpAddr, port: u16) -> Result<Proc, CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Usage(format!("cannot find the softhca binary: {e}")))?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(["perf", op.name(), "-p", &port.to_string()])
+    cmd.args(["perf", a.op.name(), "-p", &port.to_string()])
         .env("SOFTHCA_ADDR", ip.to_string());
+    if a.events {
+        cmd.arg("--events");
+    }
     let mut server = Proc::spawn("softhca perf server", cmd)?;
     server.wait_line(Pipe::Err, "waiting for a client", SERVER_READY)?;
     Ok(server)

@@ -43,8 +43,8 @@ fn json_lines(out: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn loopback_bw_verified(op: &str) {
-    let out = run(&[
+fn loopback_bw_verified(op: &str, extra: &[&str]) {
+    let args = [
         "perf",
         op,
         "--loopback",
@@ -54,7 +54,8 @@ fn loopback_bw_verified(op: &str) {
         "200",
         "--verify",
         "--json",
-    ]);
+    ];
+    let out = run(&[&args[..], extra].concat());
     let rs = json_lines(&out);
     assert_eq!(rs.len(), 1, "one result expected: {rs:?}");
     let r = &rs[0];
@@ -69,17 +70,24 @@ fn loopback_bw_verified(op: &str) {
 
 #[test]
 fn loopback_send_bw_verified() {
-    loopback_bw_verified("send");
+    loopback_bw_verified("send", &[]);
 }
 
 #[test]
 fn loopback_write_bw_verified() {
-    loopback_bw_verified("write");
+    loopback_bw_verified("write", &[]);
 }
 
 #[test]
 fn loopback_read_bw_verified() {
-    loopback_bw_verified("read");
+    loopback_bw_verified("read", &[]);
+}
+
+/// Both ends sleep on their completion queues (`--events`) instead of spinning.
+#[test]
+fn loopback_bw_verified_with_events() {
+    loopback_bw_verified("write", &["--events"]);
+    loopback_bw_verified("send", &["-e"]);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use softhca::{smallvec, Completion, Payload, SendFlags, SendWr, WcOpcode, WrOpcode};
+use softhca::{smallvec, Completion, Cq, Payload, SendFlags, SendWr, WcOpcode, WrOpcode};
 
 use crate::error::PerfError;
 use crate::exchange::{Control, Ctl, QpInfo, TestParams};
@@ -17,6 +17,8 @@ use crate::{Op, Outcome, ServerOutcome, STALL};
 /// with one ACK. With lists of 32 the 64 B message rate settled at 32 messages per
 /// send and per ACK: 2.0 M/s, against 2.6 M/s with 64 (interleaved runs, 2-core VM).
 const POST_LIST_SMALL: usize = 64;
+/// The longest sleep of an `--events` wait for completions.
+const EVENT_WAIT: Duration = Duration::from_millis(1);
 /// Most WRs per list of larger messages (64 of them do not fit one GSO send anyway).
 const POST_LIST: usize = 32;
 /// Messages up to this size are small: 64 of them, with their headers, fit one GSO send
@@ -195,6 +197,14 @@ impl<'a> Requester<'a> {
         Ok(())
     }
 
+    /// Under WRITE --verify: whether the server's credits hold a lane back.
+    fn starved(&self, lanes: &[Lane]) -> bool {
+        self.write_verify
+            && lanes
+                .iter()
+                .any(|l| l.posted < l.target && l.posted >= l.credit + self.nslots)
+    }
+
     /// Nothing completed: under WRITE --verify, wait briefly for the server's credits if
     /// they are what holds the lanes back.
     fn wait_for_credits(
@@ -203,11 +213,7 @@ impl<'a> Requester<'a> {
         ctl: &mut Control,
         idle: &mut Idle,
     ) -> Result<(), PerfError> {
-        let starved = self.write_verify
-            && lanes
-                .iter()
-                .any(|l| l.posted < l.target && l.posted >= l.credit + self.nslots);
-        if !starved {
+        if !self.starved(lanes) {
             return Ok(());
         }
         // Flow control: the server has not verified the slots we would overwrite.
@@ -265,7 +271,10 @@ pub fn client(
         if r.post(&mut lanes, &mut wrs)? {
             break;
         }
-        let n = side.scq.poll(&mut wcs);
+        let mut n = side.scq.poll(&mut wcs);
+        if n == 0 && p.events && !r.starved(&lanes) {
+            n = wait(&side.scq, &mut wcs)?;
+        }
         r.complete(&mut lanes, &wcs[..n])?;
         if n > 0 {
             idle.progress();
@@ -283,6 +292,13 @@ pub fn client(
         seconds,
         samples: Vec::new(),
     })
+}
+
+/// `--events`: sleeps until `cq` has completions, at most [`EVENT_WAIT`] (the loop
+/// has a clock and a control connection to look at too).
+fn wait(cq: &Cq, wcs: &mut [Completion]) -> Result<usize, PerfError> {
+    cq.wait(wcs, EVENT_WAIT)
+        .map_err(PerfError::verbs("waiting for completions"))
 }
 
 fn apply_credit(lanes: &mut [Lane], c: Ctl, ctl: &Control) -> Result<(), PerfError> {
@@ -370,7 +386,10 @@ pub fn server(
     let credit_every = (u64::from(p.slots) / 4).max(1);
     let mut verdict: Result<(), String> = Ok(());
     loop {
-        let n = side.rcq.poll(&mut wcs);
+        let mut n = side.rcq.poll(&mut wcs);
+        if n == 0 && p.events {
+            n = wait(&side.rcq, &mut wcs)?;
+        }
         for wc in &wcs[..n] {
             check_wc(wc, "receive")?;
             let (qi, slot) = split_wr_id(wc.wr_id);

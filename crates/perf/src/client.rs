@@ -33,6 +33,8 @@ pub struct TestOptions {
     pub verify: bool,
     /// One buffer for all QPs (bandwidth tests).
     pub shared_buffer: bool,
+    /// Sleep until a completion instead of spinning on the CQ (bandwidth tests).
+    pub events: bool,
 }
 
 /// The parameters of one test of `op` (latency if `lat`) on `ctx`.
@@ -76,6 +78,7 @@ pub fn params(o: &TestOptions, op: Op, lat: bool, ctx: &Context) -> Result<TestP
         verify: o.verify,
         slots,
         shared: o.shared_buffer && !lat,
+        events: o.events,
     })
 }
 

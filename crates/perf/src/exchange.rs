@@ -91,6 +91,9 @@ pub struct TestParams {
     pub slots: u32,
     /// `--shared-buffer`: every QP uses the first QP's slots.
     pub shared: bool,
+    /// `--events`: this side sleeps until a completion instead of spinning on its CQs
+    /// (each side's own choice, not sent to the peer).
+    pub events: bool,
 }
 
 impl TestParams {
@@ -131,6 +134,7 @@ impl TestParams {
             verify: false,
             slots: 1,
             shared: false,
+            events: false,
         };
         for kv in it {
             let (k, v) = kv
@@ -459,6 +463,7 @@ mod tests {
             verify: true,
             slots: 128,
             shared: true,
+            events: false,
         };
         assert_eq!(TestParams::parse(&p.to_line()), Ok(p));
         for c in [

@@ -23,8 +23,12 @@ pub fn serve_test(
     ctx: &Arc<Context>,
     ctl: &mut Control,
     allowed: Option<Op>,
+    events: bool,
 ) -> Result<Option<Served>, PerfError> {
-    let p = ctl.recv_params()?;
+    let p = TestParams {
+        events,
+        ..ctl.recv_params()?
+    };
     if p.op == "quit" {
         return Ok(None);
     }

@@ -255,15 +255,22 @@ pub struct Idle {
     spins: u32,
     last: std::time::Instant,
     limit: std::time::Duration,
+    /// When [`Idle::should_check`] last said yes.
+    checked: std::time::Instant,
 }
+
+/// The longest an idle loop goes without looking at its control connection.
+const CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Idle {
     /// Gives up after `limit` without progress.
     pub fn new(limit: std::time::Duration) -> Idle {
+        let now = std::time::Instant::now();
         Idle {
             spins: 0,
-            last: std::time::Instant::now(),
+            last: now,
             limit,
+            checked: now,
         }
     }
 
@@ -290,8 +297,15 @@ impl Idle {
         Ok(())
     }
 
-    /// True every so often while idle (time to look at the control connection).
-    pub fn should_check(&self) -> bool {
-        self.spins % 128 == 127
+    /// True every so often while idle (time to look at the control connection): every
+    /// 128 turns, and at least every millisecond (a turn that sleeps, `--events`, may
+    /// last that long).
+    pub fn should_check(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let due = self.spins % 128 == 127 || now - self.checked >= CHECK_EVERY;
+        if due {
+            self.checked = now;
+        }
+        due
     }
 }

@@ -44,6 +44,7 @@ pub fn measure(ip: IpAddr) -> Result<f64, CliError> {
         verify: false,
         slots: 1,
         shared: false,
+        events: false,
     };
     let (gid_index, gid) = pick_gid(&ctx, ip)?;
     // Warm-up: the first QP brings the CQs, the MR and the allocator's arenas.

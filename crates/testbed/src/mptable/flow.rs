@@ -218,7 +218,15 @@ impl Bed<'_> {
                 // buffer keeps MPTCP's subflows fed: a message completes only once its
                 // slowest path has delivered, and 64 (4 MiB) held four 1 Gb/s paths to
                 // 1.6 Gb/s by the application's queue, not the transport's window.
-                Kind::Bulk => c.args(["-s", "65536", "-t", "256", "-Q", "1", "--verify"]),
+                // Both ends sleep while they wait, as MPTCP's do in their system calls:
+                // on two cores, two applications spinning beside the two datapath
+                // threads were taken off the CPU for up to 16 ms at a time.
+                Kind::Bulk => {
+                    s.arg("--events");
+                    c.args([
+                        "-s", "65536", "-t", "256", "-Q", "1", "--verify", "--events",
+                    ])
+                }
                 Kind::Latency => c.args(["--lat", "-s", "4096"]),
             };
             c.args(["--progress", PROGRESS_EVERY]);
