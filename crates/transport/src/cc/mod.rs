@@ -153,6 +153,21 @@ pub enum CcAlgorithm {
     DelayAimd(DelayAimdConfig),
 }
 
+impl CcAlgorithm {
+    /// The same algorithm allowing at most `queue` of queueing delay above the base
+    /// round trip (the least allowance and the most flow scaling adds both set to it).
+    pub(crate) fn with_queue_delay(self, queue: Nanos) -> CcAlgorithm {
+        match self {
+            CcAlgorithm::Off => CcAlgorithm::Off,
+            CcAlgorithm::DelayAimd(c) => CcAlgorithm::DelayAimd(DelayAimdConfig {
+                min_queue_delay: queue,
+                flow_scaling_range: queue,
+                ..c
+            }),
+        }
+    }
+}
+
 impl Default for CcAlgorithm {
     fn default() -> Self {
         CcAlgorithm::DelayAimd(DelayAimdConfig::default())

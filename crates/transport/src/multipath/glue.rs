@@ -17,7 +17,7 @@ use super::paths::{best, paced_until};
 use super::wire::{self as mpw, Hello, Probe, Sack};
 use super::{
     MpPacket, MpState, MpStats, Multipath, PathState, PathStatus, HELLO_TRIES, KEEPALIVE_NS,
-    MAX_PATHS, PROBE_MISSES,
+    MAX_PATHS, PATH_QUEUE_DELAY_NS, PROBE_MISSES,
 };
 
 /// Packets sent on one path before the scheduler looks again (one GSO batch).
@@ -215,7 +215,7 @@ impl Qp {
             // one controller for the QP held the sum of the paths to one path's rate.
             for p in &mut paths {
                 p.mtu = mtu;
-                p.cc = new_controller(alg, mtu);
+                p.cc = new_controller(alg.with_queue_delay(PATH_QUEUE_DELAY_NS), mtu);
             }
         }
         m.paths = paths;
@@ -805,7 +805,8 @@ impl Qp {
                             // Its controller starts over: what it knew of the path's
                             // queue may be stale too.
                             if path.cc.is_some() {
-                                path.cc = new_controller(ctx.cfg.cc, path.mtu);
+                                let alg = ctx.cfg.cc.with_queue_delay(PATH_QUEUE_DELAY_NS);
+                                path.cc = new_controller(alg, path.mtu);
                             }
                         }
                         path.set_status(PathStatus::Active, now);

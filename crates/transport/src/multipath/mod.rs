@@ -214,6 +214,11 @@ pub(crate) const PROBE_MISSES: u8 = 2;
 pub(crate) const KEEPALIVE_NS: Nanos = 20_000_000;
 /// Longest wait between probes of a failed path.
 pub(crate) const READMIT_MAX_NS: Nanos = 500_000_000;
+/// The queueing delay a path's controller allows above its base round trip (a single
+/// path's allows 2 ms and more). A message completes once its slowest path delivered,
+/// so a path's queue stalls the whole QP; and the queues' swings are what a path's
+/// silence must be told from, so they set how soon a cut path is found.
+pub(crate) const PATH_QUEUE_DELAY_NS: Nanos = 750_000;
 
 /// Where a QP's negotiation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
