@@ -30,6 +30,8 @@ pub const CONTROL_PORTS: (u16, u16) = (18500, 18599);
 
 /// The routing table of the management routes.
 const CONTROL_TABLE: &str = "62";
+/// A veth's default `gso_max_segs` (Linux `GSO_MAX_SEGS`): GSO datagrams pass whole.
+const GSO_MAX_SEGS: &str = "65535";
 
 /// Which direction of a path a fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +369,8 @@ impl Paths {
     }
 
     /// Sets the fault of path `i` in direction `dir` (replacing the previous one).
+    /// Random loss is per packet: while it is set, the devices sending into the path cut
+    /// GSO datagrams into packets before it.
     pub fn set_fault(&self, i: usize, dir: Direction, fault: Fault) -> Result<(), TestbedError> {
         self.check_index(i)?;
         let rule = match fault {
@@ -400,6 +404,27 @@ impl Paths {
                     stderr: format!("exited with {st}"),
                 });
             }
+        }
+        // Random loss drops packets, as a lossy link does: the senders into it cut
+        // their GSO datagrams before the link (a veth passes them whole, and the
+        // receiving end's rule dropped one 64 KiB run of packets as one).
+        let segs = if matches!(fault, Fault::Loss(_)) {
+            "1"
+        } else {
+            GSO_MAX_SEGS
+        };
+        for &end in dir.receivers() {
+            let from = match end {
+                End::A => End::B,
+                End::B => End::A,
+            };
+            let dev = self.dev(from, i);
+            self.run(
+                from,
+                "ip",
+                ["link", "set", "dev", &dev, "gso_max_segs", segs],
+                None,
+            )?;
         }
         Ok(())
     }
