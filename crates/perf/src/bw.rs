@@ -17,13 +17,13 @@ use crate::{Op, Outcome, ServerOutcome, STALL};
 /// with one ACK. With lists of 32 the 64 B message rate settled at 32 messages per
 /// send and per ACK: 2.0 M/s, against 2.6 M/s with 64 (interleaved runs, 2-core VM).
 const POST_LIST_SMALL: usize = 64;
-/// The longest sleep of an `--events` wait for completions.
-const EVENT_WAIT: Duration = Duration::from_millis(1);
 /// Most WRs per list of larger messages (64 of them do not fit one GSO send anyway).
 const POST_LIST: usize = 32;
 /// Messages up to this size are small: 64 of them, with their headers, fit one GSO send
 /// (64 KiB).
 const SMALL: u64 = 512;
+/// The longest sleep of an `--events` wait for completions.
+const EVENT_WAIT: Duration = Duration::from_millis(1);
 
 /// Per-QP progress on the requester.
 #[derive(Clone, Copy)]
