@@ -188,6 +188,28 @@ fn node_guid(gids: &[Gid]) -> u64 {
     u64::from_be_bytes([0x02, 0x53, 0x48, g[12], 0xfe, g[13], g[14], g[15]])
 }
 
+/// Headers around a request packet's payload in its UDP payload, at most: BTH, RETH,
+/// immediate data, ICRC (and pad).
+const JUMBO_HEADERS: usize = 12 + 16 + 4 + 4 + 4;
+
+/// The packet size above 4096 offered to softhca peers: the configured one, or the
+/// largest power of two whose packets fit every served interface's MTU and one
+/// receive buffer, if smaller; 0 when that is not above 4096 (an Ethernet MTU of 1500,
+/// or an interface whose MTU is unknown).
+fn jumbo_mtu(cfg: &Config, served: &[Served]) -> u64 {
+    let room = served
+        .iter()
+        .map(|s| addr::bundle_limit(s).min(s.socket.recv_buf_size()))
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(JUMBO_HEADERS) as u64;
+    let fits = if room == 0 { 0 } else { 1 << room.ilog2() };
+    match fits.min(cfg.jumbo) {
+        n if n > 4096 => n,
+        _ => 0,
+    }
+}
+
 /// The engine's configuration for a device serving `served` with these GIDs and MTU.
 /// `epoch`: when the engine's clock reads 0, on the wall clock (ns since the Unix epoch).
 fn engine_config(
@@ -231,6 +253,7 @@ fn engine_config(
         } else {
             0
         },
+        jumbo_mtu: jumbo_mtu(cfg, served),
         ..EngineConfig::default()
     }
 }

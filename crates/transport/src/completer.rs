@@ -149,8 +149,7 @@ impl Qp {
                     self.req.rnr_left -= 1;
                 }
                 ctx.counters.rnr_nak_retry_err += 1;
-                let mtu = self.mtu(ctx.cfg);
-                self.rewind_to(psn, mtu);
+                self.rewind_to(psn);
                 // The responder may have dropped what it held behind the refused one.
                 self.req.held.clear();
                 self.req.rnr_wait = Some((ctx.now + rnr_timer_ns(timer), psn));
@@ -326,15 +325,18 @@ impl Qp {
     /// Writes one READ response's data where it belongs in WQE `idx`; false if the
     /// response does not fit the WQE (length or opcode), then nothing is written.
     fn place_read(&mut self, ctx: &mut Ctx<'_>, idx: usize, h: &Headers, payload: &[u8]) -> bool {
-        let mtu = self.mtu(ctx.cfg);
         let pd = self.init.pd;
         let Some(w) = self.req.sq.get_mut(idx) else {
             return false;
         };
-        let off = u64::from(h.bth.psn.diff(w.first_psn) as u32) * mtu;
+        let off = w.offset_of(h.bth.psn);
         let is_last = h.bth.psn == w.last_psn();
         let n = payload.len() as u64;
-        let len_ok = if is_last { off + n == w.len } else { n == mtu };
+        let len_ok = if is_last {
+            off + n == w.len
+        } else {
+            n == w.mtu
+        };
         let op_ok = h.bth.opcode.ends_message() == is_last;
         if !len_ok || !op_ok {
             return false;
@@ -578,8 +580,7 @@ impl Qp {
         if let Some((at, psn)) = self.req.rnr_wait {
             if at <= now {
                 self.req.rnr_wait = None;
-                let mtu = self.mtu(ctx.cfg);
-                self.rewind_to(psn, mtu);
+                self.rewind_to(psn);
                 self.req.rto = ack_timeout_ns(self.attr.timeout).map(|t| now + t);
             }
             return;
@@ -665,7 +666,6 @@ impl Qp {
         self.req.tail_probed = true;
         ctx.counters.tail_probe += 1;
         let last = self.req.max_sent.sub(1);
-        let mtu = self.mtu(ctx.cfg);
-        self.rewind_to(last, mtu);
+        self.rewind_to(last);
     }
 }

@@ -56,6 +56,12 @@ pub struct EngineConfig {
     /// only to peers that offered them too. 0 (the default here, as `mp`): none;
     /// softhca's `Config` sets its receive buffer size.
     pub bundle_max: usize,
+    /// The largest request packet payload (bytes, a power of two above the IBTA's
+    /// 4096) this device sends and receives on an RC QP whose softhca peer offered it
+    /// in multipath's negotiation: SENDs and WRITEs then take a quarter of the packets,
+    /// and a quarter of the per-packet work, where the interfaces carry frames that
+    /// large (loopback, jumbo Ethernet). 0 (the default here, as `mp`): IBTA MTUs only.
+    pub jumbo_mtu: u64,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +85,7 @@ impl Default for EngineConfig {
             },
             unacked_rate: None,
             bundle_max: 0,
+            jumbo_mtu: 0,
         }
     }
 }

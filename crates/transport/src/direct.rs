@@ -131,7 +131,6 @@ impl Qp {
         &self,
         mem: &softhca_memory::MemoryTable,
         bth: &Bth,
-        mtu: u64,
     ) -> Option<(*mut u8, usize)> {
         if self.init.qp_type != QpType::Rc
             || !matches!(self.state, QpState::Rts | QpState::Sqd)
@@ -147,7 +146,7 @@ impl Qp {
         if w.wr.opcode != WrOpcode::RdmaRead || !w.contains(bth.psn) || bth.psn != w.read_next_psn {
             return None;
         }
-        let off = u64::from(bth.psn.diff(w.first_psn) as u32) * mtu;
+        let off = w.offset_of(bth.psn);
         let left = usize::try_from(w.len.checked_sub(off)?).ok()?;
         let Payload::Sges(sges) = &w.wr.payload else {
             return None;
@@ -165,7 +164,7 @@ impl Qp {
             .map(|p| p.diff(bth.psn))
             .filter(|&d| d > 0)
             .min()
-            .map_or(usize::MAX, |d| d as usize * mtu as usize);
+            .map_or(usize::MAX, |d| d as usize * w.mtu as usize);
         (left > 0).then_some((p, n.min(left).min(before_early)))
     }
 }
@@ -192,7 +191,7 @@ impl Engine {
             return None;
         }
         let (dst, room) = if bth.opcode.is_read_response() {
-            qp.read_response_target(&self.memory, &bth, qp.mtu(&self.cfg))?
+            qp.read_response_target(&self.memory, &bth)?
         } else {
             // Only a SEND First takes a WQE: no lookup for the packets that continue one.
             let first = bth.opcode.is_send() && bth.opcode.is_first();

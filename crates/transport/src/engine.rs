@@ -564,6 +564,7 @@ impl Engine {
             sent_at: 0,
             first_psn: Psn::default(),
             npkts: 0,
+            mtu: 0,
             read_next_psn: Psn::default(),
             done: false,
             rtt_sample: false,
@@ -1208,8 +1209,7 @@ impl Engine {
                 return;
             };
             if hello.status == 0 && hello.to_qpn == qp.qpn && enabled {
-                let (addrs, sports) = (hello.addrs, hello.sports);
-                qp.mp_turn_on(&mut ctx, &addrs, sports);
+                qp.mp_turn_on(&mut ctx, &hello);
             } else {
                 qp.mp_turn_off(&mut ctx);
             }
@@ -1231,6 +1231,7 @@ impl Engine {
                     addrs: Vec::new(),
                     sports: 1,
                     bundle_max,
+                    packet_max: 0,
                 };
                 if let Some(bytes) = no.encode() {
                     ctx.mp_out.push_back(MpPacket {
@@ -1254,7 +1255,7 @@ impl Engine {
         if qp.mp.is_none() {
             qp.mp = Some(Box::new(Multipath::new(now, hello.nonce)));
         }
-        qp.mp_turn_on(&mut ctx, &hello.addrs, hello.sports);
+        qp.mp_turn_on(&mut ctx, &hello);
         if let Some(pkt) = qp.mp_hello(&ctx, true, 0, hello.nonce) {
             ctx.mp_out.push_back(pkt);
         }

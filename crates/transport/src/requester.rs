@@ -116,7 +116,7 @@ impl Qp {
         self.req
             .sq
             .get(self.req.send_idx)
-            .map_or(1, |w| w.psns_at(self.mtu(cfg)))
+            .map_or(1, |w| w.psns_at(self.start_mtu(cfg, w)))
     }
 
     /// Request PSNs this QP counts against the device budget: those sent and not yet
@@ -271,15 +271,14 @@ impl Qp {
             self.start_wqe(ctx, idx)?;
         }
         let ty = self.init.qp_type;
-        let mtu = self.mtu(ctx.cfg);
         let w = self.req.sq.get(idx)?;
         let off = self.req.send_off;
-        let psn = w.first_psn.add((off / mtu) as u32);
+        let psn = w.psn_at(off);
         let msg_last = w.last_psn();
         let at = PacketAt {
             tr: ty.transport(),
             off,
-            mtu,
+            mtu: w.mtu,
             split: ty == QpType::Rc && ctx.cfg.split_rc_writes,
             dqpn: self.attr.dest_qp_num,
             psn,
@@ -349,13 +348,12 @@ impl Qp {
         psn: Psn,
         path: usize,
     ) -> Option<TxPlan> {
-        let mtu = self.mtu(ctx.cfg);
         let w = self.req.sq.get(idx)?;
-        let off = u64::from(psn.diff(w.first_psn) as u32) * mtu;
+        let off = w.offset_of(psn);
         let at = PacketAt {
             tr: self.init.qp_type.transport(),
             off,
-            mtu,
+            mtu: w.mtu,
             split: ctx.cfg.split_rc_writes,
             dqpn: self.attr.dest_qp_num,
             psn,
@@ -390,15 +388,14 @@ impl Qp {
     /// response's).
     fn next_request_psns(&self, cfg: &EngineConfig, idx: usize) -> Option<(Psn, Psn)> {
         let w = self.req.sq.get(idx)?;
-        let mtu = self.mtu(cfg);
         let psn = if w.started {
-            w.first_psn.add((self.req.send_off / mtu) as u32)
+            w.psn_at(self.req.send_off)
         } else {
             self.req.next_psn
         };
         let takes_to = match w.wr.opcode {
             WrOpcode::RdmaRead if w.started => w.last_psn(),
-            WrOpcode::RdmaRead => psn.add(w.psns_at(mtu) - 1),
+            WrOpcode::RdmaRead => psn.add(w.psns_at(self.start_mtu(cfg, w)) - 1),
             _ => psn,
         };
         Some((psn, takes_to))
@@ -414,6 +411,7 @@ impl Qp {
         }
         let ty = self.init.qp_type;
         let mtu = self.mtu(ctx.cfg);
+        let jumbo = self.jumbo();
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let rd_inflight = self.req.rd_atomic_inflight;
         let unacked = self.req.next_psn.diff(self.req.una);
@@ -450,7 +448,13 @@ impl Qp {
                 return None;
             }
         }
-        let npkts = w.psns_at(mtu);
+        let wqe_mtu = match jumbo {
+            Some(j) if !w.is_rd_atomic() => j,
+            _ => mtu,
+        };
+        let npkts = w.psns_at(wqe_mtu);
+        w.mtu = wqe_mtu;
+        self.req.pkt_bytes = wqe_mtu;
         w.started = true;
         w.sent_at = ctx.now;
         w.rtt_sample = true;
@@ -737,9 +741,8 @@ impl Qp {
         {
             return;
         }
-        let mtu = self.mtu(ctx.cfg);
         while let Some(w) = self.req.sq.get(self.req.send_idx) {
-            let psn = w.first_psn.add((self.req.send_off / mtu) as u32);
+            let psn = w.psn_at(self.req.send_off);
             if !w.started || !psn.is_before(self.req.max_sent) {
                 self.req.held.pass_to = None;
                 return;
@@ -756,7 +759,7 @@ impl Qp {
                     None => self.req.held.extend_pass(self.req.max_sent.sub(1), ctx.now),
                     Some(_) => {
                         self.req.held.pass_to = None;
-                        self.resume_at(self.req.max_sent, mtu);
+                        self.resume_at(self.req.max_sent);
                         return;
                     }
                 }
@@ -776,15 +779,15 @@ impl Qp {
                 self.req.send_off = 0;
             } else {
                 ctx.counters.held_skipped += u64::from(next.diff(psn).max(0) as u32);
-                self.req.send_off = u64::from(next.diff(w.first_psn) as u32) * mtu;
+                self.req.send_off = w.offset_of(next);
             }
         }
     }
 
     /// The send position moves to `psn`, the first PSN not sent yet (or the first
     /// WQE not started).
-    fn resume_at(&mut self, psn: Psn, mtu: u64) {
-        let (idx, off) = self.position_of(psn, mtu).unwrap_or_else(|| {
+    fn resume_at(&mut self, psn: Psn) {
+        let (idx, off) = self.position_of(psn).unwrap_or_else(|| {
             let from = self.req.send_idx;
             let unstarted = self.req.sq.iter().skip(from).position(|w| !w.started);
             (unstarted.map_or(self.req.sq.len(), |i| from + i), 0)
@@ -795,7 +798,7 @@ impl Qp {
 
     /// The WQE that holds `psn` and the byte offset of its packet there (an atomic's
     /// is 0: one packet whatever its length).
-    fn position_of(&self, psn: Psn, mtu: u64) -> Option<(usize, u64)> {
+    fn position_of(&self, psn: Psn) -> Option<(usize, u64)> {
         let (i, w) = self
             .req
             .sq
@@ -804,7 +807,7 @@ impl Qp {
             .find(|(_, w)| w.contains(psn))?;
         let off = match w.wr.opcode {
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 0,
-            _ => u64::from(psn.diff(w.first_psn) as u32) * mtu,
+            _ => w.offset_of(psn),
         };
         Some((i, off))
     }
@@ -849,15 +852,14 @@ impl Qp {
         } else {
             let from = covered.next();
             self.req.held.start_pass(from, top, now);
-            let mtu = self.mtu(ctx.cfg);
-            self.rewind_to(from, mtu);
+            self.rewind_to(from);
         }
     }
 
     /// Rewind the send position to `psn` (go-back-N).
-    pub fn rewind_to(&mut self, psn: Psn, mtu: u64) {
+    pub fn rewind_to(&mut self, psn: Psn) {
         self.req.probe_next.clear();
-        if let Some((idx, off)) = self.position_of(psn, mtu) {
+        if let Some((idx, off)) = self.position_of(psn) {
             self.req.send_idx = idx;
             self.req.send_off = off;
         }
@@ -920,7 +922,6 @@ impl Qp {
             self.mp_restart();
             self.req.held.clear();
         }
-        let mtu = self.mtu(ctx.cfg);
         // Where sending was (before re-requests still waiting to leave, if any).
         let resume = self
             .req
@@ -928,7 +929,7 @@ impl Qp {
             .back()
             .copied()
             .unwrap_or((self.req.send_idx, self.req.send_off));
-        self.rewind_to(from, mtu);
+        self.rewind_to(from);
         if cause == LossCause::Timeout {
             self.req.rto_backoff = (self.req.rto_backoff + 1).min(MAX_RTO_BACKOFF);
         }
@@ -965,13 +966,12 @@ impl Qp {
         let Some(&resume) = self.req.probe_next.back() else {
             return; // went back N instead: that covers every hole
         };
-        let mtu = self.mtu(ctx.cfg);
         for &(idx, psn) in more {
             let Some(w) = self.req.sq.get(idx) else {
                 continue;
             };
             if idx > self.req.send_idx && idx < resume.0 {
-                let off = u64::from(psn.diff(w.first_psn) as u32) * mtu;
+                let off = w.offset_of(psn);
                 // In order, before the resume position (always last).
                 let at = self.req.probe_next.len() - 1;
                 self.req.probe_next.insert(at, (idx, off));

@@ -478,13 +478,16 @@ impl Qp {
     }
 
     /// rxe `check_length`: First and Middle packets carry exactly the path MTU, Last and
-    /// Only ones at most that (IBTA 9.7.5.1.x).
+    /// Only ones at most that (IBTA 9.7.5.1.x). A softhca peer that agreed to a larger
+    /// packet size (`Qp::jumbo`) cuts its messages by that: First and Middle packets
+    /// then carry exactly some size above the MTU, up to this device's.
     fn check_length(&self, ctx: &Ctx<'_>, op: Opcode, payload: &[u8]) -> Result<(), Fail> {
         let (n, mtu) = (payload.len() as u64, self.mtu(ctx.cfg));
+        let max = self.max_request_payload(ctx.cfg);
         let ok = if op.ends_message() {
-            n <= mtu
+            n <= max
         } else {
-            n == mtu
+            n == mtu || (n > mtu && n <= max && n.is_power_of_two())
         };
         ok.then_some(())
             .ok_or_else(|| self.nak_or_drop(NakCode::InvalidRequest))

@@ -60,7 +60,7 @@ impl Qp {
         if !self.cc_on(ctx) {
             return true;
         }
-        let mtu = self.mtu(ctx.cfg);
+        let mtu = self.cc_mtu(ctx.cfg);
         let per_path = self.mp_paths_cc();
         let cc = &mut self.cc;
         if cc.ctl.is_none() {
@@ -136,7 +136,7 @@ impl Qp {
         match self.cc.ctl.as_ref() {
             Some(ctl) if ctl.in_slow_start() => MIN_ACK_EVERY as u32,
             Some(ctl) => {
-                (ctl.window() / self.mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
+                (ctl.window() / self.cc_mtu(cfg) / 2).clamp(MIN_ACK_EVERY, u32::MAX.into()) as u32
             }
             None => u32::MAX,
         }
@@ -154,7 +154,7 @@ impl Qp {
                 .cc
                 .ctl
                 .as_ref()
-                .is_some_and(|ctl| span * self.mtu(cfg) > ctl.window())
+                .is_some_and(|ctl| span * self.cc_mtu(cfg) > ctl.window())
     }
 
     /// Whether request packet `psn`, going on multipath path `path`, is the last one
@@ -165,7 +165,7 @@ impl Qp {
         }
         self.cc.ctl.as_ref().is_some_and(|ctl| {
             let after = u64::from(psn.diff(self.req.una).max(0) as u32) + 2;
-            after * self.mtu(cfg) > ctl.window()
+            after * self.cc_mtu(cfg) > ctl.window()
         })
     }
 
@@ -197,7 +197,7 @@ impl Qp {
             // Nothing posted after this packet (`req.send_idx` moved past it already).
             let app_limited = self.req.send_idx >= self.req.sq.len();
             let span = u64::from(psn.diff(self.req.una).max(0) as u32) + 1;
-            let in_flight = span * self.mtu(cfg);
+            let in_flight = span * self.cc_mtu(cfg);
             self.cc.rtt.on_sent(psn, now, app_limited, in_flight);
         }
         if let Some(rate) = ctl.pacing_rate() {
@@ -210,7 +210,7 @@ impl Qp {
 
     /// The oldest unacknowledged PSN moved from `before` to `req.una`.
     pub(crate) fn cc_progress(&mut self, ctx: &mut Ctx<'_>, before: Psn) {
-        let mtu = self.mtu(ctx.cfg);
+        let mtu = self.cc_mtu(ctx.cfg);
         let una = self.req.una;
         let Some(ctl) = self.cc.ctl.as_mut() else {
             return;

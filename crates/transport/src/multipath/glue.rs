@@ -150,6 +150,7 @@ impl Qp {
             addrs: self.mp_local_addrs(ctx),
             sports: ctx.cfg.mp.sports.max(1),
             bundle_max: ctx.cfg.bundle_max,
+            packet_max: u32::try_from(ctx.cfg.jumbo_mtu).unwrap_or(0),
         };
         Some(MpPacket {
             src: self.path.src,
@@ -160,8 +161,11 @@ impl Qp {
         })
     }
 
-    /// The peer speaks the extension and serves `addrs`: build the path table.
-    pub(crate) fn mp_turn_on(&mut self, ctx: &mut Ctx<'_>, addrs: &[IpAddr], sports: u8) {
+    /// The peer speaks the extension and serves `hello.addrs`: build the path table,
+    /// and agree on the packet size above the path MTU.
+    pub(crate) fn mp_turn_on(&mut self, ctx: &mut Ctx<'_>, hello: &Hello) {
+        let (addrs, sports) = (&hello.addrs, hello.sports);
+        let jumbo = self.jumbo_with(ctx.cfg, hello.packet_max.into());
         let local = self.mp_local_addrs(ctx);
         let primary = self.path;
         let now = ctx.now;
@@ -210,6 +214,9 @@ impl Qp {
             }
         }
         m.active = paths.len() > 1;
+        // One size for the QP's life, on one path only: the scoreboard's and the paths'
+        // byte counts are per PSN at the path MTU.
+        m.jumbo = if m.active { 0 } else { jumbo };
         if let Some(alg) = cc.filter(|_| m.active) {
             // Each path its own window and pacing from its own round trips and losses:
             // one controller for the QP held the sum of the paths to one path's rate.

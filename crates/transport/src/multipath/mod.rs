@@ -256,6 +256,9 @@ pub(crate) struct Multipath {
     pub paths: Vec<PathState>,
     /// Whether data uses the paths (On with more than one candidate path).
     pub active: bool,
+    /// The request packet size above the path MTU both ends agreed (0: none), see
+    /// `Qp::jumbo`.
+    pub jumbo: u64,
     pub board: Board,
     /// PSNs found lost, to resend alone.
     pub resend: VecDeque<Psn>,
@@ -299,6 +302,7 @@ impl Multipath {
             peer_sports: 1,
             paths: Vec::new(),
             active: false,
+            jumbo: 0,
             board: Board::default(),
             resend: VecDeque::new(),
             cur: None,

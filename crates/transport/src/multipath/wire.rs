@@ -62,6 +62,10 @@ pub(crate) struct Hello {
     pub sports: u8,
     /// The largest bundle (`softhca_wire::bundle`) the sender receives, bytes; 0: none.
     pub bundle_max: usize,
+    /// The largest request packet payload the sender's RC QP sends and receives above
+    /// the path MTU (`EngineConfig::jumbo_mtu`); 0: none. After the addresses, where an
+    /// older softhca left zeros.
+    pub packet_max: u32,
 }
 
 /// [`Hello::bundle_max`] travels in the body's last reserved byte (an older softhca sent
@@ -156,6 +160,7 @@ impl Hello {
         for a in self.addrs.iter().take(n) {
             p.bytes(&ip16(*a))?;
         }
+        p.bytes(&self.packet_max.to_be_bytes())?;
         Some(pkt)
     }
 
@@ -188,6 +193,7 @@ impl Hello {
             addrs: Vec::new(),
             sports: 1,
             bundle_max: 0,
+            packet_max: 0,
         };
         if g.take::<4>()? != MAGIC {
             // A Linux host's "unsupported" answer echoes our request: the body is ours,
@@ -202,6 +208,7 @@ impl Hello {
         for _ in 0..usize::from(n).min(MAX_ADDRS) {
             h.addrs.push(from16(g.take()?));
         }
+        h.packet_max = g.u32().unwrap_or(0);
         Some(h)
     }
 }
@@ -301,6 +308,7 @@ mod tests {
             ],
             sports: 2,
             bundle_max: 9216,
+            packet_max: 16384,
         };
         let pkt = h.encode().unwrap();
         assert_eq!(pkt.len(), 12 + 8 + 256);

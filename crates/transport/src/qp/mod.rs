@@ -108,6 +108,9 @@ pub(crate) struct SendWqe {
     pub first_psn: Psn,
     /// PSNs the WQE occupies (READ: response packets).
     pub npkts: u32,
+    /// The payload of each of its packets but the last, bytes (`Qp::start_mtu`), fixed
+    /// when it starts: PSN and byte offset within it convert by this.
+    pub mtu: u64,
     /// READ: next response PSN expected.
     pub read_next_psn: Psn,
     /// All packets sent once (UC/UD: this completes the WQE).
@@ -130,6 +133,14 @@ impl SendWqe {
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
             _ => self.len.div_ceil(mtu).max(1) as u32,
         }
+    }
+    /// The PSN of the packet at byte offset `off` (its size fixed when it started).
+    pub fn psn_at(&self, off: u64) -> Psn {
+        self.first_psn.add((off / self.mtu.max(1)) as u32)
+    }
+    /// The byte offset of the packet with PSN `psn`.
+    pub fn offset_of(&self, psn: Psn) -> u64 {
+        u64::from(psn.diff(self.first_psn) as u32) * self.mtu
     }
     pub fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts.max(1) - 1)
@@ -208,6 +219,9 @@ pub(crate) struct Requester {
     /// Multipath: the packet being planned is a selective resend of this WQE (index in
     /// `sq`) at this byte offset, not the next one at the send position.
     pub resend_at: Option<(usize, u64)>,
+    /// The packet size of the WQE that started last: congestion control counts each
+    /// PSN in flight as this many bytes (0: none started yet, the path MTU).
+    pub pkt_bytes: u64,
 }
 
 /// In-progress inbound message on the responder.
@@ -371,6 +385,64 @@ impl Qp {
             self.attr.path_mtu.min(cfg.max_mtu)
         };
         m.bytes() as u64
+    }
+
+    /// The request packet size above the path MTU this QP's softhca peer agreed to
+    /// (the multipath negotiation's `packet_max`), if any.
+    pub fn jumbo(&self) -> Option<u64> {
+        self.mp
+            .as_deref()
+            .filter(|m| m.state == crate::multipath::MpState::On && m.jumbo > 0)
+            .map(|m| m.jumbo)
+    }
+
+    /// The packet size to use with a peer that offered `offer` bytes: the smaller of
+    /// that and this device's, when both exceed the path MTU and the application asked
+    /// for the largest IBTA MTU (a smaller one it chose is kept); 0: none.
+    pub fn jumbo_with(&self, cfg: &EngineConfig, offer: u64) -> u64 {
+        let size = cfg.jumbo_mtu.min(offer);
+        let fits = self.is_rc() && self.attr.path_mtu == Mtu::M4096 && cfg.max_mtu == Mtu::M4096;
+        if fits && size > self.mtu(cfg) && size.is_power_of_two() {
+            size
+        } else {
+            0
+        }
+    }
+
+    /// The packet size WQE `w` is cut into when it starts: the agreed jumbo size for a
+    /// SEND or WRITE, else the path MTU. READ responses stay at the path MTU (the
+    /// responder cuts them, and a READ request cannot say which size it expects), as
+    /// do atomics (one packet).
+    pub fn start_mtu(&self, cfg: &EngineConfig, w: &SendWqe) -> u64 {
+        match self.jumbo() {
+            Some(j) if !w.is_rd_atomic() => j,
+            _ => self.mtu(cfg),
+        }
+    }
+
+    /// The bytes congestion control counts per PSN in flight: the size the last
+    /// started WQE's packets have.
+    pub fn cc_mtu(&self, cfg: &EngineConfig) -> u64 {
+        match self.req.pkt_bytes {
+            0 => self.mtu(cfg),
+            n => n,
+        }
+    }
+
+    /// The most payload a request packet of this QP may carry: the path MTU, or this
+    /// device's jumbo size while the peer may be a softhca device that agreed to it
+    /// (negotiating, or agreed; never after a "no": rxe is held to the IBTA's rule).
+    pub fn max_request_payload(&self, cfg: &EngineConfig) -> u64 {
+        let may = self
+            .mp
+            .as_deref()
+            .is_some_and(|m| m.state != crate::multipath::MpState::Off);
+        let mtu = self.mtu(cfg);
+        if may && self.jumbo_with(cfg, cfg.jumbo_mtu) > 0 {
+            cfg.jumbo_mtu
+        } else {
+            mtu
+        }
     }
 
     pub fn is_rc(&self) -> bool {
