@@ -20,7 +20,7 @@ const MSG: usize = 64 * 1024;
 const COUNT: usize = 64;
 const ADDRS: [&str; 2] = ["127.0.50.21", "127.0.50.22"];
 const PSNS: [u32; 2] = [0x10_0000, 0x20_0000];
-/// Packets of one WRITE at MTU 4096 (loopback).
+/// Packets of one WRITE at MTU 4096 (the peers offer no larger packets: `jumbo` 0).
 const PKTS_PER_MSG: u32 = (MSG / 4096) as u32;
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -39,6 +39,8 @@ fn line(r: &mut impl BufRead) -> String {
 fn peer_main(side: usize) {
     let cfg = Config {
         poll: PollMode::Blocking,
+        // The PSNs counted below are those of 4 KiB packets, whenever the WRITEs start.
+        jumbo: 0,
         ..Config::from_env().unwrap()
     };
     let ctx = Context::open(&cfg).unwrap();

@@ -85,11 +85,12 @@ fn perftest(tls: &str, test: &str, size: u64, iters: u32) -> common::Done {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     assert_eq!(n, iters, "{what}: {fin}");
-    // At least one packet per message, one per 4 KiB (the loopback MTU) of data, in
-    // either direction (a get's data comes back as READ responses or replies).
+    // At least one packet per message, one per 16 KiB of data (the largest packet one
+    // softhca device sends another on loopback), in either direction (a get's data
+    // comes back as READ responses or replies).
     let sent: u64 = common::stat_values(&c.stderr, "sent_pkts").iter().sum();
     let rcvd: u64 = common::stat_values(&c.stderr, "rcvd_pkts").iter().sum();
-    let want = u64::from(iters) * size.div_ceil(4096);
+    let want = u64::from(iters) * size.div_ceil(softhca::DEFAULT_JUMBO);
     assert!(
         sent + rcvd >= want,
         "{what}: only {sent} + {rcvd} packets through softhca (want {want})\n{}",

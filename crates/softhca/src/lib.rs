@@ -53,8 +53,8 @@ pub use attr::{
     gid_words, guid_text, AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState,
 };
 pub use config::{
-    Config, CpuPin, Diagnostics, PollMode, DEFAULT_SOCKBUF, DEFAULT_SPIN_US, ENV_VARS,
-    ROCE_UDP_PORT,
+    Config, CpuPin, Diagnostics, PollMode, DEFAULT_JUMBO, DEFAULT_SOCKBUF, DEFAULT_SPIN_US,
+    ENV_VARS, ROCE_UDP_PORT,
 };
 pub use context::{devices, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};

@@ -6,6 +6,16 @@
 mod common;
 
 use common::*;
+use softhca::*;
+
+/// A device sending packets of at most 4096 bytes (none larger to its softhca peer), so
+/// that each fragment is the three packets above.
+fn open_4k(addr: &str) -> std::sync::Arc<Context> {
+    let mut cfg = Config::loopback(ip(addr));
+    cfg.poll = Config::from_env().unwrap().poll;
+    cfg.jumbo = 0;
+    Context::open(&cfg).unwrap()
+}
 
 #[test]
 fn a_burst_of_posts_leaves_in_few_send_batches() {
@@ -13,7 +23,9 @@ fn a_burst_of_posts_leaves_in_few_send_batches() {
     const SLOT: usize = 16384;
     const BURST: u64 = 8;
     const ROUNDS: u64 = 10;
-    let (a, b) = rc_pair("127.0.1.79", "127.0.1.80", SLOT * BURST as usize);
+    let a = side(open_4k("127.0.1.79"), QpType::Rc, SLOT * BURST as usize);
+    let b = side(open_4k("127.0.1.80"), QpType::Rc, SLOT * BURST as usize);
+    connect(&a, &b);
     let batches = || counter(&a.ctx, "io_tx_batches");
     let transmits = || counter(&a.ctx, "io_tx_transmits");
     let (batches0, transmits0) = (batches(), transmits());
