@@ -131,7 +131,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "SOFTHCA_JUMBO",
-        "largest RC SEND/WRITE packet payload offered to a softhca peer above the MTU of 4096 (8192 to 65536, a power of two; 0: none), within the interface MTU",
+        "largest RC packet payload (SEND, WRITE, READ response) offered to a softhca peer above the MTU of 4096 (8192 to 65536, a power of two; 0: none), within the interface MTU",
     ),
     (
         "SOFTHCA_WRITE_SPLIT",

@@ -180,7 +180,6 @@ impl Qp {
 
     fn plan_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.resp.out.front()?;
-        let mtu = self.mtu(ctx.cfg);
         let dqpn = self.attr.dest_qp_num;
         let (hdr, payload_len) = match item {
             RespOut::Ack { psn, aeth } => {
@@ -193,6 +192,7 @@ impl Qp {
                 remaining,
                 first,
                 msn,
+                mtu,
                 ..
             } => {
                 if !self.cc_allows_response(ctx) {
@@ -448,8 +448,12 @@ impl Qp {
                 return None;
             }
         }
+        let atomic = matches!(
+            w.wr.opcode,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        );
         let wqe_mtu = match jumbo {
-            Some(j) if !w.is_rd_atomic() => j,
+            Some(j) if !atomic => j,
             _ => mtu,
         };
         let npkts = w.psns_at(wqe_mtu);
@@ -1091,6 +1095,12 @@ impl SendWqe {
     fn plan_read(&self, at: &PacketAt) -> Request {
         let wr = &self.wr;
         let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, at.dqpn, at.psn, 0);
+        // Responses larger than the IBTA's 4096 (agreed with a softhca peer): log2 of
+        // their size in the BTH's reserved bits, so the responder cuts them as the PSNs
+        // were counted here.
+        if at.mtu > 4096 {
+            h.bth.resv7 = at.mtu.trailing_zeros() as u8;
+        }
         h.reth = Some(Reth {
             va: wr.remote_addr.wrapping_add(at.off),
             rkey: wr.rkey,

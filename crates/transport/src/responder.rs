@@ -6,8 +6,9 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 
 use softhca_memory::AtomicOp;
-use softhca_wire::{self as wire, Aeth, AethKind, Headers, NakCode, Opcode};
+use softhca_wire::{self as wire, Aeth, AethKind, Bth, Headers, NakCode, Opcode};
 
+use crate::config::EngineConfig;
 use crate::qp::{Ctx, InMsg, Qp, RdRes, RespOut};
 use crate::timers::{quiet_wait, rtt_update};
 use crate::verbs::*;
@@ -417,6 +418,9 @@ impl Qp {
         {
             return;
         }
+        let Ok(mtu) = self.read_response_mtu(ctx.cfg, &h.bth) else {
+            return;
+        };
         // The retry supersedes a response to the same READ still queued (only
         // that one: responses to other READs must still go out).
         self.resp.out.retain(|o| {
@@ -430,7 +434,25 @@ impl Qp {
             remaining: len,
             first: true,
             msn: self.resp.msn,
+            mtu,
         });
+    }
+
+    /// The payload size of the responses to READ request `bth`: the path MTU, or the
+    /// larger size the request names in its reserved bits (a softhca peer that agreed
+    /// to it), if this device takes packets that large from this QP's peer; a size it
+    /// does not take is an invalid request (its PSNs would be counted otherwise).
+    fn read_response_mtu(&self, cfg: &EngineConfig, bth: &Bth) -> Result<u64, Fail> {
+        let mtu = self.mtu(cfg);
+        if bth.resv7 == 0 {
+            return Ok(mtu);
+        }
+        let size = 1u64.checked_shl(bth.resv7.into()).unwrap_or(0);
+        if size > mtu && size <= self.max_request_payload(cfg) {
+            Ok(size)
+        } else {
+            Err(self.nak_or_drop(NakCode::InvalidRequest))
+        }
     }
 
     /// How a failed check ends (rxe `RESPST_ERR_*`): an RC responder NAKs, a UC one
@@ -690,7 +712,8 @@ impl Qp {
             .map_err(Fail::Nak)?;
         self.check_rd_atomic_room(ctx)?;
         let psn = h.bth.psn;
-        let npkts = len.div_ceil(self.mtu(ctx.cfg)).max(1) as u32;
+        let mtu = self.read_response_mtu(ctx.cfg, &h.bth)?;
+        let npkts = len.div_ceil(mtu).max(1) as u32;
         self.push_res(RdRes::Read {
             first_psn: psn,
             last_psn: psn.add(npkts - 1),
@@ -703,6 +726,7 @@ impl Qp {
             remaining: len,
             first: true,
             msn: self.resp.msn,
+            mtu,
         });
         self.resp.epsn = psn.add(npkts);
         self.resp.nak_sent = false;

@@ -1,8 +1,8 @@
 //! Packets above the path MTU between two softhca devices (`EngineConfig::jumbo_mtu`,
-//! agreed in multipath's negotiation): SENDs and WRITEs are cut into them, READ
-//! responses stay at the path MTU, recovery under loss, reordering and duplication
-//! resends the same packets, and without both ends' offer (or with a smaller path MTU
-//! than 4096) no packet exceeds the MTU. Every test checks every byte.
+//! agreed in multipath's negotiation): SENDs, WRITEs and READ responses are cut into
+//! them, recovery under loss, reordering and duplication resends the same packets, and
+//! without both ends' offer (or with a smaller path MTU than 4096) no packet exceeds the
+//! MTU. Every test checks every byte.
 
 mod sim;
 
@@ -31,20 +31,26 @@ fn setup(seed: u64, (jumbo_a, jumbo_b): (u64, u64), o: &RcOpts) -> (SimNet, Qpn,
     (net, a, b)
 }
 
-/// The largest payload of a SEND or WRITE packet put on the wire, by its length (BTH,
-/// RETH where one is, ICRC).
-fn watch_largest(net: &mut SimNet) -> Rc<RefCell<usize>> {
-    let largest = Rc::new(RefCell::new(0));
+/// The largest payload put on the wire: of SEND and WRITE packets (by length, less the
+/// BTH, a RETH where one is, and the ICRC), and of READ response Middles.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Largest {
+    request: usize,
+    read_response: usize,
+}
+
+fn watch_largest(net: &mut SimNet) -> Rc<RefCell<Largest>> {
+    let largest = Rc::new(RefCell::new(Largest::default()));
     let l = largest.clone();
     net.filter = Some(Box::new(move |_, pkt| {
-        let op = pkt[0];
-        let headers = match op {
-            0x00..=0x05 => 12,      // SEND First .. Only with immediate
-            0x06..=0x0b => 12 + 16, // WRITE (Middle and Last have no RETH: counted low)
+        let mut m = l.borrow_mut();
+        let (slot, headers) = match pkt[0] {
+            0x00..=0x05 => (&mut m.request, 12), // SEND First .. Only with immediate
+            0x06..=0x0b => (&mut m.request, 12 + 16), // WRITE (Middle, Last: counted low)
+            0x0e => (&mut m.read_response, 12),  // READ response Middle
             _ => return false,
         };
-        let mut m = l.borrow_mut();
-        *m = (*m).max(pkt.len().saturating_sub(headers + 4));
+        *slot = (*slot).max(pkt.len().saturating_sub(headers + 4));
         false
     }));
     largest
@@ -72,8 +78,8 @@ fn negotiate(net: &mut SimNet) {
 }
 
 /// WRITEs, SENDs and READs of every size in [`SIZES`] from node 0, each checked byte for
-/// byte; returns the largest request payload seen on the wire.
-fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> usize {
+/// byte; returns the largest payloads seen on the wire.
+fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> Largest {
     let largest = watch_largest(net);
     let total: usize = SIZES.iter().sum();
     let src = net.reg(0, total, full_access());
@@ -126,11 +132,20 @@ fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> usize {
     l
 }
 
+/// Requests and READ responses both in packets of `size`.
+fn both(size: u64) -> Largest {
+    let size = size as usize;
+    Largest {
+        request: size,
+        read_response: size,
+    }
+}
+
 #[test]
 fn agreed_jumbo_packets_carry_every_op_intact() {
     let (mut net, a, b) = setup(1, (JUMBO, JUMBO), &RcOpts::default());
     negotiate(&mut net);
-    assert_eq!(every_op(&mut net, a, b), JUMBO as usize);
+    assert_eq!(every_op(&mut net, a, b), both(JUMBO));
 }
 
 #[test]
@@ -144,7 +159,7 @@ fn jumbo_packets_recover_from_loss_reordering_and_duplicates() {
             duplicate: 0.02,
             ..Faults::default()
         };
-        assert_eq!(every_op(&mut net, a, b), JUMBO as usize, "seed {seed}");
+        assert_eq!(every_op(&mut net, a, b), both(JUMBO), "seed {seed}");
     }
 }
 
@@ -161,7 +176,7 @@ fn jumbo_packets_received_directly_recover_from_loss() {
             reorder: 0.05,
             ..Faults::default()
         };
-        assert_eq!(every_op(&mut net, a, b), JUMBO as usize, "seed {seed}");
+        assert_eq!(every_op(&mut net, a, b), both(JUMBO), "seed {seed}");
         let c = net.nodes[1].engine.counters();
         assert!(c.rx_direct > 0, "seed {seed}: none received directly");
     }
@@ -171,21 +186,21 @@ fn jumbo_packets_received_directly_recover_from_loss() {
 fn the_smaller_offer_sets_the_size() {
     let (mut net, a, b) = setup(2, (JUMBO, 8192), &RcOpts::default());
     negotiate(&mut net);
-    assert_eq!(every_op(&mut net, a, b), 8192);
+    assert_eq!(every_op(&mut net, a, b), both(8192));
 }
 
 #[test]
 fn no_offer_or_a_smaller_path_mtu_keeps_ibta_packets() {
     let (mut net, a, b) = setup(3, (JUMBO, 0), &RcOpts::default());
     negotiate(&mut net);
-    assert_eq!(every_op(&mut net, a, b), 4096);
+    assert_eq!(every_op(&mut net, a, b), both(4096));
     let o = RcOpts {
         mtu: Some(Mtu::M1024),
         ..RcOpts::default()
     };
     let (mut net, a, b) = setup(4, (JUMBO, JUMBO), &o);
     negotiate(&mut net);
-    assert_eq!(every_op(&mut net, a, b), 1024);
+    assert_eq!(every_op(&mut net, a, b), both(1024));
 }
 
 #[test]
@@ -197,5 +212,5 @@ fn messages_posted_before_the_answer_keep_their_size() {
         loss: 0.02,
         ..Faults::default()
     };
-    assert_eq!(every_op(&mut net, a, b), JUMBO as usize);
+    assert_eq!(every_op(&mut net, a, b), both(JUMBO));
 }

@@ -50,6 +50,10 @@ pub struct Bth {
     pub dest_qp: Qpn,
     /// Acknowledge request.
     pub ack_req: bool,
+    /// The 7 reserved bits after AckReq (IBTA 9.2: sent 0, ignored by rxe). softhca sets
+    /// them only towards a softhca peer that agreed to larger packets: in a READ request
+    /// they give log2 of the response packet size.
+    pub resv7: u8,
     /// Packet sequence number.
     pub psn: Psn,
 }
@@ -68,6 +72,7 @@ impl Bth {
             becn: false,
             dest_qp,
             ack_req: false,
+            resv7: 0,
             psn,
         }
     }
@@ -87,6 +92,7 @@ impl Bth {
             becn: b[4] & 0x40 != 0,
             dest_qp: Qpn::new(u24([b[5], b[6], b[7]])),
             ack_req: b[8] & 0x80 != 0,
+            resv7: b[8] & 0x7f,
             psn: Psn::new(u24([b[9], b[10], b[11]])),
         })
     }
@@ -96,6 +102,7 @@ impl Bth {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
         check_bits("BTH PadCnt", self.pad_count.into(), 2)?;
         check_bits("BTH TVer", self.tver.into(), 4)?;
+        check_bits("BTH reserved", self.resv7.into(), 7)?;
         let b: &mut [u8; BTH_LEN] = array_mut(buf, 0, "BTH")?;
         b[0] = self.opcode.0;
         b[1] = (u8::from(self.solicited) << 7)
@@ -105,7 +112,7 @@ impl Bth {
         [b[2], b[3]] = self.pkey.to_be_bytes();
         b[4] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6);
         [b[5], b[6], b[7]] = put_u24(self.dest_qp.value());
-        b[8] = u8::from(self.ack_req) << 7;
+        b[8] = (u8::from(self.ack_req) << 7) | self.resv7;
         [b[9], b[10], b[11]] = put_u24(self.psn.value());
         Ok(BTH_LEN)
     }

@@ -12,9 +12,10 @@ fn opcode() -> impl Strategy<Value = Opcode> {
 
 prop_compose! {
     fn bth(op: Opcode)(solicited: bool, mig_req: bool, pkey: u16, fecn: bool, becn: bool,
-                       qpn in 0u32..1 << 24, ack_req: bool, psn in 0u32..1 << 24) -> Bth {
+                       qpn in 0u32..1 << 24, ack_req: bool, resv7 in 0u8..0x80,
+                       psn in 0u32..1 << 24) -> Bth {
         Bth { opcode: op, solicited, mig_req, pad_count: 0, tver: 0, pkey, fecn, becn,
-              dest_qp: Qpn::new(qpn), ack_req, psn: Psn::new(psn) }
+              dest_qp: Qpn::new(qpn), ack_req, resv7, psn: Psn::new(psn) }
     }
 }
 

@@ -24,6 +24,13 @@
 //! datagram, opcode 0xE4) its sender receives; a device sends bundles only to addresses
 //! whose MAD said so, in a negotiation of one of its QPs, so never to rxe. Bundles are
 //! the datapath's, for every QP to that peer, whether or not multipath is active.
+//! Last, the MAD offers a packet size above the IBTA's 4096 (`Hello::packet_max`,
+//! `EngineConfig::jumbo_mtu`): a QP on one path whose path MTU is 4096 cuts the WQEs
+//! that start after the "yes" into packets of the smaller offer (each WQE keeps the
+//! size it started with, so PSNs convert to offsets per WQE), a READ request naming
+//! its responses' size in the BTH's reserved bits. The responder takes such packets
+//! while its QP negotiates or after a "yes", never after a "no" (rxe is held to the
+//! IBTA's lengths).
 //!
 //! # Paths
 //! A path is (local IP, remote IP, UDP source port). Candidates: every local address

@@ -262,6 +262,9 @@ pub(crate) enum RespOut {
         remaining: u64,
         first: bool,
         msn: u32,
+        /// The payload of each response but the last (the path MTU, or the size the
+        /// request asked for).
+        mtu: u64,
     },
     AtomicAck {
         psn: Psn,
@@ -409,13 +412,17 @@ impl Qp {
         }
     }
 
-    /// The packet size WQE `w` is cut into when it starts: the agreed jumbo size for a
-    /// SEND or WRITE, else the path MTU. READ responses stay at the path MTU (the
-    /// responder cuts them, and a READ request cannot say which size it expects), as
-    /// do atomics (one packet).
+    /// The packet size WQE `w` is cut into when it starts: the agreed jumbo size (a
+    /// READ's responses too: its request says so, see `Bth::resv7`), else the path MTU;
+    /// an atomic is one packet.
     pub fn start_mtu(&self, cfg: &EngineConfig, w: &SendWqe) -> u64 {
         match self.jumbo() {
-            Some(j) if !w.is_rd_atomic() => j,
+            Some(j)
+                if w.wr.opcode != WrOpcode::AtomicCmpAndSwp
+                    && w.wr.opcode != WrOpcode::AtomicFetchAndAdd =>
+            {
+                j
+            }
             _ => self.mtu(cfg),
         }
     }
