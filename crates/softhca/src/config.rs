@@ -131,7 +131,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "SOFTHCA_JUMBO",
-        "largest RC packet payload (SEND, WRITE, READ response) offered to a softhca peer above the MTU of 4096 (8192 to 65536, a power of two; 0: none), within the interface MTU",
+        "largest RC packet payload (SEND, WRITE, READ response) offered to a softhca peer above the MTU of 4096 (a multiple of 512 up to 65024; 0: none), within the interface MTU",
     ),
     (
         "SOFTHCA_WRITE_SPLIT",
@@ -271,7 +271,7 @@ pub struct Config {
     /// multipath negotiation, so rxe and any other peer get plain packets.
     pub bundle: bool,
     /// The largest request packet payload an RC QP offers a softhca peer above the
-    /// IBTA's 4096 (a power of two; 0: none), as far as the interfaces' MTU allows
+    /// IBTA's 4096 (a multiple of 512; 0: none), as far as the interfaces' MTU allows
     /// (`EngineConfig::jumbo_mtu`). Negotiated with multipath, so rxe never sees one.
     pub jumbo: u64,
     /// Try UDP segmentation offload (`UDP_SEGMENT`) on the device's sockets; it is
@@ -463,10 +463,10 @@ impl Config {
             cfg.jumbo = v
                 .parse::<u64>()
                 .ok()
-                .filter(|&n| n == 0 || (n.is_power_of_two() && (8192..=65536).contains(&n)))
+                .filter(|&n| n == 0 || (n.is_multiple_of(512) && (4608..=65024).contains(&n)))
                 .ok_or_else(|| {
                     Error::Config(format!(
-                        "SOFTHCA_JUMBO: {v:?} is not 0 or a power of two from 8192 to 65536"
+                        "SOFTHCA_JUMBO: {v:?} is not 0 or a multiple of 512 from 4608 to 65024"
                     ))
                 })?;
         }

@@ -193,7 +193,7 @@ fn node_guid(gids: &[Gid]) -> u64 {
 const JUMBO_HEADERS: usize = 12 + 16 + 4 + 4 + 4;
 
 /// The packet size above 4096 offered to softhca peers: the configured one, or the
-/// largest power of two whose packets fit every served interface's MTU and one
+/// largest multiple of 512 whose packets fit every served interface's MTU and one
 /// receive buffer, if smaller; 0 when that is not above 4096 (an Ethernet MTU of 1500,
 /// or an interface whose MTU is unknown).
 fn jumbo_mtu(cfg: &Config, served: &[Served]) -> u64 {
@@ -203,7 +203,8 @@ fn jumbo_mtu(cfg: &Config, served: &[Served]) -> u64 {
         .min()
         .unwrap_or(0)
         .saturating_sub(JUMBO_HEADERS) as u64;
-    let fits = if room == 0 { 0 } else { 1 << room.ilog2() };
+    let unit = softhca_transport::JUMBO_UNIT;
+    let fits = room / unit * unit;
     match fits.min(cfg.jumbo) {
         n if n > 4096 => n,
         _ => 0,

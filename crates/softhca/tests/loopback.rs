@@ -778,7 +778,10 @@ fn connected_sockets_can_be_turned_off() {
 fn single_wr_posts_share_gso_sends() {
     const LEN: usize = 64 << 10;
     const N: usize = 48;
-    let (a, b) = rc_pair("127.0.1.91", "127.0.1.92", N * LEN);
+    // WRITE Only packets of 4 KiB, 16 a message.
+    let a = side(open_4k("127.0.1.91"), QpType::Rc, N * LEN);
+    let b = side(open_4k("127.0.1.92"), QpType::Rc, N * LEN);
+    connect(&a, &b);
     let data = pattern(N * LEN, 0x3c);
     a.mr.write(0, &data).unwrap();
     let sent = |s: &Side| counter(&s.ctx, "io_tx_transmits");

@@ -8,21 +8,13 @@ mod common;
 use common::*;
 use softhca::*;
 
-/// A device sending packets of at most 4096 bytes (none larger to its softhca peer), so
-/// that each fragment is the three packets above.
-fn open_4k(addr: &str) -> std::sync::Arc<Context> {
-    let mut cfg = Config::loopback(ip(addr));
-    cfg.poll = Config::from_env().unwrap().poll;
-    cfg.jumbo = 0;
-    Context::open(&cfg).unwrap()
-}
-
 #[test]
 fn a_burst_of_posts_leaves_in_few_send_batches() {
     const LEN: usize = 8192 + 40;
     const SLOT: usize = 16384;
     const BURST: u64 = 8;
     const ROUNDS: u64 = 10;
+    // Packets of 4 KiB: each fragment the three packets above.
     let a = side(open_4k("127.0.1.79"), QpType::Rc, SLOT * BURST as usize);
     let b = side(open_4k("127.0.1.80"), QpType::Rc, SLOT * BURST as usize);
     connect(&a, &b);

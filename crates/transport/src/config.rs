@@ -56,13 +56,18 @@ pub struct EngineConfig {
     /// only to peers that offered them too. 0 (the default here, as `mp`): none;
     /// softhca's `Config` sets its receive buffer size.
     pub bundle_max: usize,
-    /// The largest request packet payload (bytes, a power of two above the IBTA's
-    /// 4096) this device sends and receives on an RC QP whose softhca peer offered it
-    /// in multipath's negotiation: SENDs and WRITEs then take a quarter of the packets,
-    /// and a quarter of the per-packet work, where the interfaces carry frames that
-    /// large (loopback, jumbo Ethernet). 0 (the default here, as `mp`): IBTA MTUs only.
+    /// The largest packet payload (bytes, a multiple of [`JUMBO_UNIT`] above the
+    /// IBTA's 4096) this device sends and receives on an RC QP whose softhca peer offered
+    /// it in multipath's negotiation: SENDs, WRITEs and READ responses then take fewer
+    /// packets, and less per-packet work and header bytes, where the interfaces carry
+    /// frames that large (loopback, jumbo Ethernet). 0 (the default here, as `mp`): IBTA
+    /// MTUs only.
     pub jumbo_mtu: u64,
 }
+
+/// Larger packet sizes are multiples of this (a READ request names its responses' size
+/// in these units, in the BTH's 7 reserved bits: at most 127 of them).
+pub const JUMBO_UNIT: u64 = 512;
 
 impl Default for EngineConfig {
     fn default() -> Self {

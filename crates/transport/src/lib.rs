@@ -56,7 +56,7 @@ mod timers;
 pub mod verbs;
 
 pub use cc::{CcAlgorithm, CcStats, DelayAimdConfig};
-pub use config::EngineConfig;
+pub use config::{EngineConfig, JUMBO_UNIT};
 pub use counters::Counters;
 pub use datagram::{DatagramInfo, TailCrc, Transmit, TxPiece};
 pub use direct::DirectPlan;

@@ -279,7 +279,7 @@ impl Qp {
             tr: ty.transport(),
             off,
             mtu: w.mtu,
-            split: ty == QpType::Rc && ctx.cfg.split_rc_writes,
+            split: self.splits_writes(ctx.cfg, w),
             dqpn: self.attr.dest_qp_num,
             psn,
         };
@@ -354,7 +354,7 @@ impl Qp {
             tr: self.init.qp_type.transport(),
             off,
             mtu: w.mtu,
-            split: ctx.cfg.split_rc_writes,
+            split: self.splits_writes(ctx.cfg, w),
             dqpn: self.attr.dest_qp_num,
             psn,
         };
@@ -1095,11 +1095,11 @@ impl SendWqe {
     fn plan_read(&self, at: &PacketAt) -> Request {
         let wr = &self.wr;
         let mut h = headers(Opcode::RC_RDMA_READ_REQUEST, at.dqpn, at.psn, 0);
-        // Responses larger than the IBTA's 4096 (agreed with a softhca peer): log2 of
-        // their size in the BTH's reserved bits, so the responder cuts them as the PSNs
-        // were counted here.
+        // Responses larger than the IBTA's 4096 (agreed with a softhca peer): their size
+        // in the BTH's reserved bits, so the responder cuts them as the PSNs were
+        // counted here.
         if at.mtu > 4096 {
-            h.bth.resv7 = at.mtu.trailing_zeros() as u8;
+            h.bth.resv7 = (at.mtu / crate::config::JUMBO_UNIT).min(0x7f) as u8;
         }
         h.reth = Some(Reth {
             va: wr.remote_addr.wrapping_add(at.off),

@@ -447,7 +447,7 @@ impl Qp {
         if bth.resv7 == 0 {
             return Ok(mtu);
         }
-        let size = 1u64.checked_shl(bth.resv7.into()).unwrap_or(0);
+        let size = u64::from(bth.resv7) * crate::config::JUMBO_UNIT;
         if size > mtu && size <= self.max_request_payload(cfg) {
             Ok(size)
         } else {
@@ -502,14 +502,14 @@ impl Qp {
     /// rxe `check_length`: First and Middle packets carry exactly the path MTU, Last and
     /// Only ones at most that (IBTA 9.7.5.1.x). A softhca peer that agreed to a larger
     /// packet size (`Qp::jumbo`) cuts its messages by that: First and Middle packets
-    /// then carry exactly some size above the MTU, up to this device's.
+    /// then carry a multiple of `JUMBO_UNIT` above the MTU, up to this device's size.
     fn check_length(&self, ctx: &Ctx<'_>, op: Opcode, payload: &[u8]) -> Result<(), Fail> {
         let (n, mtu) = (payload.len() as u64, self.mtu(ctx.cfg));
         let max = self.max_request_payload(ctx.cfg);
         let ok = if op.ends_message() {
             n <= max
         } else {
-            n == mtu || (n > mtu && n <= max && n.is_power_of_two())
+            n == mtu || (n > mtu && n <= max && n.is_multiple_of(crate::config::JUMBO_UNIT))
         };
         ok.then_some(())
             .ok_or_else(|| self.nak_or_drop(NakCode::InvalidRequest))

@@ -184,9 +184,9 @@ fn jumbo_packets_received_directly_recover_from_loss() {
 
 #[test]
 fn the_smaller_offer_sets_the_size() {
-    let (mut net, a, b) = setup(2, (JUMBO, 8192), &RcOpts::default());
+    let (mut net, a, b) = setup(2, (JUMBO, 8704), &RcOpts::default());
     negotiate(&mut net);
-    assert_eq!(every_op(&mut net, a, b), both(8192));
+    assert_eq!(every_op(&mut net, a, b), both(8704));
 }
 
 #[test]

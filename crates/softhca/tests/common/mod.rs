@@ -31,6 +31,16 @@ pub fn open(addr: &str) -> Arc<Context> {
     Context::open(&cfg).unwrap_or_else(|e| panic!("open {addr}: {e}"))
 }
 
+/// [`open`], with packets of at most 4096 bytes to a softhca peer too (`Config::jumbo`
+/// 0): for tests of how 4 KiB packets are batched.
+#[allow(dead_code)]
+pub fn open_4k(addr: &str) -> Arc<Context> {
+    let mut cfg = Config::loopback(ip(addr));
+    cfg.poll = Config::from_env().unwrap().poll;
+    cfg.jumbo = 0;
+    Context::open(&cfg).unwrap_or_else(|e| panic!("open {addr}: {e}"))
+}
+
 pub fn side(ctx: Arc<Context>, qp_type: QpType, mr_len: usize) -> Side {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(1024, None).unwrap();

@@ -405,7 +405,7 @@ impl Qp {
     pub fn jumbo_with(&self, cfg: &EngineConfig, offer: u64) -> u64 {
         let size = cfg.jumbo_mtu.min(offer);
         let fits = self.is_rc() && self.attr.path_mtu == Mtu::M4096 && cfg.max_mtu == Mtu::M4096;
-        if fits && size > self.mtu(cfg) && size.is_power_of_two() {
+        if fits && size > self.mtu(cfg) && size.is_multiple_of(crate::config::JUMBO_UNIT) {
             size
         } else {
             0
@@ -425,6 +425,15 @@ impl Qp {
             }
             _ => self.mtu(cfg),
         }
+    }
+
+    /// Whether WQE `w`'s RDMA WRITE goes as one WRITE Only per packet
+    /// (`EngineConfig::split_rc_writes`), the same for every transmission of it. Not in
+    /// packets above the path MTU: those leave as few datagrams either way, and a RETH
+    /// in each costs 16 bytes a packet, where a larger packet is there to spare header
+    /// bytes.
+    pub fn splits_writes(&self, cfg: &EngineConfig, w: &SendWqe) -> bool {
+        self.is_rc() && cfg.split_rc_writes && w.mtu <= self.mtu(cfg)
     }
 
     /// The bytes congestion control counts per PSN in flight: the size the last
