@@ -193,19 +193,24 @@ fn node_guid(gids: &[Gid]) -> u64 {
 const JUMBO_HEADERS: usize = 12 + 16 + 4 + 4 + 4;
 
 /// The packet size above 4096 offered to softhca peers: the configured one, or the
-/// largest multiple of 512 whose packets fit every served interface's MTU and one
-/// receive buffer, if smaller; 0 when that is not above 4096 (an Ethernet MTU of 1500,
-/// or an interface whose MTU is unknown).
+/// largest that fits every served interface's MTU and one receive buffer, if smaller.
 fn jumbo_mtu(cfg: &Config, served: &[Served]) -> u64 {
     let room = served
         .iter()
         .map(|s| addr::bundle_limit(s).min(s.socket.recv_buf_size()))
         .min()
-        .unwrap_or(0)
-        .saturating_sub(JUMBO_HEADERS) as u64;
+        .unwrap_or(0);
+    jumbo_size(room, cfg.jumbo)
+}
+
+/// The packet payload above 4096 a device offers with `offer` configured (`Config::jumbo`)
+/// when a UDP payload of `udp_room` bytes fits its interfaces and receive buffers: the
+/// largest multiple of 512 whose packets fit, at most `offer`; 0 when that is not above
+/// 4096 (an Ethernet MTU of 1500, an interface whose MTU is unknown).
+pub fn jumbo_size(udp_room: usize, offer: u64) -> u64 {
+    let room = udp_room.saturating_sub(JUMBO_HEADERS) as u64;
     let unit = softhca_transport::JUMBO_UNIT;
-    let fits = room / unit * unit;
-    match fits.min(cfg.jumbo) {
+    match (room / unit * unit).min(offer) {
         n if n > 4096 => n,
         _ => 0,
     }

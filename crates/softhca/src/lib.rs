@@ -56,7 +56,7 @@ pub use config::{
     Config, CpuPin, Diagnostics, PollMode, DEFAULT_JUMBO, DEFAULT_SOCKBUF, DEFAULT_SPIN_US,
     ENV_VARS, ROCE_UDP_PORT,
 };
-pub use context::{devices, Context, MAX_CQE};
+pub use context::{devices, jumbo_size, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;
 pub use event::AsyncEvent;

@@ -337,6 +337,21 @@ fn wire_share(link: &ShapedLink, end: End, bytes0: u64, start: Instant, secs: f6
 
 /// One throughput row: `test`'s goodput as a share of the link, the most it could be
 /// at this MTU, and the link's utilization on the data's side while it was measured.
+/// The payload of softhca's packets on a link of IP MTU `link_mtu`: the larger size two
+/// softhca devices agree on there (`SOFTHCA_JUMBO`), or the path MTU `perf` reported.
+fn packet_size(pmtu: Option<u64>, link_mtu: u64) -> u64 {
+    let pmtu = pmtu.unwrap_or(4096);
+    let offer = softhca::Config::from_env().map_or(softhca::DEFAULT_JUMBO, |c| c.jumbo);
+    let udp_room = usize::try_from(link_mtu)
+        .unwrap_or(0)
+        .saturating_sub(20 + 8);
+    match softhca::jumbo_size(udp_room, offer) {
+        0 => pmtu,
+        n if pmtu == 4096 => n,
+        _ => pmtu,
+    }
+}
+
 fn throughput_row(b: &Bench<'_>, test: &str, secs: f64, mtu: u64) -> Result<(), String> {
     let rate = b.link.shape().rate as f64 / 1e9;
     // The side the data leaves from: READ responses come from B.
@@ -360,7 +375,7 @@ fn throughput_row(b: &Bench<'_>, test: &str, secs: f64, mtu: u64) -> Result<(), 
     } else {
         format!("softhca {} 64 KiB", test.to_uppercase())
     };
-    let ceiling = wire::goodput_ceiling(test, mtu, o.pmtu.unwrap_or(4096), MSG);
+    let ceiling = wire::goodput_ceiling(test, mtu, packet_size(o.pmtu, mtu), MSG);
     let frame = (q1.bytes - q0.bytes) / (q1.sent - q0.sent).max(1);
     println!(
         "| {} | {name} | {:.3} | {:.3} | {ceiling:.3} | {} | {frame} | {:.3} % |",
