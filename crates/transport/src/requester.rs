@@ -279,7 +279,7 @@ impl Qp {
             tr: ty.transport(),
             off,
             mtu: w.mtu,
-            split: self.splits_writes(ctx.cfg, w),
+            split: self.splits_writes(ctx.cfg),
             dqpn: self.attr.dest_qp_num,
             psn,
         };
@@ -354,7 +354,7 @@ impl Qp {
             tr: self.init.qp_type.transport(),
             off,
             mtu: w.mtu,
-            split: self.splits_writes(ctx.cfg, w),
+            split: self.splits_writes(ctx.cfg),
             dqpn: self.attr.dest_qp_num,
             psn,
         };

@@ -427,13 +427,14 @@ impl Qp {
         }
     }
 
-    /// Whether WQE `w`'s RDMA WRITE goes as one WRITE Only per packet
-    /// (`EngineConfig::split_rc_writes`), the same for every transmission of it. Not in
-    /// packets above the path MTU: those leave as few datagrams either way, and a RETH
-    /// in each costs 16 bytes a packet, where a larger packet is there to spare header
-    /// bytes.
-    pub fn splits_writes(&self, cfg: &EngineConfig, w: &SendWqe) -> bool {
-        self.is_rc() && cfg.split_rc_writes && w.mtu <= self.mtu(cfg)
+    /// Whether an RDMA WRITE goes as one WRITE Only per packet
+    /// (`EngineConfig::split_rc_writes`), in packets above the path MTU too: First,
+    /// Middle and Last would spare 16 bytes of RETH a packet (0.2 % of a 8704-byte one),
+    /// but the First, longer than the rest, leaves in a datagram of its own, and an
+    /// application posting one WRITE per call (ib_write_bw) then sent two datagrams per
+    /// 64 KiB WRITE where a run of WRITE Onlys shares them (0.8x on loopback).
+    pub fn splits_writes(&self, cfg: &EngineConfig) -> bool {
+        self.is_rc() && cfg.split_rc_writes
     }
 
     /// The bytes congestion control counts per PSN in flight: the size the last
