@@ -116,7 +116,7 @@ impl Qp {
         self.req
             .sq
             .get(self.req.send_idx)
-            .map_or(1, |w| w.psns_at(self.start_mtu(cfg, w)))
+            .map_or(1, |w| w.psns_at(self.start_mtu(cfg)))
     }
 
     /// Request PSNs this QP counts against the device budget: those sent and not yet
@@ -395,7 +395,7 @@ impl Qp {
         };
         let takes_to = match w.wr.opcode {
             WrOpcode::RdmaRead if w.started => w.last_psn(),
-            WrOpcode::RdmaRead => psn.add(w.psns_at(self.start_mtu(cfg, w)) - 1),
+            WrOpcode::RdmaRead => psn.add(w.psns_at(self.start_mtu(cfg)) - 1),
             _ => psn,
         };
         Some((psn, takes_to))
@@ -411,7 +411,7 @@ impl Qp {
         }
         let ty = self.init.qp_type;
         let mtu = self.mtu(ctx.cfg);
-        let jumbo = self.jumbo();
+        let wqe_mtu = self.start_mtu(ctx.cfg);
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let rd_inflight = self.req.rd_atomic_inflight;
         let unacked = self.req.next_psn.diff(self.req.una);
@@ -448,14 +448,6 @@ impl Qp {
                 return None;
             }
         }
-        let atomic = matches!(
-            w.wr.opcode,
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
-        );
-        let wqe_mtu = match jumbo {
-            Some(j) if !atomic => j,
-            _ => mtu,
-        };
         let npkts = w.psns_at(wqe_mtu);
         w.mtu = wqe_mtu;
         self.req.pkt_bytes = wqe_mtu;

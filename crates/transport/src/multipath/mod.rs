@@ -263,7 +263,7 @@ pub(crate) struct Multipath {
     pub paths: Vec<PathState>,
     /// Whether data uses the paths (On with more than one candidate path).
     pub active: bool,
-    /// The request packet size above the path MTU both ends agreed (0: none), see
+    /// The packet size above the path MTU both ends agreed (0: none), see
     /// `Qp::jumbo`.
     pub jumbo: u64,
     pub board: Board,

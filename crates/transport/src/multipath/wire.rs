@@ -62,8 +62,8 @@ pub(crate) struct Hello {
     pub sports: u8,
     /// The largest bundle (`softhca_wire::bundle`) the sender receives, bytes; 0: none.
     pub bundle_max: usize,
-    /// The largest request packet payload the sender's RC QP sends and receives above
-    /// the path MTU (`EngineConfig::jumbo_mtu`); 0: none. After the addresses, where an
+    /// The largest packet payload the sender's RC QPs send and receive above the path
+    /// MTU (`EngineConfig::jumbo_mtu`); 0: none. After the addresses, where an
     /// older softhca left zeros.
     pub packet_max: u32,
 }

@@ -390,7 +390,7 @@ impl Qp {
         m.bytes() as u64
     }
 
-    /// The request packet size above the path MTU this QP's softhca peer agreed to
+    /// The packet size above the path MTU this QP's softhca peer agreed to
     /// (the multipath negotiation's `packet_max`), if any.
     pub fn jumbo(&self) -> Option<u64> {
         self.mp
@@ -412,19 +412,11 @@ impl Qp {
         }
     }
 
-    /// The packet size WQE `w` is cut into when it starts: the agreed jumbo size (a
-    /// READ's responses too: its request says so, see `Bth::resv7`), else the path MTU;
-    /// an atomic is one packet.
-    pub fn start_mtu(&self, cfg: &EngineConfig, w: &SendWqe) -> u64 {
-        match self.jumbo() {
-            Some(j)
-                if w.wr.opcode != WrOpcode::AtomicCmpAndSwp
-                    && w.wr.opcode != WrOpcode::AtomicFetchAndAdd =>
-            {
-                j
-            }
-            _ => self.mtu(cfg),
-        }
+    /// The packet size a WQE that starts now is cut into (each keeps its own, see
+    /// `SendWqe::mtu`): the agreed larger size (a READ's responses too: its request
+    /// names it, see `Bth::resv7`), else the path MTU.
+    pub fn start_mtu(&self, cfg: &EngineConfig) -> u64 {
+        self.jumbo().unwrap_or_else(|| self.mtu(cfg))
     }
 
     /// Whether an RDMA WRITE goes as one WRITE Only per packet
