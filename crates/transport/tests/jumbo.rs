@@ -145,6 +145,14 @@ fn both(size: u64) -> Largest {
 fn agreed_jumbo_packets_carry_every_op_intact() {
     let (mut net, a, b) = setup(1, (JUMBO, JUMBO), &RcOpts::default());
     negotiate(&mut net);
+    for (node, q) in [(0, a), (1, b)] {
+        let s = net.nodes[node].engine.mp_stats(q).expect("negotiated");
+        assert_eq!(
+            (s.state, s.packet_bytes),
+            (MpState::On, JUMBO),
+            "node {node}"
+        );
+    }
     assert_eq!(every_op(&mut net, a, b), both(JUMBO));
 }
 

@@ -950,6 +950,7 @@ impl Qp {
             sacks_sent: m.sacks_sent,
             sacks_rcvd: m.sacks_rcvd,
             resends: m.resends,
+            packet_bytes: m.jumbo,
         })
     }
 }

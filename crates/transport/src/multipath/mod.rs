@@ -387,6 +387,8 @@ pub struct MpStats {
     pub sacks_rcvd: u64,
     /// Packets resent selectively.
     pub resends: u64,
+    /// The packet payload above the path MTU agreed with the peer (0: none).
+    pub packet_bytes: u64,
 }
 
 impl MpState {
@@ -429,15 +431,20 @@ impl std::fmt::Display for MpPathStats {
 }
 
 impl std::fmt::Display for MpStats {
-    /// A header line (`multipath on, 4 paths, sacks sent 3 received 12, resent 9`),
+    /// A header line (`multipath on, 4 paths, sacks sent 3 received 12, resent 9`; on
+    /// one path: `multipath on, 1 paths (idle), packets of 16384 bytes, ...`),
     /// then one line per path, indented by a tab.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "multipath {}, {} paths{}, sacks sent {} received {}, resent {}",
+            "multipath {}, {} paths{}{}, sacks sent {} received {}, resent {}",
             self.state.name(),
             self.paths.len(),
             if self.active { "" } else { " (idle)" },
+            match self.packet_bytes {
+                0 => String::new(),
+                n => format!(", packets of {n} bytes"),
+            },
             self.sacks_sent,
             self.sacks_rcvd,
             self.resends,
