@@ -337,6 +337,19 @@ fn env(name: &str) -> Option<String> {
 /// packets of 16 KiB (three to a GSO datagram), ahead of 32 KiB and of 4 KiB.
 pub const DEFAULT_JUMBO: u64 = 16384;
 
+/// `SOFTHCA_JUMBO`: 0, or a multiple of 512 from 4608 to 65024 (what a READ request can
+/// name, see `softhca_transport::JUMBO_UNIT`).
+fn jumbo_bytes(v: &str) -> Result<u64, Error> {
+    v.parse::<u64>()
+        .ok()
+        .filter(|&n| n == 0 || (n.is_multiple_of(512) && (4608..=65024).contains(&n)))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "SOFTHCA_JUMBO: {v:?} is not 0 or a multiple of 512 from 4608 to 65024"
+            ))
+        })
+}
+
 fn bits_per_second(v: &str) -> Option<u64> {
     let v = v.trim();
     let (num, scale) = match v.char_indices().last()? {
@@ -460,15 +473,7 @@ impl Config {
             }
         }
         if let Some(v) = env("SOFTHCA_JUMBO") {
-            cfg.jumbo = v
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n == 0 || (n.is_multiple_of(512) && (4608..=65024).contains(&n)))
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "SOFTHCA_JUMBO: {v:?} is not 0 or a multiple of 512 from 4608 to 65024"
-                    ))
-                })?;
+            cfg.jumbo = jumbo_bytes(&v)?;
         }
         if let Some(v) = env("SOFTHCA_UC_UD_RATE") {
             cfg.uc_ud_rate = Some(bits_per_second(&v).ok_or_else(|| {
@@ -520,6 +525,16 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jumbo_sizes_are_multiples_of_512_a_read_can_name() {
+        for ok in [0, 4608, 8704, 16384, 65024] {
+            assert_eq!(jumbo_bytes(&ok.to_string()).unwrap(), ok);
+        }
+        for bad in ["4096", "5000", "65536", "16k", "-1"] {
+            assert!(jumbo_bytes(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn rates_in_bits_per_second() {

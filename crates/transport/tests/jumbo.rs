@@ -77,6 +77,20 @@ fn negotiate(net: &mut SimNet) {
     while net.now < end && net.step() {}
 }
 
+/// Posts on node 0's `a` an RDMA `op` of each size in [`SIZES`], one after the other
+/// in `local` and at the same offsets in `remote`.
+fn post_rdma(net: &mut SimNet, a: Qpn, op: WrOpcode, local: &Mr, remote: &Mr) {
+    let mut off = 0;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let mut w = send_wr(i as u64, op, local.sges(off, len));
+        w.remote_addr = remote.addr + off as u64;
+        w.rkey = remote.rkey;
+        let now = net.now;
+        net.nodes[0].engine.post_send(now, a, w).expect("post");
+        off += len;
+    }
+}
+
 /// WRITEs, SENDs and READs of every size in [`SIZES`] from node 0, each checked byte for
 /// byte; returns the largest payloads seen on the wire.
 fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> Largest {
@@ -85,18 +99,7 @@ fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> Largest {
     let src = net.reg(0, total, full_access());
     let dst = net.reg(1, total, full_access());
     net.fill_random(&src);
-    let mut off = 0;
-    for (i, &len) in SIZES.iter().enumerate() {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaWrite, src.sges(off, len));
-        w.remote_addr = dst.addr + off as u64;
-        w.rkey = dst.rkey;
-        let now = net.now;
-        net.nodes[0]
-            .engine
-            .post_send(now, a, w)
-            .expect("post WRITE");
-        off += len;
-    }
+    post_rdma(net, a, WrOpcode::RdmaWrite, &src, &dst);
     complete(net, 0, SIZES.len());
     assert_eq!(net.mem(&src), net.mem(&dst), "WRITEs");
 
@@ -117,15 +120,7 @@ fn every_op(net: &mut SimNet, a: Qpn, b: Qpn) -> Largest {
     assert_eq!(net.mem(&src), net.mem(&rcv), "SENDs");
 
     let back = net.reg(0, total, full_access());
-    let mut off = 0;
-    for (i, &len) in SIZES.iter().enumerate() {
-        let mut w = send_wr(i as u64, WrOpcode::RdmaRead, back.sges(off, len));
-        w.remote_addr = dst.addr + off as u64;
-        w.rkey = dst.rkey;
-        let now = net.now;
-        net.nodes[0].engine.post_send(now, a, w).expect("post READ");
-        off += len;
-    }
+    post_rdma(net, a, WrOpcode::RdmaRead, &back, &dst);
     complete(net, 0, SIZES.len());
     assert_eq!(net.mem(&src), net.mem(&back), "READs");
     let l = *largest.borrow();
