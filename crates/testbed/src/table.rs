@@ -335,8 +335,6 @@ fn wire_share(link: &ShapedLink, end: End, bytes0: u64, start: Instant, secs: f6
     Some(bits / (t - start).as_secs_f64() / link.shape().rate as f64)
 }
 
-/// One throughput row: `test`'s goodput as a share of the link, the most it could be
-/// at this MTU, and the link's utilization on the data's side while it was measured.
 /// The payload of softhca's packets on a link of IP MTU `link_mtu`: the larger size two
 /// softhca devices agree on there (`SOFTHCA_JUMBO`), or the path MTU `perf` reported.
 fn packet_size(pmtu: Option<u64>, link_mtu: u64) -> u64 {
@@ -346,12 +344,13 @@ fn packet_size(pmtu: Option<u64>, link_mtu: u64) -> u64 {
         .unwrap_or(0)
         .saturating_sub(20 + 8);
     match softhca::jumbo_size(udp_room, offer) {
-        0 => pmtu,
-        n if pmtu == 4096 => n,
+        n if n > 0 && pmtu == 4096 => n,
         _ => pmtu,
     }
 }
 
+/// One throughput row: `test`'s goodput as a share of the link, the most it could be
+/// at this MTU, and the link's utilization on the data's side while it was measured.
 fn throughput_row(b: &Bench<'_>, test: &str, secs: f64, mtu: u64) -> Result<(), String> {
     let rate = b.link.shape().rate as f64 / 1e9;
     // The side the data leaves from: READ responses come from B.

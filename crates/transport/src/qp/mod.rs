@@ -442,15 +442,14 @@ impl Qp {
     /// device's jumbo size while the peer may be a softhca device that agreed to it
     /// (negotiating, or agreed; never after a "no": rxe is held to the IBTA's rule).
     pub fn max_request_payload(&self, cfg: &EngineConfig) -> u64 {
-        let may = self
+        // A "no" drops the QP's multipath state (`mp_turn_off`).
+        match self
             .mp
-            .as_deref()
-            .is_some_and(|m| m.state != crate::multipath::MpState::Off);
-        let mtu = self.mtu(cfg);
-        if may && self.jumbo_with(cfg, cfg.jumbo_mtu) > 0 {
-            cfg.jumbo_mtu
-        } else {
-            mtu
+            .is_some()
+            .then(|| self.jumbo_with(cfg, cfg.jumbo_mtu))
+        {
+            Some(n) if n > 0 => n,
+            _ => self.mtu(cfg),
         }
     }
 
