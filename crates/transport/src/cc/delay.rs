@@ -547,6 +547,14 @@ impl CongestionControl for DelayAimd {
         self.round_in_flight = self.round_in_flight.max(in_flight);
     }
 
+    fn set_mtu(&mut self, mtu: u64) {
+        // The slack of `window_used` is two packets: counted at the first messages'
+        // 4096 bytes under packets of 8704, a window that happened to end within
+        // 512 bytes of a packet boundary never counted as used and never grew.
+        self.mtu = mtu.max(256);
+        self.clamp();
+    }
+
     fn window(&self) -> u64 {
         self.cwnd as u64
     }
@@ -600,6 +608,33 @@ mod tests {
             c.on_ack(now, c.window(), busy(rtt));
         }
         now
+    }
+
+    #[test]
+    fn a_window_of_larger_packets_than_it_began_with_grows_when_full() {
+        // Made when the first message left in 4096-byte packets; then the peer agreed
+        // to 8704. A window filled to its last whole packet is used, whatever the
+        // remainder under one packet.
+        let jumbo = 8704;
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        c.set_mtu(jumbo);
+        let mut now = run_rounds(&mut c, 0, 3, 10_000_000);
+        c.left_slow_start(now);
+        c.cwnd = (91 * jumbo + 8400) as f64;
+        c.probe_at = None;
+        c.grid_at = None;
+        let before = c.window();
+        for _ in 0..5 {
+            now += 10_000_000;
+            let full = c.window() / jumbo * jumbo;
+            c.on_sent(full);
+            c.on_ack(now, full, busy(10_000_000));
+        }
+        assert!(
+            c.window() > before + 10 * jumbo,
+            "{} from {before}",
+            c.window()
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub(crate) struct QpCc {
     /// The requester's controller (RC only; made when the first WQE starts, once the
     /// path MTU is known).
     ctl: Option<Box<dyn CongestionControl>>,
+    /// The packet size `ctl` counts in.
+    ctl_mtu: u64,
     rtt: RttSampler,
     pacer: Pacer,
     /// The requester waits for the pacer until then.
@@ -65,10 +67,15 @@ impl Qp {
         let cc = &mut self.cc;
         if cc.ctl.is_none() {
             cc.ctl = new_controller(ctx.cfg.cc, mtu);
+            cc.ctl_mtu = mtu;
         }
-        let Some(ctl) = cc.ctl.as_ref() else {
+        let Some(ctl) = cc.ctl.as_mut() else {
             return true;
         };
+        if cc.ctl_mtu != mtu {
+            ctl.set_mtu(mtu);
+            cc.ctl_mtu = mtu;
+        }
         if per_path {
             // Each path's own window and pacer decide (`mp_request_path`); the QP's
             // would hold the sum of the paths to one path's rate.
