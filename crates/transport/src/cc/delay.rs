@@ -112,7 +112,14 @@ struct Probe {
 #[derive(Debug, Clone)]
 pub(crate) struct DelayAimd {
     cfg: DelayAimdConfig,
+    /// The unit of the window's packet counts (additive increase, flow scaling, the
+    /// least window): the path MTU.
     mtu: u64,
+    /// The largest packet the QP sends (more than `mtu` with larger packets agreed):
+    /// the slack of `window_used`. Two packets of 4096 under packets of 8704, a window
+    /// that ended more than 8192 bytes past a whole packet never counted as used and
+    /// never grew.
+    packet: u64,
     /// Window, bytes (fractional for additive increase).
     cwnd: f64,
     slow_start: bool,
@@ -162,6 +169,7 @@ impl DelayAimd {
             cwnd: cfg.initial_window.max(mtu) as f64,
             cfg,
             mtu,
+            packet: mtu,
             slow_start: true,
             srtt: 0,
             min_rtt: 0,
@@ -408,7 +416,7 @@ impl DelayAimd {
         if !self.tracks_in_flight {
             return true;
         }
-        let slack = 2 * self.mtu;
+        let slack = 2 * self.packet;
         if self.slow_start {
             let seen = self.round_in_flight.max(self.last_round_in_flight);
             2 * seen + slack >= self.cwnd as u64
@@ -547,12 +555,8 @@ impl CongestionControl for DelayAimd {
         self.round_in_flight = self.round_in_flight.max(in_flight);
     }
 
-    fn set_mtu(&mut self, mtu: u64) {
-        // The slack of `window_used` is two packets: counted at the first messages'
-        // 4096 bytes under packets of 8704, a window that happened to end within
-        // 512 bytes of a packet boundary never counted as used and never grew.
-        self.mtu = mtu.max(256);
-        self.clamp();
+    fn set_packet_bytes(&mut self, bytes: u64) {
+        self.packet = bytes.max(self.mtu);
     }
 
     fn window(&self) -> u64 {
@@ -617,7 +621,7 @@ mod tests {
         // remainder under one packet.
         let jumbo = 8704;
         let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
-        c.set_mtu(jumbo);
+        c.set_packet_bytes(jumbo);
         let mut now = run_rounds(&mut c, 0, 3, 10_000_000);
         c.left_slow_start(now);
         c.cwnd = (91 * jumbo + 8400) as f64;

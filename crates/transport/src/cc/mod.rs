@@ -206,9 +206,9 @@ pub(crate) trait CongestionControl: std::fmt::Debug + Send {
     /// only while it is used: see `DelayAimd`; a controller never told counts its
     /// window as used).
     fn on_sent(&mut self, in_flight: u64);
-    /// The QP's packets now carry up to `mtu` bytes (larger packets agreed after the
-    /// first messages left at the path MTU): the window's packet counts follow.
-    fn set_mtu(&mut self, mtu: u64);
+    /// The QP's packets now carry up to `bytes` (larger packets agreed after the first
+    /// messages left at the path MTU).
+    fn set_packet_bytes(&mut self, bytes: u64);
     /// A loss or a timeout at `now`.
     fn on_congestion(&mut self, now: Nanos, what: Congestion);
     /// Bytes allowed in flight.
