@@ -557,8 +557,8 @@ impl Stepper {
     /// polls (its window is open):
     /// - within a burst (the call before this post was a post too, no poll in between),
     ///   the trailing run of bulk transmits (packets of at least `MIN_SEGMENT`), so that
-    ///   the burst's posts leave in one `sendmmsg` at its end, and the last one may be
-    ///   filled up ([`softhca_transport::Engine::poll_transmit_append`]) with packets of
+    ///   the burst's posts leave in one `sendmmsg` at its end or when every buffer is
+    ///   used, and the last one may be filled up ([`softhca_transport::Engine::poll_transmit_append`]) with packets of
     ///   its size. An application posting one WR per call, as perftest's bandwidth tests
     ///   do, then gets GSO sends of many messages, as one posting a list does; one whose
     ///   messages do not fill whole packets (UCX's 8 KiB + header eager fragments: two
@@ -582,17 +582,13 @@ impl Stepper {
         }
         let bulk = |t: &Transmit| t.segment_size >= MIN_SEGMENT;
         if self.burst {
+            // The whole run waits, full GSO sends too: they leave with the rest of the
+            // burst in one `sendmmsg` (at the latest when every buffer is used) instead of
+            // one system call per post.
             let run = self.tx.iter().rev().take_while(|(_, t)| bulk(t)).count();
             let from = self.tx.len() - run;
-            // Less than a datagram's worth (room for one more packet) waits whole; more
-            // goes now but for a tail to fill up, as a full GSO send would: the peer is
-            // not kept waiting for data that costs no more system calls to send now.
-            let bytes: usize = self.tx[from..].iter().map(|(_, t)| t.len).sum();
-            let seg = self.tx.last().map_or(0, |(_, t)| t.segment_size);
-            if bytes + seg <= TX_BUF {
-                self.deferred.extend(self.tx.drain(from..));
-                return;
-            }
+            self.deferred.extend(self.tx.drain(from..));
+            return;
         }
         let Some(&(b, t)) = self.tx.last() else {
             return;
@@ -606,7 +602,7 @@ impl Stepper {
             let prev = &self.tx[self.tx.len() - 2].1;
             prev.segment_size == seg && prev.dst == t.dst && prev.len + seg > TX_BUF
         };
-        let appendable = (tail_of_large || self.burst)
+        let appendable = tail_of_large
             && t.len.is_multiple_of(seg)
             && t.len + seg <= TX_BUF
             && self.tx_pieces[b].len() == t.packets();
