@@ -72,7 +72,7 @@ pub(crate) struct Stepper {
     held: bool,
     /// Transmits of an application's posts, kept back for its next call: their buffer
     /// indices and Transmits, in send order; the last may be filled up (see
-    /// [`Stepper::defer_tail`]).
+    /// [`Stepper::keep_back`]).
     deferred: SmallVec<[(usize, Transmit); TX_BATCH]>,
     /// The last call was an application's post, not a step: posts come in a burst.
     burst: bool,
@@ -166,7 +166,7 @@ impl Stepper {
     /// lock, one clock read and one completion pass per post instead of two). `app`: the
     /// caller is an application posting; while it polls (its window is open) it will
     /// call again soon, and the last transmit of a burst may wait for that call (see
-    /// [`Stepper::defer_tail`]).
+    /// [`Stepper::keep_back`]).
     pub(crate) fn transmit_with<R>(
         &mut self,
         shared: &DatapathShared,
@@ -397,7 +397,7 @@ impl Stepper {
             }
         }
         if may_defer && self.after_send.is_empty() {
-            self.defer_tail();
+            self.keep_back();
         }
         self.plan_bundles(&core.engine, shared);
         self.seal_external(core.engine.memory());
@@ -558,8 +558,9 @@ impl Stepper {
     /// - within a burst (the call before this post was a post too, no poll in between),
     ///   the trailing run of bulk transmits (packets of at least `MIN_SEGMENT`), so that
     ///   the burst's posts leave in one `sendmmsg` at its end or when every buffer is
-    ///   used, and the last one may be filled up ([`softhca_transport::Engine::poll_transmit_append`]) with packets of
-    ///   its size. An application posting one WR per call, as perftest's bandwidth tests
+    ///   used, and the last one may be filled up
+    ///   ([`softhca_transport::Engine::poll_transmit_append`]) with packets of its size.
+    ///   An application posting one WR per call, as perftest's bandwidth tests
     ///   do, then gets GSO sends of many messages, as one posting a list does; one whose
     ///   messages do not fill whole packets (UCX's 8 KiB + header eager fragments: two
     ///   full packets and a short one) gets one system call per burst instead of one per
@@ -574,7 +575,7 @@ impl Stepper {
     /// Not when building completed work (UC and UD sends complete once their packets are
     /// with the kernel; the application may then write the buffer a kept-back packet
     /// still points into). An RC request completes only when acknowledged, after it left.
-    fn defer_tail(&mut self) {
+    fn keep_back(&mut self) {
         const MIN_SEGMENT: usize = 1024;
         // Every buffer filled: more is waiting to be built, and goes out now anyway.
         if self.tx.is_empty() || self.tx.len() >= TX_BATCH {

@@ -116,9 +116,9 @@ pub(crate) struct DelayAimd {
     /// least window): the path MTU.
     mtu: u64,
     /// The largest packet the QP sends (more than `mtu` with larger packets agreed):
-    /// the slack of `window_used`. Two packets of 4096 under packets of 8704, a window
-    /// that ended more than 8192 bytes past a whole packet never counted as used and
-    /// never grew.
+    /// `window_used` allows two of them of slack, as the window check per packet leaves
+    /// up to one unused (counted in `mtu`, a window of larger packets could stay unused,
+    /// and never grow).
     packet: u64,
     /// Window, bytes (fractional for additive increase).
     cwnd: f64,

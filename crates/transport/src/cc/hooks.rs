@@ -17,8 +17,6 @@ pub(crate) struct QpCc {
     /// The requester's controller (RC only; made when the first WQE starts, once the
     /// path MTU is known).
     ctl: Option<Box<dyn CongestionControl>>,
-    /// The packet size `ctl` was last told of.
-    ctl_packet: u64,
     rtt: RttSampler,
     pacer: Pacer,
     /// The requester waits for the pacer until then.
@@ -70,15 +68,11 @@ impl Qp {
             // Counted in packets of the path MTU whatever size was agreed: the same
             // window arithmetic with rxe as with a softhca peer.
             cc.ctl = new_controller(ctx.cfg.cc, path_mtu);
-            cc.ctl_packet = path_mtu;
         }
         let Some(ctl) = cc.ctl.as_mut() else {
             return true;
         };
-        if cc.ctl_packet != mtu {
-            ctl.set_packet_bytes(mtu);
-            cc.ctl_packet = mtu;
-        }
+        ctl.set_packet_bytes(mtu);
         if per_path {
             // Each path's own window and pacer decide (`mp_request_path`); the QP's
             // would hold the sum of the paths to one path's rate.
