@@ -258,7 +258,8 @@ pub struct PerfArgs {
     pub json: bool,
     /// Client: also print the bandwidth of every interval of this many seconds to stderr
     /// (`interval <start> <end> <Gb/s>`, seconds from the start of the measured part),
-    /// as `iperf3 -i` does.
+    /// as `iperf3 -i` does; with `SOFTHCA_PERF_COUNTERS` set, each followed by the
+    /// congestion state of every RC QP (`congestion <qpn> srtt ... window ...`).
     #[arg(long, value_name = "SECONDS")]
     pub interval: Option<f64>,
     /// Client: also print `progress <unix time> <bytes>` to stderr (bytes completed so

@@ -178,6 +178,11 @@ fn client(
                 a.progress
                     .filter(|s| *s > 0.0)
                     .map(std::time::Duration::from_secs_f64),
+            )
+            .with_congestion(
+                softhca::Diagnostics::from_env()
+                    .perf_counters
+                    .then(|| Arc::clone(ctx)),
             );
         let r = softhca_perf::run_test(ctx, &mut ctl, &p, *op, a.cq_mod, rdma_peer, &mut progress)?;
         if a.json {

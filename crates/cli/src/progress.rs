@@ -1,7 +1,10 @@
 //! The live progress line on stderr (only on a terminal, only for runs past ~2 s).
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use softhca::Context;
 
 use softhca_perf::ProgressLog;
 
@@ -17,6 +20,9 @@ pub struct ProgressLine {
     interval: Option<(Duration, Instant, u64)>,
     /// The `progress <unix time> <bytes>` log (see `PerfArgs::progress`).
     log: Option<(Duration, Option<ProgressLog<std::io::Stderr>>)>,
+    /// The device whose QPs' congestion state follows each interval line (see
+    /// [`ProgressLine::with_congestion`]).
+    congestion: Option<Arc<Context>>,
 }
 
 /// Runs shorter than this never show a progress line.
@@ -35,7 +41,16 @@ impl ProgressLine {
             label,
             interval: None,
             log: None,
+            congestion: None,
         }
+    }
+
+    /// Also prints, after each interval line, one `congestion <qpn> <state>` line per
+    /// RC QP of `ctx` (round trip, window, rate, cuts): how a controller moved during a
+    /// run, where the totals at its end hide a window that stopped growing.
+    pub fn with_congestion(mut self, ctx: Option<Arc<Context>>) -> ProgressLine {
+        self.congestion = ctx;
+        self
     }
 
     /// Also prints `progress` lines at most every `every` (see `PerfArgs::progress`),
@@ -65,6 +80,9 @@ impl ProgressLine {
         let t1 = now.duration_since(self.start).as_secs_f64();
         self.erase();
         eprintln!("interval {t0:.3} {t1:.3} {gbps:.4}");
+        for (qpn, cc) in self.congestion.iter().flat_map(|c| c.congestion()) {
+            eprintln!("congestion {:#x} {cc}", qpn.value());
+        }
         self.interval = Some((every, now, done));
     }
 
