@@ -115,10 +115,10 @@ pub(crate) struct DelayAimd {
     /// The unit of the window's packet counts (additive increase, flow scaling, the
     /// least window): the path MTU.
     mtu: u64,
-    /// The largest packet the QP sends (more than `mtu` with larger packets agreed):
-    /// `window_used` allows two of them of slack, as the window check per packet leaves
-    /// up to one unused (counted in `mtu`, a window of larger packets could stay unused,
-    /// and never grow).
+    /// The largest packet the QP sends (more than `mtu` with larger packets agreed).
+    /// `window_used` allows two of them of slack: the window check per packet leaves up
+    /// to one packet of the window unused, and a slack counted in `mtu` would leave a
+    /// window of larger packets unused, and never growing.
     packet: u64,
     /// Window, bytes (fractional for additive increase).
     cwnd: f64,
