@@ -23,6 +23,12 @@ fn ip(args: &[&str]) -> bool {
 
 impl Pair {
     fn new(tag: &str) -> Option<Pair> {
+        Pair::with_lo(tag, true)
+    }
+
+    /// `lo_up`: bring each namespace's loopback up (a new namespace has it down, with no
+    /// 127.0.0.1).
+    fn with_lo(tag: &str, lo_up: bool) -> Option<Pair> {
         // SAFETY: geteuid has no preconditions and touches no memory.
         if unsafe { libc::geteuid() } != 0 || !ip(&["-V"]) {
             eprintln!("skipped: needs root and iproute2 (ip netns)");
@@ -45,8 +51,9 @@ impl Pair {
             && ip(&["-n", &p.b, "addr", "add", "fd77::2/64", "dev", &vb, "nodad"])
             && ip(&["-n", &p.a, "link", "set", &va, "up"])
             && ip(&["-n", &p.b, "link", "set", &vb, "up"])
-            && ip(&["-n", &p.a, "link", "set", "lo", "up"])
-            && ip(&["-n", &p.b, "link", "set", "lo", "up"]);
+            && (!lo_up
+                || ip(&["-n", &p.a, "link", "set", "lo", "up"])
+                    && ip(&["-n", &p.b, "link", "set", "lo", "up"]));
         if !ok {
             eprintln!("skipped: could not create network namespaces");
             return None;
@@ -163,6 +170,22 @@ fn zero_config_write_between_namespaces_ipv4_and_ipv6() {
         text.contains("fd77::1") || text.contains("fd77:0000"),
         "GID table: {text}"
     );
+}
+
+/// A new namespace's loopback is down, with no 127.0.0.1 (as `ip netns add` leaves it):
+/// the device serves the interface address alone, as rxe would, instead of failing to
+/// open for want of a loopback address.
+#[test]
+fn zero_config_write_between_namespaces_whose_loopback_is_down() {
+    let Some(p) = Pair::with_lo("lo", false) else {
+        return;
+    };
+    write_between(&p, "10.77.0.2", "18643");
+    let out = p.softhca(&p.a, &["devinfo"]).output().expect("run devinfo");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "devinfo: {text}");
+    assert!(text.contains("10.77.0.1"), "GID table: {text}");
+    assert!(!text.contains("127.0.0."), "GID table: {text}");
 }
 
 /// `softhca stream receive` in namespace b, `softhca stream camera --to` in namespace a:

@@ -257,7 +257,22 @@ pub(crate) fn bind_served(cfg: &Config) -> Result<Vec<Served>, Error> {
         }
     }
     // ...plus the first free loopback address, so processes on one host each get one.
-    out.push(first_free_loopback(cfg)?);
+    // A new network namespace has `lo` down, with no 127.0.0.1: its interfaces are
+    // served all the same (rxe needs no loopback either).
+    match first_free_loopback(cfg) {
+        Ok(lo) => out.push(lo),
+        Err(Error::Io(IoError::AddrNotAvailable(a))) if !out.is_empty() => {
+            tracing::debug!("not serving loopback: {} is not assigned (lo down)", a.ip());
+        }
+        Err(Error::Io(IoError::AddrNotAvailable(_))) => {
+            return Err(Error::Config(
+                "no address to serve: no interface is up with an IP address, and 127.0.0.1 \
+                 is not assigned (in a new network namespace: ip link set lo up)"
+                    .into(),
+            ))
+        }
+        Err(e) => return Err(e),
+    }
     Ok(out)
 }
 
