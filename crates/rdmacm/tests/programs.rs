@@ -164,6 +164,26 @@ fn rdma_server_and_client() {
     assert!(s.stdout.contains("rdma_server: end 0"), "{}", s.all());
 }
 
+/// rdma_xclient asks for one SGE and no inline data, then posts its 16-byte message
+/// inline: rxe grants a WQE's inline room as its SGE list's size, and so does softhca.
+#[test]
+fn rdma_xserver_and_xclient() {
+    if !ready(&["rdma_xserver", "rdma_xclient"]) {
+        return;
+    }
+    let (s, c) = pair(
+        ("rdma_xserver", &["-p", "7472"]),
+        ("rdma_xclient", &["-s", SERVER, "-p", "7472"]),
+        T,
+        true,
+        true,
+    );
+    assert_eq!(s.status, Some(0), "server: {}", s.all());
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    assert!(c.stdout.contains("rdma_xclient: end 0"), "{}", c.all());
+    assert!(s.stdout.contains("rdma_xserver: end 0"), "{}", s.all());
+}
+
 #[test]
 fn qperf_cm1_rc_bw_rc_lat() {
     if !ready(&["qperf"]) {

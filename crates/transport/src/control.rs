@@ -10,6 +10,9 @@ use crate::qp::state::modify_is_ok;
 use crate::qp::{Ctx, Qp, Srq};
 use crate::verbs::*;
 
+/// Bytes of one SGE in a send WQE (`struct ib_sge`), the unit rxe sizes WQEs in.
+const SGE_BYTES: u32 = 16;
+
 impl Engine {
     /// Create a completion queue.
     pub fn create_cq(&mut self) -> CqId {
@@ -206,6 +209,12 @@ impl Engine {
         init.cap.max_recv_wr = init.cap.max_recv_wr.max(1);
         init.cap.max_send_sge = init.cap.max_send_sge.max(1);
         init.cap.max_recv_sge = init.cap.max_recv_sge.max(1);
+        // rxe_init_sq: a send WQE holds the larger of its SGE list (16 bytes an entry)
+        // and its inline data, and both limits grow to fill it; the caller is told
+        // (rdma_xclient posts 16 inline bytes on a QP that asked for none and one SGE).
+        let wqe = (init.cap.max_send_sge * SGE_BYTES).max(init.cap.max_inline_data);
+        init.cap.max_send_sge = (wqe / SGE_BYTES).min(self.cfg.max_sge);
+        init.cap.max_inline_data = wqe;
         Ok(init)
     }
 

@@ -816,3 +816,70 @@ fn a_bundles_packets_are_checked_and_executed_one_by_one() {
     assert_eq!((c.rx_bundles, c.drop_malformed), (2, 1));
     assert_eq!(c.duplicate_request, 2, "WRITEs 0 and 2 again");
 }
+
+/// rxe sizes a send WQE by the larger of its SGE list and its inline data and grants
+/// both limits in full: a QP that asked for one SGE and no inline data may post 16
+/// inline bytes (rdma_xclient does), and is told so; 17 are refused.
+#[test]
+fn send_caps_are_rounded_to_the_wqe_as_rxe_rounds_them() {
+    let mut net = SimNet::new(2, 2, Mtu::M1024);
+    let cap = |max_send_sge, max_inline_data| QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge,
+        max_recv_sge: 1,
+        max_inline_data,
+    };
+    let mut create = |net: &mut SimNet, node: usize, cap: QpCap| {
+        let n = &mut net.nodes[node];
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd: n.pd,
+            send_cq: n.cq,
+            recv_cq: n.cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let qpn = n.engine.create_qp(&init).unwrap();
+        let (_, got) = n.engine.query_qp(qpn).unwrap();
+        (qpn, (got.cap.max_send_sge, got.cap.max_inline_data))
+    };
+    for (asked, granted) in [
+        (cap(1, 0), (1, 16)),
+        (cap(0, 0), (1, 16)),
+        (cap(2, 20), (2, 32)),
+        (cap(1, 100), (6, 100)),
+    ] {
+        assert_eq!(create(&mut net, 0, asked).1, granted, "{asked:?}");
+    }
+    let o = RcOpts::default();
+    let (a, _) = create(&mut net, 0, cap(1, 0));
+    let (b, _) = create(&mut net, 1, cap(1, 0));
+    connect_one(&mut net, 0, a, QpType::Rc, 1, b, &o, 100, 200);
+    connect_one(&mut net, 1, b, QpType::Rc, 0, a, &o, 200, 100);
+    let dst = net.reg(1, 64, full_access());
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(1, dst.sges(0, 64)))
+        .unwrap();
+    let inline = |wr_id, bytes: &[u8]| SendWr {
+        wr_id,
+        opcode: WrOpcode::Send,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        payload: Payload::Inline(smallvec::SmallVec::from_slice(bytes)),
+        ..SendWr::default()
+    };
+    let engine = &mut net.nodes[0].engine;
+    assert!(engine.post_send(0, a, inline(2, &[7; 17])).is_err());
+    engine
+        .post_send(0, a, inline(3, b"sixteen bytes!!!"))
+        .unwrap();
+    net.run(1_000_000_000);
+    let r = net.take_completions(1);
+    assert_eq!(
+        r.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
+        vec![(1, 16)]
+    );
+    assert_eq!(&net.mem(&dst)[..16], b"sixteen bytes!!!");
+}
