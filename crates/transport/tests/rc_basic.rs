@@ -830,7 +830,7 @@ fn send_caps_are_rounded_to_the_wqe_as_rxe_rounds_them() {
         max_recv_sge: 1,
         max_inline_data,
     };
-    let mut create = |net: &mut SimNet, node: usize, cap: QpCap| {
+    let create = |net: &mut SimNet, node: usize, cap: QpCap| {
         let n = &mut net.nodes[node];
         let init = QpInitAttr {
             qp_type: QpType::Rc,
