@@ -230,11 +230,25 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
     })
 }
 
+/// On-demand paging as rxe offers it (`rxe_init_device_param` with ODP): every region,
+/// as softhca pins none; explicit regions only (no implicit ODP), RC and UD.
+fn odp_caps() -> ibv_odp_caps {
+    // IBV_ODP_SUPPORT_SEND, _RECV, _WRITE, _READ, _ATOMIC, _SRQ_RECV.
+    let (send, recv, write, read, atomic, srq_recv) = (1, 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 5);
+    ibv_odp_caps {
+        // IBV_ODP_SUPPORT.
+        general_caps: 1,
+        rc_odp_caps: send | recv | write | read | atomic | srq_recv,
+        uc_odp_caps: 0,
+        ud_odp_caps: send | recv | srq_recv,
+    }
+}
+
 fn new_verbs_context(dev: *mut ibv_device, cmd_fd: c_int, async_fd: c_int) -> verbs_context {
     let np = null::<c_void>();
     verbs_context {
         query_port: Some(query_port_ex),
-        advise_mr: np,
+        advise_mr: crate::objects::advise_mr as AnyFn,
         alloc_null_mr: np,
         read_counters: np,
         attach_counters_point_flow: np,
@@ -413,7 +427,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         let ex = ibv_device_attr_ex {
             orig_attr: device_attr(&b.ctx),
             comp_mask: 0,
-            odp_caps: ibv_odp_caps::default(),
+            odp_caps: odp_caps(),
             // Completion timestamps are CLOCK_MONOTONIC nanoseconds taken when the
             // completion is polled off the ring (the datapath does not stamp them): a
             // 1 GHz "core clock", in kHz.

@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::net::{IpAddr, Ipv4Addr};
 
-use softhca::{AccessFlags, AddressVector, Ah, CompChannel, Gid, Pd, RawMr};
+use softhca::{AccessFlags, AddressVector, Advice, Ah, CompChannel, Gid, Pd, RawMr, Sge};
 
 use crate::abi::*;
 use crate::device::CtxBox;
@@ -68,10 +68,6 @@ fn access_flags(access: c_uint) -> Result<AccessFlags, Errno> {
         && !a.contains(AccessFlags::LOCAL_WRITE)
     {
         return Err(Errno::INVAL);
-    }
-    if a.contains(AccessFlags::ON_DEMAND) {
-        // No on-demand paging.
-        return Err(Errno::NOTSUP);
     }
     Ok(a)
 }
@@ -143,6 +139,45 @@ pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         unsafe { (*(mr as *mut MrBox)).inner.deregister()? };
         // SAFETY: freed once.
         drop(unsafe { Box::from_raw(mr as *mut MrBox) });
+        Ok(0)
+    })
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetch ranges of on-demand regions.
+/// Returns 0 or a positive errno, as libibverbs' inline wrapper passes it on. The call
+/// is synchronous whether or not `IBV_ADVISE_MR_FLAG_FLUSH` asks for it (rxe queues the
+/// unflushed ones as best effort; finishing them at once is within that).
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: c_uint,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    guard_int("ibv_advise_mr", || {
+        // SAFETY: a PD of ours (verb contract).
+        let p = unsafe { PdBox::from_ptr(pd)? };
+        let advice = match advice {
+            0 => Advice::Prefetch,
+            1 => Advice::PrefetchWrite,
+            2 => Advice::PrefetchNoFault,
+            _ => return Err(Errno::NOTSUP),
+        };
+        // IBV_ADVISE_MR_FLAG_FLUSH is the one flag.
+        if flags & !1 != 0 || sg_list.is_null() || num_sge == 0 {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: the caller's array of `num_sge` SGEs (verb contract).
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+        let sges: Vec<Sge> = list
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        p.inner.advise_mr(advice, &sges)?;
         Ok(0)
     })
 }

@@ -65,6 +65,13 @@ fn rc_pingpong_timestamps_cq_ex() {
 }
 
 #[test]
+fn rc_pingpong_on_demand_paging_with_prefetch() {
+    // -o: buffers registered with IBV_ACCESS_ON_DEMAND (after checking odp_caps); -P:
+    // ibv_advise_mr prefetches them first.
+    pingpong("ibv_rc_pingpong", &["-o", "-P", "-s", "4096"]);
+}
+
+#[test]
 fn uc_pingpong() {
     pingpong("ibv_uc_pingpong", &["-s", "4096"]);
 }

@@ -22,7 +22,8 @@ bitflags::bitflags! {
         const MW_BIND = 1 << 4;
         /// `IBV_ACCESS_ZERO_BASED`: the region's iova starts at 0.
         const ZERO_BASED = 1 << 5;
-        /// `IBV_ACCESS_ON_DEMAND`: accepted and ignored (softhca never pins memory).
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging. softhca never pins memory, so every
+        /// region is paged on demand; the flag marks those `ibv_advise_mr` may prefetch.
         const ON_DEMAND = 1 << 6;
         /// `IBV_ACCESS_HUGETLB`: accepted and ignored.
         const HUGETLB = 1 << 7;

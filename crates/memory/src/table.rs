@@ -553,6 +553,29 @@ impl MemoryTable {
         region.translate(key, va, len)
     }
 
+    /// Where an `ibv_advise_mr` prefetch of `sge` lands: the host span of its range in
+    /// an on-demand region of `pd`. As rxe's prefetch looks the key up: a local key of
+    /// this PD granting LOCAL_WRITE, the range inside the region; and, as mlx5 refuses
+    /// a region that is not on-demand, only a region registered with ON_DEMAND.
+    pub fn prefetch_span(&self, pd: PdId, sge: &Sge) -> Result<(*mut u8, usize), MemError> {
+        let len = u64::from(sge.length);
+        let at = self.resolve(
+            pd.into(),
+            sge.lkey,
+            false,
+            sge.addr,
+            len,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let region = self.lookup(sge.lkey, false)?;
+        if !region.access.contains(AccessFlags::ON_DEMAND) {
+            return Err(MemError::InvalidArgument(
+                "prefetch of a region not on demand",
+            ));
+        }
+        Ok((at, sge.length as usize))
+    }
+
     /// Total byte length of a scatter/gather list (errors only if the sum exceeds u64,
     /// which needs more than 2^32 SGEs).
     pub fn sge_total_len(sges: &[Sge]) -> Result<u64, MemError> {

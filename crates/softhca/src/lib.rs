@@ -60,7 +60,7 @@ pub use context::{devices, jumbo_size, Context, MAX_CQE};
 pub use cq::{CompChannel, Cq, CqHandleId};
 pub use error::Error;
 pub use event::AsyncEvent;
-pub use mr::{Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
+pub use mr::{Advice, Mr, Mw, MwBindInfo, RawMr, PAGE_SIZE};
 pub use pd::Pd;
 pub use placement::Placement;
 pub use publish::{read_all, read_snapshot, Publish};

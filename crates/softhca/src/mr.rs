@@ -29,6 +29,51 @@ use crate::{AccessFlags, MrKeys, MwBind, MwType, Sge};
 /// Page size MRs are aligned to.
 pub const PAGE_SIZE: usize = 4096;
 
+/// What `ibv_advise_mr` asks for an on-demand region's range (`ibv_advise_mr_advice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH`: fault the pages in for reading.
+    Prefetch,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE`: fault them in writable.
+    PrefetchWrite,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: map only pages already present.
+    PrefetchNoFault,
+}
+
+/// Faults in `at..at + len` with `madvise(how)` (one of the MADV_POPULATE advices).
+fn populate(at: *mut u8, len: usize, how: libc::c_int) -> Result<(), Error> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(PAGE_SIZE)
+        .max(1);
+    let start = at as usize / page * page;
+    let end = (at as usize).saturating_add(len);
+    // SAFETY: madvise touches no memory of ours: MADV_POPULATE_* faults the process's own
+    // pages in, and a range that is not mapped fails with ENOMEM instead of faulting.
+    let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, how) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Before Linux 5.14 (no MADV_POPULATE_*), or a mapping it cannot populate (I/O
+        // memory): advice only; the pages fault in at first touch.
+        Some(libc::EINVAL) => Ok(()),
+        // Not mapped: what rxe's page fault reports.
+        Some(libc::ENOMEM) | Some(libc::EFAULT) => Err(Error::Os {
+            what: "advise_mr",
+            source: std::io::Error::from_raw_os_error(libc::EFAULT),
+        }),
+        _ => Err(Error::Os {
+            what: "advise_mr",
+            source: e,
+        }),
+    }
+}
+
 impl Pd {
     /// Allocates `len` bytes of page-aligned, zeroed memory and registers it with
     /// `access` (`ibv_reg_mr` on fresh memory). The [`Mr`] owns the memory; see the
@@ -118,6 +163,37 @@ impl Pd {
                 }
             })?
             .map_err(|e| Error::Transport(e.into()))
+    }
+
+    /// `ibv_advise_mr`: prefetches each SGE's range of an on-demand region of this PD
+    /// (registered with [`AccessFlags::ON_DEMAND`]), as rxe does for its ODP regions: the
+    /// pages are faulted in now, readable ([`Advice::Prefetch`]) or writable
+    /// ([`Advice::PrefetchWrite`]), so the datapath's first touch of them takes no page
+    /// fault. [`Advice::PrefetchNoFault`] only maps what is present: the process's own
+    /// page tables already do. A range that is not mapped fails with EFAULT.
+    pub fn advise_mr(&self, advice: Advice, sges: &[Sge]) -> Result<(), Error> {
+        if sges.is_empty() {
+            return Err(Error::InvalidArgument("advise_mr without an SGE"));
+        }
+        let pd = self.inner.id;
+        let spans = self
+            .inner
+            .ctx
+            .with_core_untimed(|core| {
+                let mem = core.engine.memory();
+                sges.iter()
+                    .map(|s| mem.prefetch_span(pd, s))
+                    .collect::<Result<Vec<_>, _>>()
+            })?
+            .map_err(|e| Error::Transport(e.into()))?;
+        let how = match advice {
+            Advice::Prefetch => libc::MADV_POPULATE_READ,
+            Advice::PrefetchWrite => libc::MADV_POPULATE_WRITE,
+            Advice::PrefetchNoFault => return Ok(()),
+        };
+        spans
+            .into_iter()
+            .try_for_each(|(at, len)| populate(at, len, how))
     }
 
     /// Allocates a memory window (`ibv_alloc_mw`): a remote key that grants access to

@@ -12,6 +12,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "testlib.h"
@@ -291,6 +293,58 @@ static void check_attrs(struct ibv_device *dev)
 	CHECK(!ibv_close_device(ctx));
 }
 
+/* On-demand paging as rxe offers it: explicit regions, RC and UD, and ibv_advise_mr
+ * prefetching them; not implicit ODP, and not a region registered without it. */
+static void check_odp(struct ibv_device *dev)
+{
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK(ctx);
+	struct ibv_device_attr_ex dx;
+	CHECK(!ibv_query_device_ex(ctx, NULL, &dx));
+	CHECK(dx.odp_caps.general_caps & IBV_ODP_SUPPORT);
+	CHECK(!(dx.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT));
+	CHECK((dx.odp_caps.per_transport_caps.rc_odp_caps & (IBV_ODP_SUPPORT_SEND |
+		IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ)) ==
+	      (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+	       IBV_ODP_SUPPORT_READ));
+	OK("query_device_ex reports explicit on-demand paging for RC and UD");
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd);
+	size_t len = 1 << 20;
+	/* Mapped, never touched: the prefetch faults it in. */
+	char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(buf != MAP_FAILED);
+	int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	struct ibv_mr *odp = ibv_reg_mr(pd, buf, len, rw | IBV_ACCESS_ON_DEMAND);
+	CHECK(odp);
+	struct ibv_mr *plain = ibv_reg_mr(pd, buf, len, rw);
+	CHECK(plain);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf + 4096, .length = 65536, .lkey = odp->lkey };
+	CHECK(!ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+			     &sge, 1));
+	CHECK(!ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1));
+	CHECK(!ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &sge, 1));
+	OK("advise_mr prefetches a range of an on-demand region");
+
+	struct ibv_sge outside = { .addr = (uintptr_t)buf + len - 8, .length = 16,
+				   .lkey = odp->lkey };
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &outside, 1) == EINVAL);
+	struct ibv_sge not_odp = { .addr = (uintptr_t)buf, .length = 64, .lkey = plain->lkey };
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &not_odp, 1) == EINVAL);
+	CHECK(ibv_advise_mr(pd, 7, 0, &sge, 1) == EOPNOTSUPP);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 0) == EINVAL);
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, NULL, SIZE_MAX, rw | IBV_ACCESS_ON_DEMAND) && errno == EINVAL);
+	OK("advise_mr refuses a range outside, a region not on demand, an unknown advice; "
+	   "no implicit ODP");
+	CHECK(!ibv_dereg_mr(plain));
+	CHECK(!ibv_dereg_mr(odp));
+	munmap(buf, len);
+	CHECK(!ibv_dealloc_pd(pd));
+	CHECK(!ibv_close_device(ctx));
+}
+
 int main(void)
 {
 	int n;
@@ -299,6 +353,7 @@ int main(void)
 	check_two_contexts(list[0]);
 	check_events(list[0]);
 	check_attrs(list[0]);
+	check_odp(list[0]);
 	ibv_free_device_list(list);
 	printf("all conformance checks passed\n");
 	return 0;
