@@ -68,6 +68,8 @@ impl Cq {
         if cqe == 0 || cqe > crate::MAX_CQE {
             return Err(Error::InvalidArgument("cqe must be 1..=4194303"));
         }
+        // Completions of work posted before this call count.
+        self.inner.ctx.shared().settle();
         let ring = &self.inner.ring;
         let q = ring.q.lock();
         if (cqe as usize) < q.len() {

@@ -283,6 +283,50 @@ static void check_attrs(struct ibv_device *dev)
 	CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)));
 	OK("resize_cq grows and shrinks");
 
+	/* UD sends complete once they leave: posted and not polled, they count against a
+	 * smaller size at once (rdma-core's test_resize_cq). */
+	cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_qp_init_attr ua = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+				       .cap = { .max_send_wr = 8, .max_recv_wr = 1,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *ud = ibv_create_qp(pd, &ua);
+	CHECK(ud);
+	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11 };
+	CHECK(!ibv_modify_qp(ud, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				     IBV_QP_QKEY));
+	qa.qp_state = IBV_QPS_RTR;
+	CHECK(!ibv_modify_qp(ud, &qa, IBV_QP_STATE));
+	qa.qp_state = IBV_QPS_RTS;
+	qa.sq_psn = 1;
+	CHECK(!ibv_modify_qp(ud, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN));
+	union ibv_gid g;
+	CHECK(!ibv_query_gid(ctx, 1, 0, &g));
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+				  .grh = { .dgid = g, .hop_limit = 64 } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	CHECK(ah);
+	static char msg[64];
+	struct ibv_mr *mmr = ibv_reg_mr(pd, msg, sizeof msg, 0);
+	CHECK(mmr);
+	for (int i = 0; i < 5; i++) {
+		struct ibv_sge sg = { .addr = (uintptr_t)msg, .length = sizeof msg,
+				      .lkey = mmr->lkey };
+		struct ibv_send_wr wr = { .wr_id = i, .sg_list = &sg, .num_sge = 1,
+					  .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = ud->qp_num;
+		wr.wr.ud.remote_qkey = 0x11;
+		CHECK(!ibv_post_send(ud, &wr, &bad));
+	}
+	CHECK(ibv_resize_cq(cq, 1) == EINVAL);
+	CHECK(!ibv_destroy_qp(ud));
+	CHECK(!ibv_destroy_ah(ah));
+	CHECK(!ibv_dereg_mr(mmr));
+	CHECK(!ibv_destroy_cq(cq));
+	OK("resize_cq below the completions of sends posted and not polled fails with EINVAL");
+
 	int fd = dup(ctx->cmd_fd);
 	CHECK(fd >= 0);
 	errno = 0;

@@ -95,7 +95,10 @@ int main(void)
 	struct ibv_mw_bind mb = { .wr_id = 40, .send_flags = IBV_SEND_SIGNALED,
 				  .bind_info = { .mr = bmr, .addr = (uintptr_t)bbuf + 1024,
 						 .length = 512,
-						 .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } };
+						 /* Local rights mean nothing for a window: rxe
+						  * accepts them (rdma-core's tests bind so). */
+						 .mw_access_flags = IBV_ACCESS_LOCAL_WRITE |
+								    IBV_ACCESS_REMOTE_WRITE } };
 	CHECK(!ibv_bind_mw(b, mw1, &mb));
 	CHECK(mw1->rkey != old && (mw1->rkey >> 8) == (old >> 8));
 	struct ibv_wc wc = wait_wc(bcq);
@@ -116,7 +119,8 @@ int main(void)
 	CHECK(mw2);
 	for (int i = 0; i < 256; i++)
 		bbuf[4096 + i] = (char)(i * 5 + 2);
-	bind2(b, mw2, (uintptr_t)bbuf + 4096, 256, IBV_ACCESS_REMOTE_READ, bcq);
+	bind2(b, mw2, (uintptr_t)bbuf + 4096, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+	      bcq);
 	memset(abuf + 2048, 0, 256);
 	rdma(a, IBV_WR_RDMA_READ, abuf + 2048, 256, (uintptr_t)bbuf + 4096, mw2->rkey);
 	wc = wait_wc(acq);

@@ -209,6 +209,16 @@ impl DatapathShared {
         self.stepper.lock().flush_held(self);
     }
 
+    /// Waits for a step under way on another thread, then builds and sends what posted
+    /// work made ready: a UC or UD send posted before this call has completed after it
+    /// (a control verb that counts completions, `ibv_resize_cq`, sees them as the
+    /// kernel's rxe, whose post runs the requester, would).
+    pub(crate) fn settle(&self) {
+        let mut p = self.stepper.lock();
+        let more = p.transmit(self);
+        self.after_transmit(p, more);
+    }
+
     /// An application thread is about to block (arming a CQ, a blocking wait): the
     /// datapath thread takes the sockets back at once.
     pub(crate) fn app_will_block(&self) {
