@@ -146,42 +146,43 @@ fn udaddy() {
     assert!(s.stdout.contains("data transfers complete"), "{}", s.all());
 }
 
-#[test]
-fn rdma_server_and_client() {
-    if !ready(&["rdma_server", "rdma_client"]) {
+/// An rdma_cma example pair (`rdma_server`/`rdma_client` and the like): both exit 0
+/// and print "<program>: end 0".
+fn example_pair((server, sargs): (&str, &[&str]), (client, cargs): (&str, &[&str])) {
+    if !ready(&[server, client]) {
         return;
     }
-    let (s, c) = pair(
-        ("rdma_server", &["-s", SERVER]),
-        ("rdma_client", &["-s", SERVER]),
-        T,
-        true,
-        true,
-    );
+    let (s, c) = pair((server, sargs), (client, cargs), T, true, true);
     assert_eq!(s.status, Some(0), "server: {}", s.all());
     assert_eq!(c.status, Some(0), "client: {}", c.all());
-    assert!(c.stdout.contains("rdma_client: end 0"), "{}", c.all());
-    assert!(s.stdout.contains("rdma_server: end 0"), "{}", s.all());
+    assert!(
+        c.stdout.contains(&format!("{client}: end 0")),
+        "{}",
+        c.all()
+    );
+    assert!(
+        s.stdout.contains(&format!("{server}: end 0")),
+        "{}",
+        s.all()
+    );
+}
+
+#[test]
+fn rdma_server_and_client() {
+    example_pair(
+        ("rdma_server", &["-s", SERVER]),
+        ("rdma_client", &["-s", SERVER]),
+    );
 }
 
 /// rdma_xclient asks for one SGE and no inline data, then posts its 16-byte message
 /// inline: rxe grants a WQE's inline room as its SGE list's size, and so does softhca.
 #[test]
 fn rdma_xserver_and_xclient() {
-    if !ready(&["rdma_xserver", "rdma_xclient"]) {
-        return;
-    }
-    let (s, c) = pair(
+    example_pair(
         ("rdma_xserver", &["-p", "7472"]),
         ("rdma_xclient", &["-s", SERVER, "-p", "7472"]),
-        T,
-        true,
-        true,
     );
-    assert_eq!(s.status, Some(0), "server: {}", s.all());
-    assert_eq!(c.status, Some(0), "client: {}", c.all());
-    assert!(c.stdout.contains("rdma_xclient: end 0"), "{}", c.all());
-    assert!(s.stdout.contains("rdma_xserver: end 0"), "{}", s.all());
 }
 
 #[test]
