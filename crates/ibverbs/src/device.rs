@@ -541,7 +541,7 @@ fn gid_entry(ctx: &Context, port: u32, index: u32) -> Result<ibv_gid_entry, Errn
         gid_index: index,
         port_num: port,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: 0,
+        ndev_ifindex: ctx.gid_ifindex(index),
     })
 }
 

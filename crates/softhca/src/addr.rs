@@ -185,6 +185,17 @@ fn bind_on(ip: IpAddr, cfg: &Config, ifindex: u32) -> Result<RoceSocket, IoError
     RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), options)
 }
 
+/// The index of the interface a served address is on: its own, or the loopback
+/// interface for a loopback address no interface lists (127.0.0.2 is routed to `lo`
+/// with only 127.0.0.1/8 assigned); 0 when not known.
+pub(crate) fn served_ifindex(s: &Served) -> u32 {
+    s.ifname
+        .clone()
+        .or_else(|| s.loopback.then(loopback_ifname))
+        .and_then(|n| ifindex(&n))
+        .unwrap_or(0)
+}
+
 /// The index of interface `name` (`if_nametoindex(3)`).
 fn ifindex(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;

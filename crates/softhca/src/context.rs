@@ -97,6 +97,8 @@ fn print_counters(shared: &DatapathShared, when: &str) {
 struct ServedAddr {
     ip: IpAddr,
     loopback: bool,
+    /// Index of the interface the address is on (0: not known).
+    ifindex: u32,
 }
 
 /// The device behind every [`Context`] of it in this process: one UDP socket per served
@@ -409,6 +411,7 @@ impl Device {
             .map(|s| ServedAddr {
                 ip: s.ip,
                 loopback: s.loopback,
+                ifindex: addr::served_ifindex(s),
             })
             .collect();
         let mut engine = Engine::new(ecfg);
@@ -543,6 +546,12 @@ impl Context {
     /// [`Context::open`]'s order.
     pub fn gids(&self) -> Vec<Gid> {
         self.dev.gids.clone()
+    }
+
+    /// The index of the network interface GID `index` is an address of (0 when it is
+    /// not known), as `ibv_query_gid_ex` reports a RoCE GID's netdev (`ndev_ifindex`).
+    pub fn gid_ifindex(&self, index: u32) -> u32 {
+        self.dev.served.get(index as usize).map_or(0, |s| s.ifindex)
     }
 
     /// The served IP addresses, GID order.

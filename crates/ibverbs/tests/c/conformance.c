@@ -9,6 +9,7 @@
  * Prints one "ok: ..." line per check; exit status 0 when all pass. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -326,6 +327,11 @@ static void check_attrs(struct ibv_device *dev)
 	CHECK(!ibv_dereg_mr(mmr));
 	CHECK(!ibv_destroy_cq(cq));
 	OK("resize_cq below the completions of sends posted and not polled fails with EINVAL");
+
+	struct ibv_gid_entry ge;
+	CHECK(!ibv_query_gid_ex(ctx, 1, 0, &ge, 0));
+	CHECK(ge.gid_type == IBV_GID_TYPE_ROCE_V2 && ge.ndev_ifindex == if_nametoindex("lo"));
+	OK("query_gid_ex names the GID's network interface (a loopback address: lo)");
 
 	int fd = dup(ctx->cmd_fd);
 	CHECK(fd >= 0);
