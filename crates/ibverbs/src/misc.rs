@@ -162,8 +162,25 @@ pub(crate) unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usiz
     0
 }
 
+/// `ibv_get_sysfs_path`: `$SYSFS_PATH` without its trailing slashes, as libibverbs
+/// reads it (only when not running set-uid), else `/sys`. Read once; the string lives
+/// as long as the process, as libibverbs' does.
 pub(crate) unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
-    cstr!("/sys")
+    static PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        // SAFETY: getuid and geteuid have no preconditions.
+        let same = unsafe { libc::getuid() == libc::geteuid() };
+        std::env::var_os("SYSFS_PATH")
+            .filter(|_| same)
+            .map(|v| {
+                let b = std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec();
+                let end = b.iter().rposition(|&c| c != b'/').map_or(0, |i| i + 1);
+                b[..end].to_vec()
+            })
+            .and_then(|b| std::ffi::CString::new(b).ok())
+            .unwrap_or_else(|| std::ffi::CString::from(c"/sys"))
+    })
+    .as_ptr()
 }
 
 /// `struct ib_uverbs_ah_attr` (kernel uAPI) layout.

@@ -19,6 +19,10 @@
 
 #include "testlib.h"
 
+/* Declared in <infiniband/driver.h>, which programs do not include (Open MPI declares it
+ * itself to call it). */
+const char *ibv_get_sysfs_path(void);
+
 struct side {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
@@ -397,6 +401,10 @@ static void check_odp(struct ibv_device *dev)
 
 int main(void)
 {
+	/* libibverbs' rule: $SYSFS_PATH, trailing slashes dropped, read at the first call. */
+	setenv("SYSFS_PATH", "/tmp/softhca-sysfs//", 1);
+	CHECK(!strcmp(ibv_get_sysfs_path(), "/tmp/softhca-sysfs"));
+	OK("ibv_get_sysfs_path follows SYSFS_PATH as libibverbs does");
 	int n;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	CHECK(list && n > 0);
