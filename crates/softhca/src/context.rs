@@ -101,6 +101,16 @@ struct ServedAddr {
     ifindex: u32,
 }
 
+impl ServedAddr {
+    fn of(s: &Served) -> ServedAddr {
+        ServedAddr {
+            ip: s.ip,
+            loopback: s.loopback,
+            ifindex: addr::served_ifindex(s),
+        }
+    }
+}
+
 /// The device behind every [`Context`] of it in this process: one UDP socket per served
 /// address, the transport engine, and a datapath thread that moves packets between them.
 /// It lives while any context (or object created from one) does; the datapath thread
@@ -406,14 +416,7 @@ impl Device {
         let (ports, sport_sockets) = addr::sport_sockets(cfg, &served);
         ecfg.mp.ports = ports;
         let attr = device_attr(&ecfg, &gids);
-        let served_addrs: Vec<ServedAddr> = served
-            .iter()
-            .map(|s| ServedAddr {
-                ip: s.ip,
-                loopback: s.loopback,
-                ifindex: addr::served_ifindex(s),
-            })
-            .collect();
+        let served_addrs: Vec<ServedAddr> = served.iter().map(ServedAddr::of).collect();
         let mut engine = Engine::new(ecfg);
         // Every datagram leaves from the socket bound to `udp_port`, so that is its UDP
         // source port; the ICRC covers it, so packets are sealed with it (rxe picks a
