@@ -558,21 +558,9 @@ impl MemoryTable {
     /// this PD granting LOCAL_WRITE, the range inside the region; and, as mlx5 refuses
     /// a region that is not on-demand, only a region registered with ON_DEMAND.
     pub fn prefetch_span(&self, pd: PdId, sge: &Sge) -> Result<(*mut u8, usize), MemError> {
+        let need = AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND;
         let len = u64::from(sge.length);
-        let at = self.resolve(
-            pd.into(),
-            sge.lkey,
-            false,
-            sge.addr,
-            len,
-            AccessFlags::LOCAL_WRITE,
-        )?;
-        let region = self.lookup(sge.lkey, false)?;
-        if !region.access.contains(AccessFlags::ON_DEMAND) {
-            return Err(MemError::InvalidArgument(
-                "prefetch of a region not on demand",
-            ));
-        }
+        let at = self.resolve(pd.into(), sge.lkey, false, sge.addr, len, need)?;
         Ok((at, sge.length as usize))
     }
 

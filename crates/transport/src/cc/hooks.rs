@@ -60,15 +60,14 @@ impl Qp {
         if !self.cc_on(ctx) {
             return true;
         }
-        let mtu = self.cc_mtu(ctx.cfg);
-        let path_mtu = self.mtu(ctx.cfg);
-        let per_path = self.mp_paths_cc();
-        let cc = &mut self.cc;
-        if cc.ctl.is_none() {
+        if self.cc.ctl.is_none() {
             // Counted in packets of the path MTU whatever size was agreed: the same
             // window arithmetic with rxe as with a softhca peer.
-            cc.ctl = new_controller(ctx.cfg.cc, path_mtu);
+            self.cc.ctl = new_controller(ctx.cfg.cc, self.mtu(ctx.cfg));
         }
+        let mtu = self.cc_mtu(ctx.cfg);
+        let per_path = self.mp_paths_cc();
+        let cc = &mut self.cc;
         let Some(ctl) = cc.ctl.as_mut() else {
             return true;
         };
