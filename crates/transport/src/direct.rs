@@ -177,6 +177,19 @@ impl Engine {
         self.plan(src, head, false)
     }
 
+    /// The packet whose first bytes are `head` is for an RC or UC QP that waits for an
+    /// earlier PSN: one of the packets after a loss, which the retransmission (or the
+    /// next message, on UC) follows in order. Such a packet has no plan, but the stream
+    /// it belongs to is plannable again once the gap is filled.
+    pub fn direct_awaits_earlier(&self, head: &[u8]) -> bool {
+        let Ok(bth) = Bth::parse(head) else {
+            return false;
+        };
+        self.qps.get(&bth.dest_qp.value()).is_some_and(|qp| {
+            matches!(qp.init.qp_type, QpType::Rc | QpType::Uc) && bth.psn.is_after(qp.resp.epsn)
+        })
+    }
+
     /// [`Engine::direct_plan`]; `in_hand`: the packet is received and executes at once, so a
     /// SEND First may be planned into the head of a shared receive queue (a plan for a
     /// datagram still to be received may not: the segments before it may be SENDs of

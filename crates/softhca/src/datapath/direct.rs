@@ -9,7 +9,8 @@
 //! deregistered meanwhile). That is two system calls per datagram instead of a share of
 //! one `recvmmsg`, so it runs only while bulk datagrams arrive ("armed"); a bulk
 //! datagram it cannot plan (a message's First) is received into a buffer and fed in
-//! turn, and a run of them disarms it.
+//! turn, and a run of them disarms it (not the packets after a loss, whose
+//! retransmission is plannable again).
 
 use std::io;
 use std::net::IpAddr;
@@ -133,7 +134,11 @@ impl DirectRx {
                 // Received into the buffer, and fed now, so that the datagrams behind it
                 // are still received directly, in order, in this same step (one ACK for
                 // all of them, not one per message).
-                self.misses += 1;
+                // The packets after a loss are not counted: the retransmission
+                // behind them is plannable again.
+                if !core.engine.direct_awaits_earlier(head) {
+                    self.misses += 1;
+                }
                 if self.misses >= MAX_MISSES {
                     self.armed = false;
                     self.cooldown = COOLDOWN;
