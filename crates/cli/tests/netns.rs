@@ -170,6 +170,19 @@ fn zero_config_write_between_namespaces_ipv4_and_ipv6() {
         text.contains("fd77::1") || text.contains("fd77:0000"),
         "GID table: {text}"
     );
+    // The port's rate is its veth's 10 Gb/s, as rxe reports it: 1X FDR10.
+    let out = p
+        .softhca(&p.a, &["devinfo", "-v"])
+        .output()
+        .expect("run devinfo");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    assert_eq!(field("active_width:").as_deref(), Some("1"), "{text}");
+    assert_eq!(field("active_speed:").as_deref(), Some("8"), "{text}");
 }
 
 /// A new namespace's loopback is down, with no 127.0.0.1 (as `ip netns add` leaves it):

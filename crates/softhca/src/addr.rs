@@ -92,6 +92,61 @@ pub(crate) fn netdev_mtu(name: &str) -> Option<usize> {
         .ok()
 }
 
+/// The link speed of an interface in Mb/s (`/sys/class/net/<name>/speed`); None when
+/// the interface has none to report (`lo`, a dummy) or it is unknown (-1).
+pub(crate) fn netdev_speed(name: &str) -> Option<u32> {
+    if name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    let v: i64 = std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    u32::try_from(v).ok().filter(|&m| m > 0)
+}
+
+/// The port's `(active_width, active_speed)` codes for a netdev of `mbps`, as rxe takes
+/// them from its netdev (`ib_get_eth_speed` for a driver that reports no lanes): an
+/// unknown speed counts as 1 Gb/s, so `lo` is 1X SDR and a 10 Gb/s veth 1X FDR10.
+pub(crate) fn ib_rate_for_netdev(mbps: Option<u32>) -> (u8, u8) {
+    const W1X: u8 = 1;
+    const W4X: u8 = 2;
+    const W2X: u8 = 16;
+    const SDR: u8 = 1;
+    const DDR: u8 = 2;
+    const FDR10: u8 = 8;
+    const EDR: u8 = 32;
+    const HDR: u8 = 64;
+    const NDR: u8 = 128;
+    let steps = [
+        (1_000, (W1X, SDR)),
+        (10_000, (W1X, FDR10)),
+        (20_000, (W4X, DDR)),
+        (25_000, (W1X, EDR)),
+        (40_000, (W4X, FDR10)),
+        (50_000, (W2X, EDR)),
+        (100_000, (W4X, EDR)),
+        (200_000, (W4X, HDR)),
+    ];
+    let mbps = mbps.unwrap_or(1_000);
+    steps
+        .iter()
+        .find(|(upto, _)| mbps <= *upto)
+        .map_or((W4X, NDR), |&(_, rate)| rate)
+}
+
+/// The port's width and speed: those of GID 0's interface (the first served address,
+/// an interface's before a loopback one), as an rxe port's are its netdev's.
+pub(crate) fn port_rate(served: &[Served]) -> (u8, u8) {
+    let name = served.first().and_then(|s| {
+        s.ifname
+            .clone()
+            .or_else(|| s.loopback.then(loopback_ifname))
+    });
+    ib_rate_for_netdev(name.as_deref().and_then(netdev_speed))
+}
+
 /// The largest bundle (`softhca_wire::bundle`) sent from `s`: a UDP payload that fits
 /// one datagram on its interface (DF is set: a larger one would be refused), at most a
 /// UDP datagram's; 0 (none) when the interface's MTU is unknown.
@@ -355,6 +410,20 @@ mod tests {
         assert_eq!(ib_mtu_for_netdev(65536), Mtu::M4096);
         assert_eq!(ib_mtu_for_netdev(2200), Mtu::M2048);
         assert_eq!(ib_mtu_for_netdev(100), Mtu::M256);
+    }
+
+    #[test]
+    fn rate_like_rxe() {
+        assert_eq!(ib_rate_for_netdev(None), (1, 1));
+        assert_eq!(ib_rate_for_netdev(Some(100)), (1, 1));
+        assert_eq!(ib_rate_for_netdev(Some(10_000)), (1, 8));
+        assert_eq!(ib_rate_for_netdev(Some(25_000)), (1, 32));
+        assert_eq!(ib_rate_for_netdev(Some(40_000)), (2, 8));
+        assert_eq!(ib_rate_for_netdev(Some(50_000)), (16, 32));
+        assert_eq!(ib_rate_for_netdev(Some(100_000)), (2, 32));
+        assert_eq!(ib_rate_for_netdev(Some(400_000)), (2, 128));
+        // `lo` reports no speed.
+        assert_eq!(netdev_speed("lo"), None);
     }
 
     #[test]

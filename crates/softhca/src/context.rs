@@ -122,6 +122,8 @@ pub(crate) struct Device {
     served: Vec<ServedAddr>,
     gids: Vec<Gid>,
     mtu: Mtu,
+    /// The port's `(active_width, active_speed)`, from its netdev as rxe's.
+    rate: (u8, u8),
     udp_port: u16,
     caps: (bool, bool),
     attr: DeviceAttr,
@@ -403,6 +405,7 @@ impl Device {
             return Err(Error::Config("no address to serve".to_string()));
         }
         let mtu = addr::active_mtu(cfg.mtu, &served);
+        let rate = addr::port_rate(&served);
         let gids: Vec<Gid> = served.iter().map(|s| Gid::from_ip(s.ip)).collect();
         let caps = served.iter().fold((true, true), |(gso, gro), s| {
             let c = s.socket.capabilities();
@@ -485,6 +488,7 @@ impl Device {
             served: served_addrs,
             gids,
             mtu,
+            rate,
             udp_port: cfg.udp_port,
             caps,
             attr,
@@ -538,8 +542,8 @@ impl Context {
             sm_sl: 0,
             subnet_timeout: 0,
             init_type_reply: 0,
-            active_width: 1,
-            active_speed: 1,
+            active_width: self.dev.rate.0,
+            active_speed: self.dev.rate.1,
             phys_state: 5,
             link_layer: LinkLayer::Ethernet,
         })
