@@ -1,4 +1,4 @@
-//! What softhca cannot do, with the return values libibverbs documents: memory windows,
+//! What softhca cannot do, with the return values libibverbs documents:
 //! multicast, XRC, ECE, device/PD/MR import, dma-buf MRs, re-registration, and the
 //! provider-private `ibv_cmd_*` / `verbs_*` family (which exists only so that provider
 //! libraries such as libmlx5 and libefa, which perftest links directly, load: no provider
@@ -6,7 +6,9 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::errno::set_errno;
+use crate::abi::{ibv_mr, ibv_pd};
+use crate::errno::{set_errno, Errno};
+use crate::ffi::guard_neg;
 
 /// An int verb that is not supported: `EOPNOTSUPP` (also in errno, for callers that
 /// look there).
@@ -36,7 +38,7 @@ macro_rules! stubs {
 }
 
 stubs!(int:
-    ibv_attach_mcast, ibv_detach_mcast, ibv_rereg_mr, ibv_set_ece, ibv_query_ece,
+    ibv_attach_mcast, ibv_detach_mcast, ibv_set_ece, ibv_query_ece,
     ibv_read_ibdev_sysfs_file, execute_ioctl, verbs_init_cq,
     ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
     ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
@@ -71,4 +73,37 @@ stubs!(void:
 /// `__ioctl_final_num_attrs`: only used by providers building ioctl commands.
 pub(crate) unsafe extern "C" fn __ioctl_final_num_attrs(num: u32, _link: *mut c_void) -> u32 {
     num
+}
+
+/// `ibv_rereg_mr` flags (`enum ibv_rereg_mr_flags`).
+const REREG_CHANGE_TRANSLATION: c_int = 1;
+const REREG_CHANGE_ACCESS: c_int = 4;
+const REREG_FLAGS_SUPPORTED: c_int = 7;
+/// `IBV_REREG_MR_ERR_CMD`: the provider refused, errno says why (the MR is unchanged).
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`, as libibverbs with the rxe provider, which has no `rereg_mr`:
+/// libibverbs' own argument checks fail with `IBV_REREG_MR_ERR_INPUT` (-1) and errno
+/// EINVAL; a valid request reaches the missing op (rdma-core `dummy_ops.c`: errno
+/// EOPNOTSUPP) and fails with `IBV_REREG_MR_ERR_CMD` (-4). The MR is left as it was.
+pub(crate) unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    _pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    guard_neg("ibv_rereg_mr", || {
+        let translation = flags & REREG_CHANGE_TRANSLATION != 0;
+        if mr.is_null()
+            || flags & !REREG_FLAGS_SUPPORTED != 0
+            || (translation && (addr.is_null() || length == 0))
+            || (access != 0 && flags & REREG_CHANGE_ACCESS == 0)
+        {
+            return Err(Errno::INVAL);
+        }
+        set_errno(libc::EOPNOTSUPP);
+        Ok(REREG_ERR_CMD)
+    })
 }

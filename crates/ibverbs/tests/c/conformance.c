@@ -392,6 +392,23 @@ static void check_odp(struct ibv_device *dev)
 	CHECK(!ibv_reg_mr(pd, NULL, SIZE_MAX, rw | IBV_ACCESS_ON_DEMAND) && errno == EINVAL);
 	OK("advise_mr refuses a range outside, a region not on demand, an unknown advice; "
 	   "no implicit ODP");
+
+	/* As libibverbs with rxe's provider, which has no rereg_mr: bad arguments are
+	 * IBV_REREG_MR_ERR_INPUT/EINVAL, a valid request IBV_REREG_MR_ERR_CMD/EOPNOTSUPP. */
+	errno = 0;
+	CHECK(ibv_rereg_mr(plain, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE) == IBV_REREG_MR_ERR_CMD && errno == EOPNOTSUPP);
+	errno = 0;
+	CHECK(ibv_rereg_mr(plain, 1 << 3, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT &&
+	      errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_rereg_mr(plain, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_rereg_mr(plain, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(plain->pd == pd && plain->addr == buf && plain->length == len);
+	OK("rereg_mr fails as libibverbs does over rxe, the MR unchanged");
 	CHECK(!ibv_dereg_mr(plain));
 	CHECK(!ibv_dereg_mr(odp));
 	munmap(buf, len);
