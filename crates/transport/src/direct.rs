@@ -177,8 +177,8 @@ impl Engine {
         self.plan(src, head, false)
     }
 
-    /// The packet whose first bytes are `head` is for an RC or UC QP that waits for an
-    /// earlier PSN: one of the packets after a loss, which the retransmission (or the
+    /// The packet whose first bytes are `head` is for an RC or UC QP that receives and
+    /// waits for an earlier PSN: one of the packets after a loss, which the retransmission (or the
     /// next message, on UC) follows in order. Such a packet has no plan, but the stream
     /// it belongs to is plannable again once the gap is filled.
     pub fn direct_awaits_earlier(&self, head: &[u8]) -> bool {
@@ -186,7 +186,12 @@ impl Engine {
             return false;
         };
         self.qps.get(&bth.dest_qp.value()).is_some_and(|qp| {
-            matches!(qp.init.qp_type, QpType::Rc | QpType::Uc) && bth.psn.is_after(qp.resp.epsn)
+            matches!(qp.init.qp_type, QpType::Rc | QpType::Uc)
+                && matches!(
+                    qp.state,
+                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+                )
+                && bth.psn.is_after(qp.resp.epsn)
         })
     }
 
