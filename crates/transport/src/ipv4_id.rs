@@ -126,24 +126,14 @@ impl Ipv4IdTracker {
                 .chain((1..=ID_BEHIND).map(move |d| l.wrapping_sub(d)))
         }));
         if let Some(id) = wire::verify_ipv4_any_id(&pseudo, p, cands) {
-            self.matched(src, state.is_some(), PeerIpId::matched(id, seg));
+            if state.is_some() || self.peers.len() < MAX_ID_PEERS {
+                self.peers.insert(src, PeerIpId::matched(id, seg));
+            }
             return IdCheck::Matched {
                 mispredicted: id != predicted,
             };
         }
         self.resync(&pseudo, src, seg, p, state)
-    }
-
-    /// Records `st` for `src` (`known`: it has an entry), in place when it has one (one
-    /// lookup per packet, not two).
-    fn matched(&mut self, src: SocketAddr, known: bool, st: PeerIpId) {
-        if known {
-            if let Some(e) = self.peers.get_mut(&src) {
-                *e = st;
-            }
-        } else if self.peers.len() < MAX_ID_PEERS {
-            self.peers.insert(src, st);
-        }
     }
 
     /// [`Ipv4IdTracker::verify`] of a packet in pieces, with the predicted ID only (the
@@ -165,7 +155,9 @@ impl Ipv4IdTracker {
         if !matches(&pseudo.with_ipv4_id(predicted)) {
             return false;
         }
-        self.matched(src, state.is_some(), PeerIpId::matched(predicted, seg));
+        if state.is_some() || self.peers.len() < MAX_ID_PEERS {
+            self.peers.insert(src, PeerIpId::matched(predicted, seg));
+        }
         true
     }
 
