@@ -139,11 +139,7 @@ pub(crate) fn ib_rate_for_netdev(mbps: Option<u32>) -> (u8, u8) {
 /// The port's width and speed: those of GID 0's interface (the first served address,
 /// an interface's before a loopback one), as an rxe port's are its netdev's.
 pub(crate) fn port_rate(served: &[Served]) -> (u8, u8) {
-    let name = served.first().and_then(|s| {
-        s.ifname
-            .clone()
-            .or_else(|| s.loopback.then(loopback_ifname))
-    });
+    let name = served.first().and_then(served_ifname);
     ib_rate_for_netdev(name.as_deref().and_then(netdev_speed))
 }
 
@@ -152,12 +148,8 @@ pub(crate) fn port_rate(served: &[Served]) -> (u8, u8) {
 /// UDP datagram's; 0 (none) when the interface's MTU is unknown.
 pub(crate) fn bundle_limit(s: &Served) -> usize {
     let ip_udp = if s.ip.is_ipv4() { 20 + 8 } else { 40 + 8 };
-    // A loopback address of 127/8 other than the interface's own is routed there too.
-    let name = s
-        .ifname
-        .clone()
-        .or_else(|| s.loopback.then(loopback_ifname));
-    name.as_deref()
+    served_ifname(s)
+        .as_deref()
         .and_then(netdev_mtu)
         .map_or(0, |mtu| mtu.saturating_sub(ip_udp).min(65_507))
 }
@@ -240,15 +232,19 @@ fn bind_on(ip: IpAddr, cfg: &Config, ifindex: u32) -> Result<RoceSocket, IoError
     RoceSocket::bind_with(SocketAddr::new(ip, cfg.udp_port), options)
 }
 
-/// The index of the interface a served address is on: its own, or the loopback
-/// interface for a loopback address no interface lists (127.0.0.2 is routed to `lo`
-/// with only 127.0.0.1/8 assigned); 0 when not known.
-pub(crate) fn served_ifindex(s: &Served) -> u32 {
+/// The interface a served address is on: its own, or the loopback interface for a
+/// loopback address no interface lists (127.0.0.2 is routed to `lo` with only
+/// 127.0.0.1/8 assigned); None when not known.
+fn served_ifname(s: &Served) -> Option<String> {
     s.ifname
         .clone()
         .or_else(|| s.loopback.then(loopback_ifname))
-        .and_then(|n| ifindex(&n))
-        .unwrap_or(0)
+}
+
+/// The index of the interface a served address is on ([`served_ifname`]); 0 when not
+/// known.
+pub(crate) fn served_ifindex(s: &Served) -> u32 {
+    served_ifname(s).and_then(|n| ifindex(&n)).unwrap_or(0)
 }
 
 /// The index of interface `name` (`if_nametoindex(3)`).

@@ -87,12 +87,8 @@ impl Qp {
         let starts = op.is_send() && op.is_first() && head.is_some();
         let ty = self.init.qp_type;
         if !(follows || starts)
-            || !matches!(ty, QpType::Rc | QpType::Uc)
+            || !self.receives_in_order()
             || op.transport() != ty.transport()
-            || !matches!(
-                self.state,
-                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            )
             || bth.psn != self.resp.epsn
             || (ty == QpType::Uc && self.resp.uc_resync)
         {
@@ -119,6 +115,16 @@ impl Qp {
                 .ok()?,
             _ => None,
         }
+    }
+
+    /// An RC or UC QP in a state that receives requests (RTR and after, before error):
+    /// its responder takes packets in PSN order.
+    fn receives_in_order(&self) -> bool {
+        matches!(self.init.qp_type, QpType::Rc | QpType::Uc)
+            && matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
     }
 
     /// Where the payload of READ response `bth` goes when it is the next one this QP
@@ -178,21 +184,16 @@ impl Engine {
     }
 
     /// The packet whose first bytes are `head` is for an RC or UC QP that receives and
-    /// waits for an earlier PSN: one of the packets after a loss, which the retransmission (or the
-    /// next message, on UC) follows in order. Such a packet has no plan, but the stream
+    /// waits for an earlier PSN: one of the packets after a loss, which the
+    /// retransmission (or the next message, on UC) follows in order. Such a packet has no plan, but the stream
     /// it belongs to is plannable again once the gap is filled.
     pub fn direct_awaits_earlier(&self, head: &[u8]) -> bool {
         let Ok(bth) = Bth::parse(head) else {
             return false;
         };
-        self.qps.get(&bth.dest_qp.value()).is_some_and(|qp| {
-            matches!(qp.init.qp_type, QpType::Rc | QpType::Uc)
-                && matches!(
-                    qp.state,
-                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-                )
-                && bth.psn.is_after(qp.resp.epsn)
-        })
+        self.qps
+            .get(&bth.dest_qp.value())
+            .is_some_and(|qp| qp.receives_in_order() && bth.psn.is_after(qp.resp.epsn))
     }
 
     /// [`Engine::direct_plan`]; `in_hand`: the packet is received and executes at once, so a
