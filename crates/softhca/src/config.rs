@@ -123,7 +123,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("SOFTHCA_NAME", "device name"),
     (
         "SOFTHCA_CONNECTED",
-        "send transmits built in the transmit buffer from a socket connected to their peer",
+        "send from a socket connected to each peer (`0`: from the device socket only)",
     ),
     (
         "SOFTHCA_BUNDLE",
@@ -259,11 +259,10 @@ pub struct Config {
     /// the application posts, as rxe does. They have no ACKs, so nothing else slows
     /// them down on a slow or shared link.
     pub uc_ud_rate: Option<u64>,
-    /// Send transmits built wholly in the transmit buffer (small messages, an answer and
-    /// its ACK, ACKs, READ requests and responses) through a UDP socket connected to
-    /// their peer, one per peer, which spares the kernel a route
-    /// lookup per datagram (about 0.4 µs of an 8 B half round trip); see the datapath's
-    /// `senders` module. Off under fault injection.
+    /// Send each transmit through a UDP socket connected to its peer, one per peer,
+    /// which spares the kernel a route lookup per datagram (about 0.4 µs of an 8 B half
+    /// round trip, or of a 64 KiB GSO send); see the datapath's `senders` module. Off
+    /// under fault injection.
     pub connected_senders: bool,
     /// Bundle packets to a softhca peer that offers it (`SOFTHCA_BUNDLE`): a batch's
     /// packets to one peer leave as few datagrams as the interface MTU allows, however

@@ -1,19 +1,17 @@
-//! Transmits built wholly in the transmit buffer leave through a socket connected to
-//! their peer.
+//! Transmits leave through a socket connected to their peer.
 //!
 //! Why: the kernel looks the route up for every datagram sent on an unconnected socket,
 //! and keeps it on a connected one. For small messages that is a large share of the
-//! latency, and it shows in bulk too where datagrams are many (a 64 KiB RDMA READ is
-//! answered with two GSO sends).
+//! latency, and it shows in bulk too (on loopback a 64 KiB GSO send costs about 10 %
+//! less connected: 3.6 against 4.0 µs).
 //!
-//! Which transmits: those whose packets all lie in the transmit buffer (small messages,
-//! ACKs, READ and atomic responses, whose payload is copied out of the MR); they are
-//! sealed for the connected socket's UDP source port and the IPv4 ID Linux will write
-//! (see `softhca_io::ConnectedSender`). A transmit whose payloads stay in registered
-//! memory (zero-copy requests) keeps the device socket (source port 4791, ID 0 or the
-//! GSO segment index), so that it is sealed while the engine lock still guards its
-//! memory. Both kinds leave in the order the datapath sends them, so a QP's packets stay
-//! in order; a responder's output (ACKs and responses) all takes the connected socket.
+//! Each transmit is sealed for the connected socket's UDP source port and the IPv4 ID
+//! Linux will write (see `softhca_io::ConnectedSender`) once its way is known, at send
+//! time; a payload left in registered memory is read for it there (see `tx`). A
+//! transmit that takes the device socket instead (no connected socket for its peer, a
+//! bundle, a multipath source port) is sealed for port 4791 and ID 0 or its GSO segment
+//! index. All leave in the order the datapath sends them, so a QP's packets stay in
+//! order.
 //!
 //! Linux numbers a connected socket's datagrams, not its packets: a GSO datagram (an
 //! answer and the ACK that goes with it) takes one ID, and its segments, if the kernel
@@ -94,8 +92,7 @@ impl Senders {
         }
     }
 
-    /// The connected socket `t` (built wholly in the transmit buffer) leaves through, if
-    /// any, with the UDP source port and the IPv4 ID of its first packet to seal it for
+    /// The connected socket `t` leaves through, if any, with the UDP source port and the IPv4 ID of its first packet to seal it for
     /// (ask in send order). Once it is sealed for it, [`Senders::planned`].
     pub(crate) fn way(&mut self, t: &Transmit, stats: &Stats) -> Option<Way> {
         if !self.enabled || t.src.is_unspecified() {

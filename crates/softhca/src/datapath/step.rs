@@ -51,8 +51,6 @@ pub(crate) struct Stepper {
     /// Per transmit buffer: where its packets' bytes are (zero-copy send: payloads stay
     /// in registered memory, see `Engine::poll_transmit_gather`).
     pub(super) tx_pieces: Vec<Vec<TxPiece>>,
-    /// Per transmit buffer: how many of its pieces are sealed already.
-    pub(super) tx_sealed: Vec<usize>,
     /// Per transmit buffer: the iovecs of a gathered transmit, rebuilt at each send.
     pub(super) tx_iov: Vec<Vec<libc::iovec>>,
     pub(super) tx: Vec<(usize, Transmit)>,
@@ -140,7 +138,6 @@ impl Stepper {
                 .map(|_| vec![0u8; TX_BUF].into_boxed_slice())
                 .collect(),
             tx_pieces: (0..TX_BATCH).map(|_| Vec::with_capacity(64)).collect(),
-            tx_sealed: vec![0; TX_BATCH],
             tx_iov: (0..TX_BATCH).map(|_| Vec::with_capacity(3 * 64)).collect(),
             tx: Vec::with_capacity(TX_BATCH),
             after_send: Vec::new(),
@@ -400,7 +397,6 @@ impl Stepper {
             self.keep_back();
         }
         self.plan_bundles(&core.engine, shared);
-        self.seal_external(core.engine.memory());
         let mut deadline = core.engine.poll_timeout();
         if self.held && serving {
             let end = now + super::SERVE_HOLD_NS;
@@ -545,7 +541,6 @@ impl Stepper {
             if taken & (1 << b) != 0 {
                 continue;
             }
-            self.tx_sealed[b] = 0;
             match engine.poll_transmit_gather(now, buf, &mut self.tx_pieces[b]) {
                 Some(t) => self.tx.push((b, t)),
                 None => break,

@@ -1,13 +1,13 @@
 //! Sending a step's transmits: their order, the socket each leaves through, their ICRC
 //! (sealed here and nowhere else in softhca), their iovecs, and `sendmmsg`.
 //!
-//! The engine builds gathered transmits unsealed, because the ICRC covers the UDP source
+//! The engine builds every transmit unsealed, because the ICRC covers the UDP source
 //! port and the IPv4 ID (IBTA A17.4.1 masks neither), and both depend on the socket a
-//! transmit leaves through, which is chosen here ([`super::senders`]). A transmit with a
-//! payload left in registered memory always takes the device socket and is sealed while
-//! the engine lock is still held ([`Stepper::seal_external`]: its payload is read through
-//! the memory table); one wholly in the buffer is sealed once its socket is known
-//! ([`Stepper::send`]).
+//! transmit leaves through, which is chosen here ([`super::senders`]). Each is sealed once
+//! its socket is known, just before it is sent ([`Stepper::send`]). A payload left in
+//! registered memory (zero-copy send) is read for its ICRC there, under the datapath lock
+//! that deregistration waits for, as the kernel reads it in the same hold (see
+//! [`external_bytes`]).
 
 use std::io;
 use std::net::IpAddr;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use softhca_io as sio;
-use softhca_transport::{MemoryTable, Transmit, TxPiece};
+use softhca_transport::{External, Transmit, TxPiece};
 
 use super::schedule::DatapathShared;
 use super::step::Stepper;
@@ -27,28 +27,19 @@ use crate::stats::Stats;
 /// (RoCE recovers them by retransmission).
 const SEND_STALL_LIMIT: Duration = Duration::from_millis(200);
 
-/// Seals pieces `from..` of transmit `t` for UDP source port `sport`, piece `i` with IPv4
-/// ID `first_id + i` (as GSO numbers segments), or ID 0 each when `bundled` (see
-/// [`super::bundle`]), reading external payloads through `mem`. False when a piece could
-/// not be sealed (the rest are left as they are).
+/// Seals the pieces of transmit `t` for UDP source port `sport`, piece `i` with IPv4 ID
+/// `first_id + i` (as GSO numbers segments), or ID 0 each when `bundled` (see
+/// [`super::bundle`]). False when a piece could not be sealed (the rest are left as they
+/// are).
 fn seal(
     t: &Transmit,
     buf: &mut [u8],
     pieces: &[TxPiece],
-    from: usize,
     (sport, first_id, bundled): (u16, u16, bool),
-    mem: Option<&MemoryTable>,
 ) -> bool {
     let step = u16::from(!bundled);
-    pieces.iter().enumerate().skip(from).all(|(i, p)| {
-        let payload = match (p.external, mem) {
-            (None, _) => &[][..],
-            (Some(e), Some(mem)) => match mem.external_payload(&e) {
-                Ok(payload) => payload,
-                Err(_) => return false,
-            },
-            (Some(_), None) => return false,
-        };
+    pieces.iter().enumerate().all(|(i, p)| {
+        let payload = p.external.as_ref().map_or(&[][..], external_bytes);
         t.seal(
             buf,
             p,
@@ -59,36 +50,25 @@ fn seal(
     })
 }
 
+/// The bytes of a payload the engine left in registered memory, read while the datapath
+/// lock ([`DatapathShared::stepper`]) is held.
+fn external_bytes(e: &External) -> &[u8] {
+    // SAFETY: the engine checked `addr..addr + len` against a region registered when it
+    // built the piece, in this hold of the datapath lock or in one that kept the
+    // transmit back; deregistration takes that lock and sends what was kept back first
+    // (`Context::with_core_no_transmit`), so the region is still registered here, as
+    // the kernel relies on when it reads the same bytes through the iovecs. The
+    // application writes them meanwhile only by breaking the verbs contract (a send
+    // buffer is the application's again at its completion, after the send); the ICRC
+    // then covers garbage, as a NIC's DMA would read.
+    unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len) }
+}
+
 fn in_buffer(pieces: &[TxPiece]) -> bool {
     pieces.iter().all(|p| p.external.is_none())
 }
 
 impl Stepper {
-    /// Seals the transmits whose payloads stay in registered memory, under the engine
-    /// lock (`mem` is the engine's memory table): they leave through the device socket,
-    /// whose UDP port is theirs and which gives a GSO segment the IPv4 ID of its index
-    /// in the send (a plain datagram is segment 0).
-    pub(super) fn seal_external(&mut self, mem: &MemoryTable) {
-        for (k, &(b, t)) in self.tx.iter().enumerate() {
-            let pieces = &self.tx_pieces[b];
-            if in_buffer(pieces) || self.tx_sealed[b] >= pieces.len() {
-                continue;
-            }
-            let way = (t.src_port, 0, self.bundler.marked(k));
-            if !seal(
-                &t,
-                &mut self.tx_bufs[b],
-                pieces,
-                self.tx_sealed[b],
-                way,
-                Some(mem),
-            ) {
-                tracing::debug!("a zero-copy transmit could not be sealed; its peer drops it");
-            }
-            self.tx_sealed[b] = pieces.len();
-        }
-    }
-
     /// Sends the filled transmit buffers: per socket, the transmits in send order, each
     /// run of them that goes the same way (device socket, or one peer's connected
     /// socket) in one `sendmmsg` batch.
@@ -192,9 +172,7 @@ impl Stepper {
         for &k in &order {
             let (b, t) = self.tx[k];
             let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
-            if in_buffer(pieces) {
-                seal(&t, buf, pieces, 0, (port, 0, false), None);
-            }
+            seal(&t, buf, pieces, (port, 0, false));
         }
         let (bufs, iovs) = (&self.tx_bufs, &self.tx_iov);
         let list: SmallVec<[sio::Transmit<'_>; TX_BATCH]> = order
@@ -253,23 +231,21 @@ impl Stepper {
         for &k in order {
             let (b, t) = self.tx[k];
             let (buf, pieces) = (&mut self.tx_bufs[b], &self.tx_pieces[b]);
-            if !in_buffer(pieces) {
-                via.push(None); // sealed by `seal_external`
-                continue;
-            }
             if self.bundler.marked(k) {
-                seal(&t, buf, pieces, 0, (t.src_port, 0, true), None);
+                seal(&t, buf, pieces, (t.src_port, 0, true));
                 via.push(None);
                 continue;
             }
             let way = self.senders.way(&t, st);
             let slot = match way {
-                Some(w) if seal(&t, buf, pieces, 0, (w.sport, w.first_id, false), None) => {
+                Some(w) if seal(&t, buf, pieces, (w.sport, w.first_id, false)) => {
                     self.senders.planned(&w);
                     Some(w.slot)
                 }
                 _ => {
-                    seal(&t, buf, pieces, 0, (t.src_port, 0, false), None);
+                    if !seal(&t, buf, pieces, (t.src_port, 0, false)) {
+                        tracing::debug!("a transmit could not be sealed; its peer drops it");
+                    }
                     None
                 }
             };
