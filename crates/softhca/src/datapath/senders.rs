@@ -92,8 +92,9 @@ impl Senders {
         }
     }
 
-    /// The connected socket `t` leaves through, if any, with the UDP source port and the IPv4 ID of its first packet to seal it for
-    /// (ask in send order). Once it is sealed for it, [`Senders::planned`].
+    /// The connected socket `t` leaves through, if any, with the UDP source port and the
+    /// IPv4 ID of its first packet to seal it for (ask in send order). Once it is sealed
+    /// for it, [`Senders::planned`].
     pub(crate) fn way(&mut self, t: &Transmit, stats: &Stats) -> Option<Way> {
         if !self.enabled || t.src.is_unspecified() {
             return None;
