@@ -36,7 +36,8 @@ pub(crate) struct Stats {
     /// Steps whose ACKs were held for the answer of an application served while it
     /// spins on memory (see `datapath::takeover`).
     pub tx_serve_held: AtomicU64,
-    /// Posts whose last transmit was kept back to be filled by the next one.
+    /// Posts whose transmits waited for the application's next call: kept back to be
+    /// filled by the next post, or not built yet within a burst.
     pub tx_deferred: AtomicU64,
     /// Steps that left the trailing ACKs of their last datagram for the next step, to
     /// hand the polling application its completion first.

@@ -193,6 +193,7 @@ impl Stepper {
         if defer && self.burst && self.unbuilt < UNBUILT_MAX {
             drop(core);
             self.unbuilt += 1;
+            Stats::add(&shared.stats.tx_deferred, 1);
             // The next step runs the engine; the datapath thread sends it if the
             // application goes quiet.
             shared.pending.store(true, Ordering::SeqCst);
