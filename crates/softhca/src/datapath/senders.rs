@@ -9,9 +9,9 @@
 //! Linux will write (see `softhca_io::ConnectedSender`) once its way is known, at send
 //! time; a payload left in registered memory is read for it there (see `tx`). A
 //! transmit that takes the device socket instead (no connected socket for its peer, a
-//! bundle, a multipath source port) is sealed for port 4791 and ID 0 or its GSO segment
-//! index. All leave in the order the datapath sends them, so a QP's packets stay in
-//! order.
+//! bundle) is sealed for port 4791 and ID 0 or its GSO segment index; one from a
+//! multipath source port, for that port likewise. All leave in the order the datapath
+//! sends them, so a QP's packets stay in order.
 //!
 //! Linux numbers a connected socket's datagrams, not its packets: a GSO datagram (an
 //! answer and the ACK that goes with it) takes one ID, and its segments, if the kernel
