@@ -48,8 +48,8 @@ impl Transmit {
     /// (which leaves every packet unsealed), for the UDP source port and IPv4 ID it leaves
     /// with: the ICRC covers both (IBTA A17.4.1 masks neither), and only the caller knows
     /// which socket sends it. `payload` is the piece's external payload (empty when it has
-    /// none: the bytes at its address, which `MemoryTable::external_payload` reads checked). Returns false when the piece
-    /// is not laid out as it says.
+    /// none): the bytes at its address, which `MemoryTable::external_payload` reads
+    /// checked. Returns false when the piece is not laid out as it says.
     pub fn seal(
         &self,
         buf: &mut [u8],
