@@ -95,7 +95,7 @@ struct Probe {
     until: Nanos,
     /// The window to go back to.
     restore: f64,
-    /// When it goes back: once what was in flight at the start has come back.
+    /// When it goes back: once the queue has drained (`probe_pause`).
     restore_at: Nanos,
     /// The least round trip of a packet sent during the probe.
     min: Nanos,
@@ -258,14 +258,15 @@ impl DelayAimd {
                 || now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window)
     }
 
-    /// The window falls to its least for a few round trips.
+    /// The window falls to its least until the queue has drained (see `probe_pause`).
     fn start_probe(&mut self, now: Nanos) {
         let rounds = PROBE_ROUNDS * self.srtt.max(MIN_ROUND_NS);
+        let restore_at = now + self.probe_pause(now);
         self.probe = Some(Probe {
             start: now,
-            until: now + rounds,
+            until: (restore_at + self.srtt).min(now + rounds),
             restore: self.cwnd,
-            restore_at: now + self.srtt + self.srtt / 4,
+            restore_at,
             min: Nanos::MAX,
             base: self.min_rtt,
             replace: now.saturating_sub(self.min_rtt_at) > self.cfg.min_rtt_window,
@@ -280,6 +281,24 @@ impl DelayAimd {
         self.stats.base_probes += 1;
     }
 
+    /// How long a probe holds the least window. On the wall-clock grid every flow
+    /// pauses at once, so the time the standing queue takes to drain (the smoothed round
+    /// trip over the base), a quarter more and a margin of scheduling noise will do: a
+    /// packet sent after it finds the bottleneck empty wherever it is, as what was sent
+    /// before reaches it ahead and has left it by then. Holding instead until the window
+    /// came back (a round trip and more) left a 10 ms path idle for 20 ms per probe.
+    /// The first probe and one taken again are the prober's alone: the flows whose queue
+    /// it took for part of its base give way only while it holds back for the round
+    /// trip its window takes to come back (with the short pause, a late starter took
+    /// 0.98 of the link in simulation).
+    fn probe_pause(&self, now: Nanos) -> Nanos {
+        if self.probe_at.is_some_and(|t| now >= t) {
+            return self.srtt + self.srtt / 4;
+        }
+        let queue = self.srtt.saturating_sub(self.min_rtt);
+        queue + queue / 4 + self.cfg.min_queue_delay / 4
+    }
+
     /// A sample during a probe; at its end the window is restored (paced, so it
     /// does not leave as a burst) and the probe's least sample is the base.
     fn probe_sample(&mut self, now: Nanos, rtt: Option<Nanos>) {
@@ -290,10 +309,10 @@ impl DelayAimd {
         if let Some(rtt) = rtt.filter(|&r| r <= now.saturating_sub(p.start)) {
             p.min = p.min.min(rtt.max(1));
         }
-        // The window goes back once the packets in flight at the start are back: the
-        // first packets sent then lead a drained queue and measure the base; what
-        // follows them queues behind and cannot delay them. Held at the least until the
-        // samples were back, the path stood empty for three round trips.
+        // The window goes back once the queue has drained: the first packets sent then
+        // lead the drained queue and measure the base; what follows them queues behind
+        // and cannot delay them. Held at the least until the samples were back, the
+        // path stood empty for three round trips.
         if now >= p.restore_at && self.cwnd < p.restore {
             self.cwnd = p.restore;
             self.clamp();
@@ -815,6 +834,43 @@ mod tests {
     /// Flows on one host (engines whose clocks began at different times) take their
     /// periodic base probes at the same wall-clock times, on the points of a grid whose
     /// period is a power of two nanoseconds.
+    /// A probe on the grid holds the least window only while the standing queue
+    /// drains (a quarter more and a margin), not for the round trip its window takes to
+    /// come back; the first probe after slow start holds it for that round trip.
+    #[test]
+    fn a_probe_on_the_grid_holds_back_only_while_the_queue_drains() {
+        let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
+        // A 10 ms path with 2 ms of its own queue: slow start ends, the window stays.
+        let mut now = run_rounds(&mut c, 0, 8, 10_000_000);
+        let rtt = 12_000_000;
+        let probe = |c: &mut DelayAimd, now: &mut Nanos| loop {
+            *now += 100_000;
+            let before = c.stats().base_probes;
+            c.on_sent(c.window());
+            c.on_ack(*now, MTU, busy(rtt));
+            if c.stats().base_probes > before {
+                return (*now, c.stats().srtt);
+            }
+        };
+        // Until the window is back, `sent` packets after `start` come back at the base.
+        let held = |c: &mut DelayAimd, now: &mut Nanos, start: Nanos| {
+            while c.window() == 2 * MTU {
+                *now += 100_000;
+                c.on_ack(*now, MTU, busy(rtt));
+            }
+            *now - start
+        };
+        let (start, srtt) = probe(&mut c, &mut now);
+        let first = held(&mut c, &mut now, start);
+        assert!(first >= srtt + srtt / 4, "{first} for srtt {srtt}");
+        let (start, srtt) = probe(&mut c, &mut now);
+        let grid = held(&mut c, &mut now, start);
+        let queue = srtt - c.stats().min_rtt;
+        let most = queue + queue / 4 + DelayAimdConfig::default().min_queue_delay / 4;
+        assert!(grid <= most + 100_000, "{grid} for srtt {srtt}");
+        assert!(grid < srtt / 2, "{grid} for srtt {srtt}");
+    }
+
     #[test]
     fn flows_with_different_clocks_probe_at_the_same_wall_clock_times() {
         let wall0: Nanos = 1_764_000_000_123_456_789;

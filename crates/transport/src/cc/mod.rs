@@ -75,8 +75,11 @@
 //!   of two nanoseconds apart, about 256 round trips: 134 ms to 4.3 s), where every
 //!   flow of this host, and of hosts whose clocks agree to within a round trip,
 //!   probes at once and the queue drains for all (BBR's ProbeRTT synchronizes its
-//!   flows the same way, through the drain each one sees); it costs about a base
-//!   round trip of an emptying link per period. A base not seen again
+//!   flows the same way, through the drain each one sees). As every flow holds back
+//!   at once there, a grid probe holds back only while the queue drains (its smoothed
+//!   round trip over its base, a quarter more), about a millisecond of an idle link per
+//!   period; the first probe, the prober's alone, holds back for a round trip. A base
+//!   not seen again
 //!   for `min_rtt_window` (10 s) is probed the same way and replaced by the probe's
 //!   least only if that is over the old target (a longer route): taking the samples
 //!   of a queue that other flows keep standing for it would let the base climb at
@@ -113,8 +116,8 @@
 //! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
 //! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
-//! Known limits: a base probe costs about a round trip of an emptying path, after the
-//! first slow start and on the grid (0.3 % on a 10 ms path, 0.1 % on a 2 ms one); it drains the queue only if the other flows give way
+//! Known limits: the first base probe costs about a round trip of an emptying path,
+//! a grid probe about a quarter of the queue's drain time; a probe drains the queue only if the other flows give way
 //! (delay-based ones do, buffer-filling TCP does not: then the expired base takes
 //! TCP's queue, which keeps the delay-based flow its share); on a 10 ms path one loss
 //! costs go-back-N a window of up to 1.5 MB where TCP with SACK resends what was lost,
