@@ -268,7 +268,7 @@ fn one_path_resends_only_what_the_responder_lacks() {
     };
     let (plain_req, plain_resp) = run(false);
     let (req, resp) = run(true);
-    assert!(plain_resp.seq_err_naks > 5, "{plain_resp:?}");
+    assert!(plain_resp.seq_err_naks > 2, "{plain_resp:?}");
     assert_eq!(plain_req.held_skipped, 0);
     assert!(req.held_skipped > 100, "{req:?}");
     assert!(resp.mp_sack_sent > 5 && resp.seq_err_naks == 0, "{resp:?}");

@@ -34,14 +34,15 @@
 //!   application-limited flow cannot build a queue (BBR's app-limited samples; RFC
 //!   7661 does not grow a window such a flow does not use). Taken as queueing, the peer's
 //!   late answers of an MPI ping-pong cut the window and paced it at their round trip.
-//! - Slow start (by what is acknowledged, at most doubling per round) from 16 KiB until
+//! - Slow start (by what is acknowledged, at most fourfold per round under 256 KiB and
+//!   doubling above, paced from the first round trip on) from 16 KiB until
 //!   three samples in a row are an eighth of the base (at least 0.5 ms) over it
 //!   (HyStart++, RFC 9406, also takes several), or a loss: the target window on a 5 ms
 //!   path is 100 times that of a veth. The window doubles while the first late samples
 //!   come back, so ending at the target, or at a round's end as the other decisions
-//!   do, overflowed a 10 ms path's token bucket. The initial window stays small (TCP's
-//!   is 10 segments)
-//!   because it leaves as one burst: the burst's last packet waits behind the rest at
+//!   do, overflowed a 10 ms path's token bucket (it still overflows a queue of half
+//!   the path's window once, as TCP's does). The initial window stays small (TCP's
+//!   is 10 segments) because it leaves as one burst: the burst's last packet waits behind the rest at
 //!   the bottleneck, and flows started together took that for part of their base
 //!   round trip (a 64 KiB initial window left two such flows at 0.2 and 0.8 of the
 //!   link). For the same reason a QP's first message larger than the window asks for
@@ -157,14 +158,17 @@ pub enum CcAlgorithm {
 }
 
 impl CcAlgorithm {
-    /// The same algorithm allowing at most `queue` of queueing delay above the base
-    /// round trip (the least allowance and the most flow scaling adds both set to it).
-    pub(crate) fn with_queue_delay(self, queue: Nanos) -> CcAlgorithm {
+    /// The same algorithm for one path of a multipath QP: at most `queue` of queueing
+    /// delay above the base round trip (the least allowance and the most flow scaling
+    /// adds both set to it), and a slow start that only doubles (the paths start with
+    /// an initial window each, together several times a single path's).
+    pub(crate) fn for_path(self, queue: Nanos) -> CcAlgorithm {
         match self {
             CcAlgorithm::Off => CcAlgorithm::Off,
             CcAlgorithm::DelayAimd(c) => CcAlgorithm::DelayAimd(DelayAimdConfig {
                 min_queue_delay: queue,
                 flow_scaling_range: queue,
+                early_growth_window: 0,
                 ..c
             }),
         }

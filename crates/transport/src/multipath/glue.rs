@@ -222,7 +222,7 @@ impl Qp {
             // one controller for the QP held the sum of the paths to one path's rate.
             for p in &mut paths {
                 p.mtu = mtu;
-                p.cc = new_controller(alg.with_queue_delay(PATH_QUEUE_DELAY_NS), mtu);
+                p.cc = new_controller(alg.for_path(PATH_QUEUE_DELAY_NS), mtu);
             }
         }
         m.paths = paths;
@@ -812,7 +812,7 @@ impl Qp {
                             // Its controller starts over: what it knew of the path's
                             // queue may be stale too.
                             if path.cc.is_some() {
-                                let alg = ctx.cfg.cc.with_queue_delay(PATH_QUEUE_DELAY_NS);
+                                let alg = ctx.cfg.cc.for_path(PATH_QUEUE_DELAY_NS);
                                 path.cc = new_controller(alg, path.mtu);
                             }
                         }
