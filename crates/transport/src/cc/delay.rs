@@ -320,15 +320,8 @@ impl DelayAimd {
         if let Some(rtt) = rtt.filter(|&r| r <= now.saturating_sub(p.start)) {
             p.min = p.min.min(rtt.max(1));
         }
-        // The window goes back once the queue has drained: the first packets sent then
-        // lead the drained queue and measure the base; what follows them queues behind
-        // and cannot delay them. Held at the least until the samples were back, the
-        // path stood empty for three round trips.
-        if now >= p.restore_at && self.cwnd < p.restore {
-            self.cwnd = p.restore;
-            self.clamp();
-        }
         self.probe = Some(p);
+        self.restore_after_pause(now);
         // At most twice as long when no packet of its own came back (losses).
         let long = p.until + 2 * (p.until - p.start);
         if now < p.until || (p.min == Nanos::MAX && now < long) {
@@ -359,6 +352,20 @@ impl DelayAimd {
             self.min_rtt_at = now;
         }
         self.end_probe(now);
+    }
+
+    /// The window goes back once the queue has drained: the first packets sent then
+    /// lead the drained queue and measure the base; what follows them queues behind
+    /// and cannot delay them. Held at the least until the samples were back, the path
+    /// stood empty for three round trips.
+    fn restore_after_pause(&mut self, now: Nanos) {
+        if let Some(p) = self
+            .probe
+            .filter(|p| now >= p.restore_at && self.cwnd < p.restore)
+        {
+            self.cwnd = p.restore;
+            self.clamp();
+        }
     }
 
     fn end_probe(&mut self, now: Nanos) {
@@ -592,6 +599,16 @@ impl CongestionControl for DelayAimd {
 
     fn set_packet_bytes(&mut self, bytes: u64) {
         self.packet = bytes.max(self.mtu);
+    }
+
+    fn on_time(&mut self, now: Nanos) {
+        self.restore_after_pause(now);
+    }
+
+    fn wake_at(&self) -> Option<Nanos> {
+        self.probe
+            .filter(|p| self.cwnd < p.restore)
+            .map(|p| p.restore_at)
     }
 
     fn window(&self) -> u64 {
@@ -879,6 +896,17 @@ mod tests {
         let (start, srtt) = probe(&mut c, &mut now);
         let first = held(&mut c, &mut now, start);
         assert!(first >= srtt + srtt / 4, "{first} for srtt {srtt}");
+        // The window goes back on time, with no ACK to say so: the QP's timer asks.
+        let (start, srtt) = probe(&mut c, &mut now);
+        let wake = c.wake_at().expect("held back");
+        c.on_time(wake - 1);
+        assert_eq!(c.window(), 2 * MTU);
+        c.on_time(wake);
+        assert!(c.window() > 2 * MTU);
+        assert_eq!(c.wake_at(), None);
+        now = start + rtt + 1;
+        c.on_ack(now, MTU, busy(10_000_000));
+        now = run_rounds(&mut c, now, 1, rtt);
         let (start, srtt) = probe(&mut c, &mut now);
         let grid = held(&mut c, &mut now, start);
         let queue = srtt - c.stats().min_rtt;

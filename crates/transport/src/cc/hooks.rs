@@ -72,6 +72,7 @@ impl Qp {
             return true;
         };
         ctl.set_packet_bytes(mtu);
+        ctl.on_time(ctx.now);
         if per_path {
             // Each path's own window and pacer decide (`mp_request_path`); the QP's
             // would hold the sum of the paths to one path's rate.
@@ -286,9 +287,16 @@ impl Qp {
         }
     }
 
-    /// The earliest time a pacer lets this QP send again, if it waits for one.
+    /// The earliest time a pacer, or a window held back, lets this QP send again, if it
+    /// waits for one.
     pub(crate) fn cc_deadline(&self) -> Option<Nanos> {
-        [self.cc.pace_at, self.cc.resp_pace_at]
+        let held = self
+            .cc
+            .ctl
+            .as_ref()
+            .filter(|_| self.cc.window_blocked)
+            .and_then(|ctl| ctl.wake_at());
+        [self.cc.pace_at, self.cc.resp_pace_at, held]
             .into_iter()
             .flatten()
             .min()
@@ -297,6 +305,9 @@ impl Qp {
     /// The timer fired at `now`: pacing waits that are over end (the next plan looks
     /// again), so that a passed time is never a deadline.
     pub(crate) fn cc_on_timer(&mut self, now: Nanos) {
+        if let Some(ctl) = self.cc.ctl.as_mut() {
+            ctl.on_time(now);
+        }
         if self.cc.pace_at.is_some_and(|t| t <= now) {
             self.cc.pace_at = None;
         }

@@ -218,6 +218,14 @@ pub(crate) trait CongestionControl: std::fmt::Debug + Send {
     fn set_packet_bytes(&mut self, bytes: u64);
     /// A loss or a timeout at `now`.
     fn on_congestion(&mut self, now: Nanos, what: Congestion);
+    /// Time has passed: `now`, before the window is asked for. A window held back
+    /// for a while (a base probe) goes back on time, not at the next ACK, which may be
+    /// a round trip later.
+    fn on_time(&mut self, _now: Nanos) {}
+    /// When the window held back grows again by itself (`on_time`), if it is held.
+    fn wake_at(&self) -> Option<Nanos> {
+        None
+    }
     /// Bytes allowed in flight.
     fn window(&self) -> u64;
     /// Bytes per second to pace at; None: not paced (no round trip measured yet).
