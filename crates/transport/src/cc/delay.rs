@@ -298,16 +298,18 @@ impl DelayAimd {
     /// packet sent after it finds the bottleneck empty wherever it is, as what was sent
     /// before reaches it ahead and has left it by then. Holding instead until the window
     /// came back (a round trip and more) left a 10 ms path idle for 20 ms per probe.
-    /// The first probe and one taken again are the prober's alone: the flows whose queue
-    /// it took for part of its base give way only while it holds back for the round
-    /// trip its window takes to come back (with the short pause, a late starter took
-    /// 0.98 of the link in simulation).
+    /// The first probe and one taken again are the prober's alone, and its base may hold
+    /// the queue other flows keep (up to their least allowance and flow scaling): it
+    /// holds back that much longer, at most for the round trip its window takes to come
+    /// back (with the grid's pause, a late starter took 0.98 of the link in simulation).
     fn probe_pause(&self, now: Nanos) -> Nanos {
-        if self.probe_at.is_some_and(|t| now >= t) {
-            return self.srtt + self.srtt / 4;
-        }
         let queue = self.srtt.saturating_sub(self.min_rtt);
-        queue + queue / 4 + self.cfg.min_queue_delay / 4
+        let drain = queue + queue / 4 + self.cfg.min_queue_delay / 4;
+        if self.probe_at.is_some_and(|t| now >= t) {
+            let others = self.cfg.min_queue_delay + self.cfg.flow_scaling_range;
+            return (drain + others).min(self.srtt + self.srtt / 4);
+        }
+        drain
     }
 
     /// A sample during a probe; at its end the window is restored (paced, so it
@@ -869,7 +871,8 @@ mod tests {
     /// period is a power of two nanoseconds.
     /// A probe on the grid holds the least window only while the standing queue
     /// drains (a quarter more and a margin), not for the round trip its window takes to
-    /// come back; the first probe after slow start holds it for that round trip.
+    /// come back; the first probe after slow start holds it longer, for the queue other
+    /// flows may keep.
     #[test]
     fn a_probe_on_the_grid_holds_back_only_while_the_queue_drains() {
         let mut c = DelayAimd::new(DelayAimdConfig::default(), MTU);
@@ -893,9 +896,16 @@ mod tests {
             }
             *now - start
         };
+        // The first holds back longer: its base may hold other flows' queue.
         let (start, srtt) = probe(&mut c, &mut now);
         let first = held(&mut c, &mut now, start);
-        assert!(first >= srtt + srtt / 4, "{first} for srtt {srtt}");
+        let cfg = DelayAimdConfig::default();
+        let others = cfg.min_queue_delay + cfg.flow_scaling_range;
+        assert!(first >= others, "{first} for srtt {srtt}");
+        assert!(
+            first <= srtt + srtt / 4 + 100_000,
+            "{first} for srtt {srtt}"
+        );
         // A probe on the grid: its window goes back on time, with no ACK to say so
         // (the QP's timer asks), once the queue has drained.
         let (start, srtt) = probe(&mut c, &mut now);
