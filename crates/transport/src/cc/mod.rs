@@ -42,8 +42,9 @@
 //!   come back, so ending at the target, or at a round's end as the other decisions
 //!   do, overflowed a 10 ms path's token bucket (it still overflows a queue of half
 //!   the path's window once, as TCP's does). The initial window stays small (TCP's
-//!   is 10 segments) because it leaves as one burst: the burst's last packet waits behind the rest at
-//!   the bottleneck, and flows started together took that for part of their base
+//!   is 10 segments) because it leaves as one burst: the burst's last packet waits
+//!   behind the rest at the bottleneck, and flows started together took that for part
+//!   of their base
 //!   round trip (a 64 KiB initial window left two such flows at 0.2 and 0.8 of the
 //!   link). For the same reason a QP's first message larger than the window asks for
 //!   an ACK on its first packet: the first sample is of a packet with nothing of its
@@ -79,8 +80,8 @@
 //!   flows the same way, through the drain each one sees). As every flow holds back
 //!   at once there, a grid probe holds back only while the queue drains (its smoothed
 //!   round trip over its base, a quarter more), about a millisecond of an idle link per
-//!   period; the first probe, the prober's alone, holds back for a round trip. A base
-//!   not seen again
+//!   period; the first probe, the prober's alone, holds back longer, for the queue
+//!   other flows may keep (at most a round trip). A base not seen again
 //!   for `min_rtt_window` (10 s) is probed the same way and replaced by the probe's
 //!   least only if that is over the old target (a longer route): taking the samples
 //!   of a queue that other flows keep standing for it would let the base climb at
@@ -117,8 +118,9 @@
 //! posts, as rxe does, unless `EngineConfig::unacked_rate` holds each QP to a rate
 //! (the same `Pacer`; a camera stream on a shared link, a UD fan-out).
 //!
-//! Known limits: the first base probe costs about a round trip of an emptying path,
-//! a grid probe about a quarter of the queue's drain time; a probe drains the queue only if the other flows give way
+//! Known limits: the first base probe costs up to a round trip of an emptying path (5
+//! ms and a quarter of its own queue's drain), a grid probe a quarter of the queue's
+//! drain and 0.5 ms; a probe drains the queue only if the other flows give way
 //! (delay-based ones do, buffer-filling TCP does not: then the expired base takes
 //! TCP's queue, which keeps the delay-based flow its share); on a 10 ms path one loss
 //! costs go-back-N a window of up to 1.5 MB where TCP with SACK resends what was lost,
