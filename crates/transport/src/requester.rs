@@ -887,8 +887,12 @@ impl Qp {
         // A resend after silence is our guess, not a loss the spec counts (IBTA
         // 9.7.6.1.3 counts timeouts and NAKs): it spends no retry, so a dead peer is
         // reported after as many timeouts as before (and it is bounded, see
-        // `completer::MAX_QUIET_RESENDS`).
-        if cause != LossCause::Quiet {
+        // `completer::MAX_QUIET_RESENDS`). Nor does the repair of a hole behind the
+        // oldest unacknowledged PSN: the budget guards the oldest request, which every
+        // retry of go-back-N starts from; selective repeat and READ re-requests also
+        // fill the holes behind it, and counted, the holes of one window of READ
+        // responses at 5 % loss spent it while the oldest was still being repaired.
+        if cause != LossCause::Quiet && !from.is_after(self.req.una) {
             if self.req.retry_left == 0 {
                 ctx.counters.retry_exceeded_err += 1;
                 if let Some(w) = self.req.sq.front_mut() {
