@@ -866,9 +866,6 @@ mod tests {
         assert!((c.window() as f64 - expect).abs() < 2.0, "{}", c.window());
     }
 
-    /// Flows on one host (engines whose clocks began at different times) take their
-    /// periodic base probes at the same wall-clock times, on the points of a grid whose
-    /// period is a power of two nanoseconds.
     /// A probe on the grid holds the least window only while the standing queue
     /// drains (a quarter more and a margin), not for the round trip its window takes to
     /// come back; the first probe after slow start holds it longer, for the queue other
@@ -888,7 +885,7 @@ mod tests {
                 return (*now, c.stats().srtt);
             }
         };
-        // Until the window is back, `sent` packets after `start` come back at the base.
+        // ACKs come until the window is back: how long it was held since `start`.
         let held = |c: &mut DelayAimd, now: &mut Nanos, start: Nanos| {
             while c.window() == 2 * MTU {
                 *now += 100_000;
@@ -921,6 +918,9 @@ mod tests {
         assert_eq!(c.wake_at(), None);
     }
 
+    /// Flows on one host (engines whose clocks began at different times) take their
+    /// periodic base probes at the same wall-clock times, on the points of a grid whose
+    /// period is a power of two nanoseconds.
     #[test]
     fn flows_with_different_clocks_probe_at_the_same_wall_clock_times() {
         let wall0: Nanos = 1_764_000_000_123_456_789;
