@@ -909,25 +909,6 @@ impl MemoryTable {
         Ok(unsafe { crate::copy_crc::copy_crc32(p, dst) })
     }
 
-    /// `[va, va + len)` of the memory region named by `rkey`, checked for REMOTE_READ,
-    /// left where it is: the payload of a READ response the kernel copies from
-    /// registered memory (zero-copy), read for its ICRC when it is sealed. None for a
-    /// memory window's rkey (the response is copied, as before).
-    pub fn remote_read_in_place(
-        &self,
-        who: impl Into<Grantee>,
-        rkey: u32,
-        va: u64,
-        len: usize,
-    ) -> Result<Option<External>, MemError> {
-        let p = self.remote_readable(who, rkey, va, len)?;
-        Ok(self.lookup(rkey, true).ok().map(|region| External {
-            addr: p as usize,
-            len,
-            lkey: region.lkey,
-        }))
-    }
-
     /// The host address of `[va, va + len)` in the region named by `rkey`, checked for
     /// REMOTE_READ (the source of an RDMA READ response).
     fn remote_readable(

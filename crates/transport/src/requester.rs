@@ -467,10 +467,9 @@ impl Qp {
     /// Write the planned packet (headers, payload, pad; no ICRC) into `buf` and advance.
     /// None if it could not be built (local error: the QP recorded it).
     ///
-    /// With `in_place`, a request payload that lies in one SGE, and a READ response's
-    /// payload (one range of a memory region), is left in registered memory: `buf` gets
-    /// the headers then the pad, and the payload's address comes back (zero-copy send:
-    /// the kernel copies it from the MR directly).
+    /// With `in_place`, a request payload that lies in one SGE is left in registered
+    /// memory: `buf` gets the headers then the pad, and the payload's address comes
+    /// back (zero-copy send: the kernel copies it from the MR directly).
     pub fn build_placed(
         &mut self,
         ctx: &mut Ctx<'_>,
@@ -482,19 +481,6 @@ impl Qp {
         let n = plan.payload_len;
         let pad = usize::from(plan.hdr.bth.pad_count);
         let body = buf.get_mut(hl..hl + n + pad)?;
-        if in_place && n >= IN_PLACE_MIN && plan.source == TxSource::Responder {
-            if let Some(external) = self.read_response_in_place(ctx, n) {
-                body.get_mut(..pad)?.fill(0);
-                self.response_built(ctx, plan, n);
-                ctx.counters.sent_pkts += 1;
-                return Some(Built {
-                    in_buf: hl + pad,
-                    head: hl,
-                    external: Some(external),
-                    tail_crc: None,
-                });
-            }
-        }
         if in_place && n >= IN_PLACE_MIN && plan.source == TxSource::Requester {
             if let InPlace::Left(external) = self.payload_in_place(ctx, n)? {
                 // The pad follows the headers in the buffer; the payload stays put.
@@ -532,7 +518,19 @@ impl Qp {
                         return None;
                     }
                 }
-                self.response_built(ctx, plan, n);
+                self.advance_response(n as u64);
+                if self.mp_active() {
+                    self.mp_sent(ctx, plan, false, false);
+                }
+                let op = plan.hdr.bth.opcode;
+                if op.is_read_response() {
+                    self.cc_response_sent(
+                        ctx,
+                        plan.hdr.bth.psn,
+                        plan.wire_len() as u64,
+                        op.starts_message(),
+                    );
+                }
             }
             TxSource::Requester => {
                 self.copy_request(ctx, payload)?;
@@ -568,37 +566,6 @@ impl Qp {
                 None
             }
         }
-    }
-
-    /// Advance the responder's output past a built packet of `n` payload bytes.
-    fn response_built(&mut self, ctx: &mut Ctx<'_>, plan: &TxPlan, n: usize) {
-        self.advance_response(n as u64);
-        if self.mp_active() {
-            self.mp_sent(ctx, plan, false, false);
-        }
-        let op = plan.hdr.bth.opcode;
-        if op.is_read_response() {
-            self.cc_response_sent(
-                ctx,
-                plan.hdr.bth.psn,
-                plan.wire_len() as u64,
-                op.starts_message(),
-            );
-        }
-    }
-
-    /// The next `n` bytes of the READ being answered, left in the responder's memory;
-    /// None to copy them instead (an ACK, a memory window, or a check that fails: the
-    /// copy reports it).
-    fn read_response_in_place(&self, ctx: &Ctx<'_>, n: usize) -> Option<External> {
-        let Some(RespOut::Read { rkey, va, .. }) = self.resp.out.front().copied() else {
-            return None;
-        };
-        let who = (self.init.pd, self.qpn);
-        ctx.mem
-            .remote_read_in_place(who, rkey, va, n)
-            .ok()
-            .flatten()
     }
 
     /// Copy the next READ response payload out of the responder's memory into
