@@ -901,3 +901,45 @@ fn gsi_qp_is_qp_1_and_carries_mads() {
     b.mr.read(40, &mut got).unwrap();
     assert_eq!(got, mad);
 }
+
+/// An RDMA READ of memory that its owner keeps writing meanwhile completes, every time:
+/// the responder sends the bytes it read with an ICRC over those same bytes (rxe copies
+/// and CRCs a response in one pass), so the requester sees torn data at worst, never a
+/// packet whose ICRC fails because the bytes changed between the CRC and the send.
+#[test]
+fn rc_read_of_memory_written_meanwhile() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const LEN: usize = 256 << 10;
+    let (a, b) = rc_pair("127.0.1.120", "127.0.1.121", 2 * LEN);
+    /// Stops the writer when the test ends, by a failed assertion too (the scope would
+    /// otherwise wait for it forever).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = Stop(&stop);
+        s.spawn(|| {
+            let mut byte = 0u8;
+            while !stop.load(Ordering::Relaxed) {
+                b.mr.fill(byte);
+                byte = byte.wrapping_add(1);
+            }
+        });
+        for k in 0..50 {
+            let mut wr = send_wr(k, WrOpcode::RdmaRead, a.mr.sge(0, LEN as u32));
+            wr.remote_addr = b.mr.addr();
+            wr.rkey = b.mr.rkey();
+            a.qp.post_send(wr).unwrap();
+            let c = one(&a.cq);
+            assert_eq!(
+                (c.wr_id, c.status, c.byte_len as usize),
+                (k, WcStatus::Success, LEN)
+            );
+        }
+    });
+    assert_eq!(counter(&a.ctx, "drop_bad_icrc"), 0);
+}
