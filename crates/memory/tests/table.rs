@@ -789,3 +789,39 @@ fn pd_holders_keep_it_busy() {
     assert!(!t.pd_exists(pd));
     assert_eq!(t.hold_pd(pd), Err(MemError::InvalidPd { pd: pd.0 }));
 }
+
+/// `warm` covers the scatter list's first bytes, as far as its SGEs check out (it only
+/// prefetches: the bytes stay as they are), and ends quietly at a bad key, another PD's
+/// region or a range past the region.
+#[test]
+fn warm_covers_what_checks_out() {
+    let mut t = MemoryTable::new(1);
+    let pd = t.alloc_pd();
+    let other = t.alloc_pd();
+    let mut a = pattern(8192);
+    let mut b = pattern(4096);
+    let ka = reg(&mut t, pd, &mut a, LW);
+    let kb = reg(&mut t, pd, &mut b, LW);
+    let sge = |buf: &[u8], k: &MrKeys, off: usize, len: u32| Sge {
+        addr: buf.as_ptr() as u64 + off as u64,
+        length: len,
+        lkey: k.lkey,
+    };
+    let two = [sge(&a, &ka, 0, 8192), sge(&b, &kb, 0, 4096)];
+    assert_eq!(t.warm(pd, &two, 100_000), 12_288);
+    assert_eq!(t.warm(pd, &two, 10_000), 10_000);
+    assert_eq!(t.warm(pd, &two, 0), 0);
+    assert_eq!(t.warm(other, &two, 10_000), 0, "another PD's region");
+    let bad = [
+        sge(&a, &ka, 0, 4096),
+        Sge {
+            lkey: kb.lkey ^ 0x100,
+            ..two[1]
+        },
+    ];
+    assert_eq!(t.warm(pd, &bad, 10_000), 4096, "stops at the bad key");
+    let past = [sge(&a, &ka, 4096, 8192)];
+    assert_eq!(t.warm(pd, &past, 10_000), 0, "past the region's end");
+    assert_eq!(a, pattern(8192));
+    assert_eq!(b, pattern(4096));
+}

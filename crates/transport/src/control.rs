@@ -56,6 +56,7 @@ impl Engine {
                 attr,
                 queue: VecDeque::new(),
                 users: 0,
+                placed: 0,
             },
         );
         Ok(SrqId(id))

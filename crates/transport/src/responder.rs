@@ -584,9 +584,14 @@ impl Qp {
         }
         *off += n;
         if op.ends_message() {
-            let Some(InMsg::Send { wqe, off, .. }) = self.resp.cur.take() else {
+            let Some(InMsg::Send { wqe, off, from_srq }) = self.resp.cur.take() else {
                 return Err(Fail::Drop);
             };
+            if let Some(srq) = self.init.srq.filter(|_| from_srq) {
+                if let Some(s) = ctx.srqs.get_mut(&srq.0) {
+                    s.placed = s.placed.saturating_add(off as usize);
+                }
+            }
             let mut wc = self.recv_completion(ctx, wqe.wr_id, WcStatus::Success, WcOpcode::Recv);
             wc.byte_len = off as u32;
             if let Some(imm) = h.imm_dt {

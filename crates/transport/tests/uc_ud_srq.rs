@@ -388,3 +388,45 @@ fn ud_sends_keep_to_the_configured_rate() {
         }
     }
 }
+
+/// An SRQ's next receive buffers are warmed for as many bytes as SENDs placed in its
+/// receives since the last time, and no more than its receives hold.
+#[test]
+fn srq_warms_what_its_sends_placed() {
+    let mut net = SimNet::new(4, 2, Mtu::M1024);
+    let pd = net.nodes[1].pd;
+    let attr = SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq = net.nodes[1].engine.create_srq(pd, attr).unwrap();
+    let o = RcOpts::default();
+    let a = create(&mut net, 0, QpType::Rc, &o, None);
+    let b = create(&mut net, 1, QpType::Rc, &o, Some(srq));
+    connect_one(&mut net, 0, a, QpType::Rc, 1, b, &o, 1, 2);
+    connect_one(&mut net, 1, b, QpType::Rc, 0, a, &o, 2, 1);
+    let la = net.reg(0, 8192, full_access());
+    let rb = net.reg(1, 6 * 8192, full_access());
+    for i in 0..6 {
+        let wr = recv_wr(i, rb.sges(i as usize * 8192, 8192));
+        net.nodes[1].engine.post_srq_recv(srq, wr).unwrap();
+    }
+    assert_eq!(net.nodes[1].engine.warm_receives(), 0, "nothing placed yet");
+    for (i, len) in [(1, 3000), (2, 5000)] {
+        let w = send_wr(i, WrOpcode::Send, la.sges(0, len));
+        net.nodes[0].engine.post_send(0, a, w).unwrap();
+    }
+    net.run(1_000_000_000);
+    assert_eq!(net.take_completions(1).len(), 2);
+    // 8000 bytes placed: the next receive (8192 bytes) covers them.
+    assert_eq!(net.nodes[1].engine.warm_receives(), 8000);
+    assert_eq!(net.nodes[1].engine.warm_receives(), 0, "once per placement");
+    for i in 3..6 {
+        let w = send_wr(i, WrOpcode::Send, la.sges(0, 8192));
+        net.nodes[0].engine.post_send(0, a, w).unwrap();
+    }
+    net.run(1_000_000_000);
+    // 24576 bytes placed, and one receive (8192 bytes) left to warm.
+    assert_eq!(net.nodes[1].engine.warm_receives(), 8192);
+}

@@ -82,6 +82,9 @@ pub(crate) struct Stepper {
     /// Posts of the current burst left unbuilt for the application's next call (see
     /// [`Stepper::transmit_with`]).
     unbuilt: usize,
+    /// Datagrams came in since the last idle step: the next one warms the receive
+    /// buffers ([`softhca_transport::Engine::warm_receives`]).
+    warm_due: bool,
     /// Where the last step stopped feeding its received datagrams (socket, datagram,
     /// segment): the trailing ACKs of its last datagram, left for the next step so that
     /// the polling application got the completion before them. The receive buffers and
@@ -153,6 +156,7 @@ impl Stepper {
             deferred: SmallVec::new(),
             burst: false,
             unbuilt: 0,
+            warm_due: false,
             rx_resume: None,
             senders,
             impair,
@@ -260,8 +264,15 @@ impl Stepper {
             ..Step::default()
         };
         if !(rx > 0 || resume || pending || due || force || was_held) {
+            // Idle after receiving: bring the receive buffers the next messages land in
+            // into this CPU's cache now, not while the next message waits to be copied.
+            if self.warm_due {
+                self.warm_due = false;
+                shared.engine.lock().engine.warm_receives();
+            }
             return step;
         }
+        self.warm_due |= rx > 0;
         let core = shared.engine.lock();
         // A step that only feeds the ACKs the last one left keeps what that one held: it
         // is not the application's next call (`ib_send_lat` polls its send CQ right after

@@ -70,11 +70,13 @@ impl Budget {
 pub(crate) struct Srq {
     /// Owning PD (receive WQEs are placed with the QP's PD, which verbs requires to be
     /// the same).
-    #[allow(dead_code)]
     pub pd: PdId,
     pub attr: SrqAttr,
     pub queue: VecDeque<RecvWr>,
     pub users: u32,
+    /// Bytes SENDs placed in its receives since the engine last warmed the next ones
+    /// (`Engine::warm_receives`).
+    pub placed: usize,
 }
 
 impl Srq {
