@@ -54,5 +54,5 @@ const APP_WINDOW_STRETCH_MAX_NS: u64 = 1_600_000;
 /// ACKs of what it placed for the application's answer (see `Stepper::held`): a few
 /// times the answer's usual delay, far below a retransmit timeout or tail-loss probe.
 const SERVE_HOLD_NS: u64 = 50_000;
-/// Inline steps per poll when each one fills every transmit buffer.
+/// Inline steps per poll when each one fills its round of transmits.
 const INLINE_STEPS: usize = 4;

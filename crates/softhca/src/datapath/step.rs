@@ -19,9 +19,17 @@ use crate::stats::Stats;
 use crate::{CqId, Nanos};
 
 /// Posts of a burst left unbuilt at most (see [`Stepper::transmit_with`]): past that
-/// the burst's transmits are built, and sent when every buffer is used, as before, so
+/// the burst's transmits are built, and sent when a round is full, as before, so
 /// that an application posting a long burst before it polls does not hold the wire.
 const UNBUILT_MAX: usize = 8;
+
+/// Bytes of transmits the first round of a burst builds before they are sent (four
+/// full GSO sends); a round after a full one takes every buffer. Why: a large message
+/// then leaves in parts, and the peer works on the first while the rest is built. A
+/// 1 MiB READ's responses went out only once all 1 MiB was copied out, the requester
+/// idle meanwhile, and an MPI 1 MiB ping-pong (UCX's rendezvous is a READ) waited for
+/// that every time. A stream fills whole rounds and is not cut.
+const ROUND_BYTES: usize = 4 * TX_BUF;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -82,6 +90,8 @@ pub(crate) struct Stepper {
     /// Posts of the current burst left unbuilt for the application's next call (see
     /// [`Stepper::transmit_with`]).
     unbuilt: usize,
+    /// The last build filled its round (every buffer, or [`ROUND_BYTES`]): more may wait.
+    tx_full: bool,
     /// Datagrams came in since the last idle step: the next one warms the receive
     /// buffers ([`softhca_transport::Engine::warm_receives`]).
     warm_due: bool,
@@ -156,6 +166,7 @@ impl Stepper {
             deferred: SmallVec::new(),
             burst: false,
             unbuilt: 0,
+            tx_full: false,
             warm_due: false,
             rx_resume: None,
             senders,
@@ -167,7 +178,7 @@ impl Stepper {
 
     /// The doorbell half of a step, for a thread that just posted work: no receive, the
     /// engine builds what is ready and it goes out now (as a NIC starts sending at its
-    /// doorbell). Returns whether every transmit buffer was filled (more to send).
+    /// doorbell). Returns whether the round was full (more to send).
     pub(crate) fn transmit(&mut self, shared: &DatapathShared) -> bool {
         self.transmit_with(shared, false, |_, _| ()).1
     }
@@ -223,7 +234,7 @@ impl Stepper {
                 }
             }
         }
-        (r, ntx == TX_BATCH)
+        (r, self.tx_full && ntx > 0)
     }
 
     /// One step. `force` runs the engine even with nothing received and nothing pending
@@ -285,7 +296,7 @@ impl Stepper {
         shared
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
-        step.more_tx = ntx == TX_BATCH;
+        step.more_tx = self.tx_full && ntx > 0;
         let left = self.rx_resume.is_some();
         if left {
             Stats::add(&shared.stats.rx_acks_deferred, 1);
@@ -556,8 +567,9 @@ impl Stepper {
     }
 
     /// Fills the transmit buffers: first the transmits the last posts kept back, the last
-    /// of them filled up if it can be, then new ones until the engine has nothing more or
-    /// every buffer is used.
+    /// of them filled up if it can be, then new ones until the engine has nothing more,
+    /// every buffer is used or the round has [`ROUND_BYTES`] (then `tx_full` is set: more
+    /// may be waiting).
     fn build_transmits(&mut self, engine: &mut Engine, now: Nanos) {
         // The buffers in use, one bit each.
         const _: () = assert!(TX_BATCH <= 64);
@@ -574,13 +586,30 @@ impl Stepper {
             self.tx.push((b, t));
             taken |= 1 << b;
         }
+        let mut bytes: usize = self.tx.iter().map(|(_, t)| t.len).sum();
+        // A round that follows a full one (a stream) may take every buffer.
+        let cap = if self.tx_full {
+            usize::MAX
+        } else {
+            ROUND_BYTES
+        };
+        self.tx_full = true;
         for (b, buf) in self.tx_bufs.iter_mut().enumerate() {
             if taken & (1 << b) != 0 {
                 continue;
             }
+            if bytes >= cap {
+                return;
+            }
             match engine.poll_transmit_gather(now, buf, &mut self.tx_pieces[b]) {
-                Some(t) => self.tx.push((b, t)),
-                None => break,
+                Some(t) => {
+                    bytes += t.len;
+                    self.tx.push((b, t));
+                }
+                None => {
+                    self.tx_full = false;
+                    return;
+                }
             }
         }
     }
@@ -589,8 +618,8 @@ impl Stepper {
     /// polls (its window is open):
     /// - within a burst (the call before this post was a post too, no poll in between),
     ///   the trailing run of bulk transmits (packets of at least `MIN_SEGMENT`), so that
-    ///   the burst's posts leave in one `sendmmsg` at its end or when every buffer is
-    ///   used, and the last one may be filled up
+    ///   the burst's posts leave in one `sendmmsg` at its end or when a round is full
+    ///   (see [`ROUND_BYTES`]), and the last one may be filled up
     ///   ([`softhca_transport::Engine::poll_transmit_append`]) with packets of its size.
     ///   An application posting one WR per call, as perftest's bandwidth tests
     ///   do, then gets GSO sends of many messages, as one posting a list does; one whose
@@ -609,14 +638,14 @@ impl Stepper {
     /// still points into). An RC request completes only when acknowledged, after it left.
     fn keep_back(&mut self) {
         const MIN_SEGMENT: usize = 1024;
-        // Every buffer filled: more is waiting to be built, and goes out now anyway.
-        if self.tx.is_empty() || self.tx.len() >= TX_BATCH {
+        // A full round: more is waiting to be built, and this goes out now anyway.
+        if self.tx.is_empty() || self.tx_full {
             return;
         }
         let bulk = |t: &Transmit| t.segment_size >= MIN_SEGMENT;
         if self.burst {
             // The whole run waits, full GSO sends too: they leave with the rest of the
-            // burst in one `sendmmsg` (at the latest when every buffer is used) instead of
+            // burst in one `sendmmsg` (at the latest when a round is full) instead of
             // one system call per post.
             let run = self.tx.iter().rev().take_while(|(_, t)| bulk(t)).count();
             let from = self.tx.len() - run;
