@@ -514,14 +514,14 @@ impl Engine {
 
     /// Brings the buffers of the receives each SRQ hands out next into this CPU's
     /// cache, as many bytes as its receives took since the last call (at most
-    /// [`WARM_MAX`]): a datapath calls it when it goes idle after receiving.
+    /// [`WARM_MAX`]), and returns the bytes warmed: a datapath calls it when it goes
+    /// idle after receiving.
     ///
     /// Why: UCX keeps 4095 receives of 8 KiB on its SRQ and the SRQ hands them out in
     /// the order posted (IBTA, and rxe), so each SEND lands in memory last touched 32 MiB
     /// ago, and its copy waits for every line to come from DRAM; a NIC's DMA does not
     /// stall the CPU. Warmed while the application waits for the message, they are in
     /// cache when it comes.
-    /// Returns the bytes warmed.
     pub fn warm_receives(&mut self) -> usize {
         let mut warmed = 0;
         for srq in self.srqs.values_mut() {
