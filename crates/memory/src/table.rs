@@ -571,9 +571,12 @@ impl MemoryTable {
     pub fn warm(&self, pd: PdId, sges: &[Sge], len: usize) -> usize {
         let mut covered = 0;
         for s in sges {
+            if covered == len {
+                break;
+            }
             let n = (s.length as usize).min(len - covered);
             if n == 0 {
-                break;
+                continue;
             }
             let Ok(p) = self.resolve(
                 pd.into(),

@@ -820,6 +820,12 @@ fn warm_covers_what_checks_out() {
         },
     ];
     assert_eq!(t.warm(pd, &bad, 10_000), 4096, "stops at the bad key");
+    let empty_first = [sge(&a, &ka, 0, 0), two[1]];
+    assert_eq!(
+        t.warm(pd, &empty_first, 10_000),
+        4096,
+        "an empty SGE is skipped"
+    );
     let past = [sge(&a, &ka, 4096, 8192)];
     assert_eq!(t.warm(pd, &past, 10_000), 0, "past the region's end");
     assert_eq!(a, pattern(8192));
