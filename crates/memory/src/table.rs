@@ -569,28 +569,15 @@ impl MemoryTable {
     /// covered. An SGE that does not check out ends it quietly: the receive that uses it
     /// reports the error.
     pub fn warm(&self, pd: PdId, sges: &[Sge], len: usize) -> usize {
+        let total = Self::sge_total_len(sges).unwrap_or(0);
+        let len = len.min(usize::try_from(total).unwrap_or(usize::MAX));
         let mut covered = 0;
-        for s in sges {
-            if covered == len {
-                break;
-            }
-            let n = (s.length as usize).min(len - covered);
-            if n == 0 {
-                continue;
-            }
-            let Ok(p) = self.resolve(
-                pd.into(),
-                s.lkey,
-                false,
-                s.addr,
-                n as u64,
-                AccessFlags::LOCAL_WRITE,
-            ) else {
-                break;
-            };
+        // `walk` checks each SGE as a receive's placement does and stops at the first
+        // that fails; what it covered before that is warmed all the same.
+        let _ = self.walk(pd, sges, 0, len, AccessFlags::LOCAL_WRITE, |p, _, n| {
             prefetch_lines(p.cast_const(), n);
             covered += n;
-        }
+        });
         covered
     }
 

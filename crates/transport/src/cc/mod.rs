@@ -45,9 +45,9 @@
 //!   is 10 segments) because it leaves as one burst: the burst's last packet waits
 //!   behind the rest at the bottleneck, and flows started together took that for part
 //!   of their base round trip (a 64 KiB initial window left two such flows at 0.2 and
-//!   0.8 of the link). For the same reason a QP's first message larger than the window asks for
-//!   an ACK on its first packet: the first sample is of a packet with nothing of its
-//!   own ahead of it. Additive increase is one packet per millisecond of smoothed
+//!   0.8 of the link). For the same reason a QP's first message larger than the window
+//!   asks for an ACK on its first packet: the first sample is of a packet with nothing
+//!   of its own ahead of it. Additive increase is one packet per millisecond of smoothed
 //!   round trip, so a long path regains its window about as fast as a short one.
 //! - A loss cuts the window (to the base over the smoothed round trip, what the path
 //!   holds without its queue, by at most half) only when the round trip is over the target: a
