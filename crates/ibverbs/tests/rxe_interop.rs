@@ -20,15 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn harness() -> Option<PathBuf> {
-    if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
-        eprintln!("SKIP: set SOFTHCA_RXE_VM=1 to run the kernel rxe interop test");
-        return None;
-    }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm");
-    if !p.exists() {
-        eprintln!("SKIP: {} not found", p.display());
-        return None;
-    }
+    let p = rxe_vm::harness()?;
     for bin in [
         "ibv_rc_pingpong",
         "ib_write_bw",

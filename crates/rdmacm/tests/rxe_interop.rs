@@ -30,15 +30,7 @@ const GUEST: &str = "10.99.0.2";
 const STOPPED: &str = "10.99.0.5";
 
 fn harness() -> Option<PathBuf> {
-    if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
-        eprintln!("SKIP: set SOFTHCA_RXE_VM=1 to run the kernel rxe interop test");
-        return None;
-    }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm");
-    if !p.exists() {
-        eprintln!("SKIP: {} not found", p.display());
-        return None;
-    }
+    let p = rxe_vm::harness()?;
     let bins = ["rping", "ucmatose", "udaddy", "ib_write_bw"];
     if common::lib_dir().is_none() || !bins.iter().all(|b| common::have(b)) {
         return None;

@@ -12,19 +12,6 @@ mod rxe_vm;
 
 use std::path::{Path, PathBuf};
 
-fn harness() -> Option<PathBuf> {
-    if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
-        eprintln!("skipped: set SOFTHCA_RXE_VM=1 to run the kernel rxe interop test");
-        return None;
-    }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm");
-    if !p.exists() {
-        eprintln!("skipped: {} not found", p.display());
-        return None;
-    }
-    Some(p)
-}
-
 /// `cargo test` builds the examples next to the test binaries: target/<profile>/examples.
 fn example() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -68,7 +55,7 @@ fn assert_both_finished(ok: bool, text: &str, iters: u32) {
 /// One test, both directions in turn: the harness has one VM network namespace.
 #[test]
 fn rc_pingpong_with_kernel_rxe_both_ways() {
-    let Some(h) = harness() else { return };
+    let Some(h) = rxe_vm::harness() else { return };
     let ex = example();
     softhca_client_kernel_rxe_server(&h, &ex);
     kernel_rxe_client_softhca_server(&h, &ex);

@@ -1,8 +1,24 @@
 //! One boot of the kernel-rxe VM harness (`../shared/tools/rxe-vm`), for the interop
 //! tests of `softhca` and of `softhca-ibverbs` (which includes this file by path).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The harness, when asked for (`SOFTHCA_RXE_VM` set) and present; None, with a line
+/// saying why, otherwise: it needs root and boots under software emulation.
+#[allow(dead_code)]
+pub fn harness() -> Option<PathBuf> {
+    if std::env::var_os("SOFTHCA_RXE_VM").is_none() {
+        eprintln!("SKIP: set SOFTHCA_RXE_VM=1 to run the kernel rxe interop test");
+        return None;
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm");
+    if !p.exists() {
+        eprintln!("SKIP: {} not found", p.display());
+        return None;
+    }
+    Some(p)
+}
 
 /// Boots the VM with `guest` and `host` commands; returns whether the harness succeeded
 /// and its combined output.
