@@ -139,7 +139,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "SOFTHCA_DIRECT_RX",
-        "`1` receives in-order SEND, WRITE and READ response payload straight into registered memory",
+        "`0` receives every datagram into a buffer first (default: in-order SEND, WRITE and READ response payload straight into registered memory)",
     ),
     ("SOFTHCA_CC", "`0` turns congestion control of RC QPs off"),
     (
@@ -246,10 +246,10 @@ pub struct Config {
     /// First/Middle/Last as rxe does. The transport's `EngineConfig::split_rc_writes`
     /// says what the peer sees differently.
     pub split_writes: bool,
-    /// Receive the payload of in-order SEND and WRITE packets of a message in progress
-    /// straight into registered memory (the transport's `direct` module), instead of
-    /// into a buffer and then copying it. Off by default: measured on loopback it costs
-    /// more CPU than the copy it saves (see the README's environment table).
+    /// Receive the payload of in-order SEND and WRITE packets of a message in progress,
+    /// and of READ responses, straight into registered memory (the transport's `direct`
+    /// module), instead of into a buffer and then copying it. It turns itself off while
+    /// what arrives cannot be planned (small messages, WRITE Only packets).
     pub direct_rx: bool,
     /// Congestion control of RC QPs: a delay-driven window and pacing, decided by the
     /// sender alone (`softhca_transport::cc`); `false` sends as fast as the window
@@ -307,7 +307,7 @@ impl Default for Config {
             name: "softhca0".to_string(),
             tx_drop_ppm: 0,
             split_writes: true,
-            direct_rx: false,
+            direct_rx: true,
             congestion_control: true,
             uc_ud_rate: None,
             connected_senders: true,

@@ -8,12 +8,13 @@
 //! [`Engine::handle_datagram`] would, without copying the payload again.
 //!
 //! Why this never shows bytes that RC/UC semantics do not allow. A plan is made only
-//! for a Middle or Last packet (SEND or WRITE, no immediate) at the expected PSN of a
+//! for a SEND Middle or Last (no immediate) or a WRITE Middle at the expected PSN of a
 //! message whose First packet has already been checked and executed, or for a SEND
 //! First at the expected PSN when the QP's own receive queue has a WQE (or its shared
 //! one, for a packet in hand that takes that WQE at once); and it covers
 //! only what that message may still write: a WRITE's remaining RETH range (checked
-//! against the rkey when the First came), or the rest of the current SGE of the receive
+//! against the rkey when the First came) but its last byte, which programs poll for the
+//! WRITE's arrival (so its Last lands only once checked), or the rest of the current SGE of the receive
 //! WQE the SEND consumes or will consume. On the requester, a plan is made for the READ
 //! response at the PSN the oldest outstanding READ expects next, covering the rest of
 //! that READ's local buffer: a READ's target is undefined until the READ completes, and
@@ -104,11 +105,14 @@ impl Qp {
                 va,
                 remaining,
                 ..
-            } if op.is_write() => {
+            } if op.is_write() && op.is_middle() => {
                 let p = mem
                     .remote_write_span((self.init.pd, self.qpn), *rkey, *va, *remaining)
                     .ok()??;
-                Some((p, usize::try_from(*remaining).ok()?))
+                // Not the WRITE's last byte: programs poll it for the WRITE's arrival
+                // (perftest's `ib_write_lat`), so the packet that carries it (a Last, in
+                // the same GRO datagram or not) lands only once its ICRC is checked.
+                Some((p, usize::try_from(remaining.checked_sub(1)?).ok()?))
             }
             InMsg::Send { wqe, off, .. } if op.is_send() => mem
                 .scatter_span(self.init.pd, &wqe.sg_list, usize::try_from(*off).ok()?)

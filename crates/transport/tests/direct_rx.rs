@@ -297,11 +297,24 @@ fn only_in_order_continuations_are_planned() {
     assert_eq!(eng.direct_plan(peer.ip(), &pkts[0].1), None);
     eng.handle_datagram(0, &info(pkts[0].0), &pkts[0].1);
     assert_eq!(eng.counters().rcvd_pkts, 1);
-    // The Middle at the expected PSN is, into the rest of the WRITE's range; the one
-    // after it is not, nor is a packet from another address.
+    // The Middle at the expected PSN is, into the rest of the WRITE's range but its
+    // last byte (programs poll it); the one after it is not, nor is a packet from
+    // another address.
     let plan = eng.direct_plan(peer.ip(), &pkts[1].1).expect("planned");
-    assert_eq!((plan.dst as u64, plan.room), (dst.addr + 1024, 8192 - 1024));
+    assert_eq!(
+        (plan.dst as u64, plan.room),
+        (dst.addr + 1024, 8192 - 1024 - 1)
+    );
     assert_eq!(eng.direct_plan(peer.ip(), &pkts[2].1), None);
     assert_eq!(eng.direct_plan(us, &pkts[1].1), None);
+    // The Last, at its expected PSN after the Middles, is not planned: it carries the
+    // last byte, which lands only once its ICRC is checked.
+    for (k, p) in &pkts[1..7] {
+        eng.handle_datagram(0, &info(*k), p);
+    }
+    assert_eq!(eng.counters().rcvd_pkts, 7);
+    assert_eq!(eng.direct_plan(peer.ip(), &pkts[7].1), None);
+    eng.handle_datagram(0, &info(pkts[7].0), &pkts[7].1);
+    assert_eq!(eng.counters().rcvd_pkts, 8);
     let _ = b;
 }

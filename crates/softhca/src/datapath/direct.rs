@@ -41,6 +41,8 @@ const MAX_DATAGRAM: usize = 65_535;
 pub(super) enum Then {
     /// The socket is empty.
     Empty,
+    /// A whole batch was received directly: the step handles it before receiving more.
+    Full,
     /// Receive at most this many datagrams into the buffers.
     Batch(usize),
 }
@@ -199,10 +201,12 @@ impl DirectRx {
                 }
             }
             if !self.armed {
-                break;
+                return (done, Then::Batch(RECV_BATCH));
             }
         }
-        (done, Then::Batch(RECV_BATCH))
+        // More in the socket is received directly by the next step, not into the
+        // buffers by this one: half of a stream went through them when it was.
+        (done, Then::Full)
     }
 
     /// The scatter list for a datagram of `meta.len` bytes in GRO segments of

@@ -368,7 +368,7 @@ impl Stepper {
                 let (n, then) = d.receive(shared, s, self.local_ips[i]);
                 total += n;
                 match then {
-                    Then::Empty => continue,
+                    Then::Empty | Then::Full => continue,
                     Then::Batch(m) => max = m,
                 }
             }
