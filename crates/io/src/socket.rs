@@ -23,6 +23,13 @@ const SEND_BATCH: usize = 64;
 /// burst of GSO sends or a descheduled datapath thread does not drop packets.
 const SOCKET_BUFFER: usize = 16 << 20;
 
+/// The receive buffer is this many times the send buffer: UC and UD have no flow
+/// control, and a receiving process descheduled for a scheduler slice (a few ms on a
+/// busy 2-core host) while a sender on the same host moves 5 GB/s needs that much room,
+/// or whole UC messages are lost (perftest's `ib_send_bw -c UC` then never ends). The
+/// kernel charges a buffer only for what is queued in it.
+const RECV_BUFFER_FACTOR: usize = 4;
+
 /// Linux `UDP_MAX_SEGMENTS` (include/linux/udp.h): 64 up to 6.8; later kernels raised it
 /// to 128, but 64 is accepted everywhere and already fills 64 KiB for RoCE MTUs ≥ 1024.
 const MAX_GSO_SEGMENTS: usize = 64;
@@ -125,8 +132,9 @@ pub struct BindOptions {
     ///
     /// [`RecvMeta::tos`]: crate::RecvMeta::tos
     pub recv_tos: bool,
-    /// Send and receive buffer bytes (clamped to 64 KiB..1 GiB): forced when privileged
-    /// (`SO_*BUFFORCE`), else as much as `net.core.*mem_max` allows.
+    /// Send buffer bytes, and a quarter of the receive buffer's (clamped to 64 KiB..1
+    /// GiB): forced when privileged (`SO_*BUFFORCE`), else as much as
+    /// `net.core.*mem_max` allows.
     pub sockbuf: usize,
     /// Send and receive only through this interface (its index; 0: any), as rxe sends
     /// only through its netdev (`rxe_find_route4` routes with `flowi4_oif` = the
@@ -379,12 +387,23 @@ impl RoceSocket {
         self.socket.send_to(buf, &to.into())
     }
 
-    /// Asks for large buffers: forced (needs CAP_NET_ADMIN), else capped by sysctl.
+    /// Asks for large buffers: forced (needs CAP_NET_ADMIN), else capped by sysctl. The
+    /// receive buffer is [`RECV_BUFFER_FACTOR`] times the send buffer.
     fn grow_buffers(fd: RawFd, bytes: usize) {
-        let size = bytes.clamp(64 << 10, 1 << 30) as libc::c_int;
-        for (force, plain, name) in [
-            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
-            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
+        let size = |b: usize| b.clamp(64 << 10, 1 << 30) as libc::c_int;
+        for (force, plain, name, size) in [
+            (
+                libc::SO_SNDBUFFORCE,
+                libc::SO_SNDBUF,
+                "SO_SNDBUF",
+                size(bytes),
+            ),
+            (
+                libc::SO_RCVBUFFORCE,
+                libc::SO_RCVBUF,
+                "SO_RCVBUF",
+                size(bytes.saturating_mul(RECV_BUFFER_FACTOR)),
+            ),
         ] {
             if setsockopt_int(fd, libc::SOL_SOCKET, force, size).is_err() {
                 if let Err(e) = setsockopt_int(fd, libc::SOL_SOCKET, plain, size) {

@@ -162,7 +162,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_TX_DROP",
         "fault injection: drop each outgoing packet with this probability",
     ),
-    ("SOFTHCA_SOCKBUF", "UDP socket buffer bytes"),
+    ("SOFTHCA_SOCKBUF", "UDP send buffer bytes (the receive buffer is four times it)"),
     (
         "SOFTHCA_STATS",
         "print a device's counters and turnaround phases when it closes",
@@ -278,7 +278,8 @@ pub struct Config {
     pub gso: bool,
     /// Try UDP receive offload (`UDP_GRO`), probed likewise.
     pub gro: bool,
-    /// Send and receive buffer bytes asked of each socket (forced when privileged).
+    /// Send buffer bytes asked of each socket, a quarter of the receive buffer's (forced
+    /// when privileged).
     pub sockbuf: usize,
     /// The multipath RC extension (`SOFTHCA_MP`, `SOFTHCA_MP_ADDRS`,
     /// `SOFTHCA_MP_SPORTS`): negotiated per RC QP with a softhca peer, which then

@@ -193,11 +193,10 @@ impl DatapathShared {
         for _ in 0..INLINE_STEPS {
             let step = p.step(self, false, Some(polled));
             any |= step.active;
+            // More to send: the step left `pending` set for the next one.
             if !step.more_tx {
                 break;
             }
-            // More to send: the next step must run the engine even with nothing new.
-            self.pending.store(true, Ordering::SeqCst);
         }
         drop(p);
         self.wake_for_timer();

@@ -297,6 +297,12 @@ impl Stepper {
             .deadline
             .store(deadline.unwrap_or(Nanos::MAX), Ordering::Relaxed);
         step.more_tx = self.tx_full && ntx > 0;
+        if step.more_tx {
+            // Whoever steps next builds the rest: the datapath thread's next step, or an
+            // application thread's when it polls through that thread's sleep (its own
+            // `force` alone left a large UC message to crawl out a round per window).
+            shared.pending.store(true, Ordering::SeqCst);
+        }
         let left = self.rx_resume.is_some();
         if left {
             Stats::add(&shared.stats.rx_acks_deferred, 1);
