@@ -190,9 +190,7 @@ impl RecvBatch {
     /// receive, without `recvmmsg`'s vector and timeout handling (8 B ping-pong with
     /// softhca's sockets, interleaved runs: 4.25 → 4.17 µs per hop; `softhca perf send
     /// --lat` 5.76 → 5.66 µs).
-    ///
-    /// At most `max` datagrams (and at least one).
-    pub(crate) fn recv_from(&mut self, fd: RawFd, max: usize) -> io::Result<usize> {
+    pub(crate) fn recv_from(&mut self, fd: RawFd) -> io::Result<usize> {
         self.len = 0;
         let cap = self.metas.len();
         if cap == 0 {
@@ -202,11 +200,7 @@ impl RecvBatch {
             self.prime(0..cap);
             self.primed = true;
         }
-        let n = if self.last_empty {
-            1
-        } else {
-            cap.min(max.max(1))
-        };
+        let n = if self.last_empty { 1 } else { cap };
         let got = loop {
             let rc = if n == 1 {
                 // SAFETY: `hdrs[0].msg_hdr` points at live buffers of the stated sizes owned

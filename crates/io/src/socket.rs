@@ -501,12 +501,7 @@ impl RoceSocket {
     /// may hold several; split it with [`crate::segments`]. Returns
     /// [`io::ErrorKind::WouldBlock`] when nothing is queued.
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        self.recv_at_most(batch, usize::MAX)
-    }
-
-    /// [`RoceSocket::recv`] of at most `max` datagrams (at least one).
-    pub fn recv_at_most(&self, batch: &mut RecvBatch, max: usize) -> io::Result<usize> {
-        let n = batch.recv_from(self.socket.as_raw_fd(), max)?;
+        let n = batch.recv_from(self.socket.as_raw_fd())?;
         let ip = self.local.ip();
         if !ip.is_unspecified() {
             batch.set_dst_ip(ip);

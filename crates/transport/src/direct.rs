@@ -11,10 +11,10 @@
 //! for a SEND Middle or Last (no immediate) or a WRITE Middle at the expected PSN of a
 //! message whose First packet has already been checked and executed, or for a SEND
 //! First at the expected PSN when the QP's own receive queue has a WQE (or its shared
-//! one, for a packet in hand that takes that WQE at once); and it covers
-//! only what that message may still write: a WRITE's remaining RETH range (checked
-//! against the rkey when the First came) but its last byte, which programs poll for the
-//! WRITE's arrival (so its Last lands only once checked), or the rest of the current SGE of the receive
+//! one, for a packet in hand that takes that WQE at once); and it covers only what that
+//! message may still write: a WRITE's remaining RETH range (checked against the rkey
+//! when the First came) but its last byte, which programs poll for the WRITE's arrival
+//! (so its Last lands only once checked), or the rest of the current SGE of the receive
 //! WQE the SEND consumes or will consume. On the requester, a plan is made for the READ
 //! response at the PSN the oldest outstanding READ expects next, covering the rest of
 //! that READ's local buffer: a READ's target is undefined until the READ completes, and

@@ -43,8 +43,8 @@ pub(super) enum Then {
     Empty,
     /// A whole batch was received directly: the step handles it before receiving more.
     Full,
-    /// Receive at most this many datagrams into the buffers.
-    Batch(usize),
+    /// Receive into the buffers (a batch).
+    Batch,
 }
 
 /// One GRO segment of a direct receive: its offset and length in the datagram, and
@@ -123,11 +123,11 @@ impl DirectRx {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (done, Then::Empty),
                 // Let the batch receive see and count it.
-                Err(_) => return (done, Then::Batch(RECV_BATCH)),
+                Err(_) => return (done, Then::Batch),
             };
             if meta.len < BULK || meta.len > MAX_DATAGRAM {
                 self.armed = false;
-                return (done, Then::Batch(RECV_BATCH));
+                return (done, Then::Batch);
             }
             let mut core = shared.engine.lock();
             let head = &self.head[..meta.len.min(PEEK)];
@@ -158,7 +158,7 @@ impl DirectRx {
             let got = unsafe { self.rx.recv(socket, &mut self.iov) };
             let got = match got {
                 Ok(m) => m,
-                Err(_) => return (done, Then::Batch(RECV_BATCH)),
+                Err(_) => return (done, Then::Batch),
             };
             done += 1;
             let now = shared.now();
@@ -201,7 +201,7 @@ impl DirectRx {
                 }
             }
             if !self.armed {
-                return (done, Then::Batch(RECV_BATCH));
+                return (done, Then::Batch);
             }
         }
         // More in the socket is received directly by the next step, not into the

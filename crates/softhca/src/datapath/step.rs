@@ -369,16 +369,14 @@ impl Stepper {
             if i < 64 && ready & 1 << i == 0 {
                 continue;
             }
-            let mut max = usize::MAX;
             if let Some(d) = self.direct.as_mut().filter(|d| d.armed()) {
                 let (n, then) = d.receive(shared, s, self.local_ips[i]);
                 total += n;
-                match then {
-                    Then::Empty | Then::Full => continue,
-                    Then::Batch(m) => max = m,
+                if then != Then::Batch {
+                    continue;
                 }
             }
-            self.rx_count[i] = match s.recv_at_most(&mut self.rx[i], max) {
+            self.rx_count[i] = match s.recv(&mut self.rx[i]) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
