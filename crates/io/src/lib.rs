@@ -32,7 +32,7 @@ mod recv;
 mod sockaddr;
 mod socket;
 
-pub use affinity::{allowed_cpus, pin_current_thread, request_short_slice};
+pub use affinity::{allowed_cpus, pin_current_thread, request_nice, request_short_slice};
 pub use connected::ConnectedSender;
 pub use error::IoError;
 pub use event::{Event, EventFd, Events, Interest, Poller};
