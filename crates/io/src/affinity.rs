@@ -100,6 +100,36 @@ pub fn request_short_slice(slice_ns: u64) -> Result<(), IoError> {
     Ok(())
 }
 
+/// Lowers the calling thread's nice value to `nice` (a larger scheduler weight), if it
+/// is higher and the process may (`CAP_SYS_NICE` or `RLIMIT_NICE`); otherwise leaves it.
+///
+/// Why, for a thread that sleeps until a packet arrives while application threads spin
+/// on every CPU: EEVDF lets a woken thread preempt only if it is *eligible*, and a
+/// thread that ran a few microseconds at each of frequent wake-ups goes back to sleep
+/// with a small negative lag, so the next wake-up waits for the spinning thread's slice
+/// or the tick (milliseconds). A larger weight makes the same run time cost less virtual
+/// time, and the lag stays near zero.
+pub fn request_nice(nice: i32) -> Result<(), IoError> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as libc::id_t;
+    // getpriority returns the nice value, and -1 is a valid one: errno tells an error.
+    // SAFETY: setting errno through the pointer libc gives this thread.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: PRIO_PROCESS with a thread ID of this process reads that thread's nice.
+    let cur = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if cur == -1 && std::io::Error::last_os_error().raw_os_error() != Some(0) {
+        return Err(IoError::last_os("getpriority"));
+    }
+    if cur <= nice {
+        return Ok(());
+    }
+    // SAFETY: as above; only this thread's nice value changes.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+        return Err(IoError::last_os("setpriority"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,34 +161,24 @@ mod tests {
         .join()
         .unwrap();
     }
-}
 
-/// Lowers the calling thread's nice value to `nice` (a larger scheduler weight), if it
-/// is higher and the process may (`CAP_SYS_NICE` or `RLIMIT_NICE`); otherwise leaves it.
-///
-/// Why, for a thread that sleeps until a packet arrives while application threads spin
-/// on every CPU: EEVDF lets a woken thread preempt only if it is *eligible*, and a
-/// thread that ran a few microseconds at each of frequent wake-ups goes back to sleep
-/// with a small negative lag, so the next wake-up waits for the spinning thread's slice
-/// or the tick (milliseconds). A larger weight makes the same run time cost less virtual
-/// time, and the lag stays near zero.
-pub fn request_nice(nice: i32) -> Result<(), IoError> {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as libc::id_t;
-    // getpriority returns the nice value, and -1 is a valid one: errno tells an error.
-    // SAFETY: setting errno through the pointer libc gives this thread.
-    unsafe { *libc::__errno_location() = 0 };
-    // SAFETY: PRIO_PROCESS with a thread ID of this process reads that thread's nice.
-    let cur = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    if cur == -1 && std::io::Error::last_os_error().raw_os_error() != Some(0) {
-        return Err(IoError::last_os("getpriority"));
+    /// A new thread lowers its nice value where the process may (it then reads back as
+    /// asked, and another call leaves it), and keeps it with an error where it may not.
+    #[test]
+    fn request_nice_lowers_only_where_allowed() {
+        std::thread::spawn(|| {
+            // SAFETY: gettid and getpriority of this thread have no preconditions.
+            let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as _) };
+            let before = nice();
+            match request_nice(before - 1) {
+                Ok(()) => assert_eq!(nice(), before - 1),
+                Err(_) => assert_eq!(nice(), before),
+            }
+            let now = nice();
+            request_nice(now + 1).expect("a higher nice than the current one is left alone");
+            assert_eq!(nice(), now);
+        })
+        .join()
+        .expect("thread");
     }
-    if cur <= nice {
-        return Ok(());
-    }
-    // SAFETY: as above; only this thread's nice value changes.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
-        return Err(IoError::last_os("setpriority"));
-    }
-    Ok(())
 }
