@@ -191,7 +191,7 @@ impl DatapathShared {
         };
         let mut any = false;
         for _ in 0..INLINE_STEPS {
-            let step = p.step(self, false, Some(polled));
+            let step = p.step(self, Some(polled));
             any |= step.active;
             // More to send: the step left `pending` set for the next one.
             if !step.more_tx {

@@ -237,16 +237,11 @@ impl Stepper {
         (r, self.tx_full && ntx > 0)
     }
 
-    /// One step. `force` runs the engine even with nothing received and nothing pending
-    /// (the last step left transmits behind). `polled`: the caller is an application
+    /// One step. A step that fills its round of transmits leaves `pending` set, so the
+    /// next one runs the engine for the rest. `polled`: the caller is an application
     /// thread polling this CQ; its completions come first: the step may hold the ACKs it
     /// owes (see `held`) and leave the trailing ACKs it received (see `rx_resume`).
-    pub(crate) fn step(
-        &mut self,
-        shared: &DatapathShared,
-        force: bool,
-        polled: Option<CqId>,
-    ) -> Step {
+    pub(crate) fn step(&mut self, shared: &DatapathShared, polled: Option<CqId>) -> Step {
         // What the application's last posts kept back leaves before anything is received:
         // the peer waits for it, and what came in meanwhile (ACKs, mostly) can wait the
         // few microseconds its receive and handling take.
@@ -274,7 +269,7 @@ impl Stepper {
             received: rx > 0,
             ..Step::default()
         };
-        if !(rx > 0 || resume || pending || due || force || was_held) {
+        if !(rx > 0 || resume || pending || due || was_held) {
             // Idle after receiving: bring the receive buffers the next messages land in
             // into this CPU's cache now, not while the next message waits to be copied.
             if self.warm_due {
@@ -299,8 +294,9 @@ impl Stepper {
         step.more_tx = self.tx_full && ntx > 0;
         if step.more_tx {
             // Whoever steps next builds the rest: the datapath thread's next step, or an
-            // application thread's when it polls through that thread's sleep (its own
-            // `force` alone left a large UC message to crawl out a round per window).
+            // application thread's when it polls through that thread's sleep (a flag of
+            // the datapath thread's own left a large UC message to crawl out a round per
+            // window).
             shared.pending.store(true, Ordering::SeqCst);
         }
         let left = self.rx_resume.is_some();

@@ -41,7 +41,6 @@ pub(crate) struct DatapathThread {
 
 /// What the loop of [`DatapathThread::run`] carries from one turn to the next.
 struct Turns {
-    more_tx: bool,
     last_active: Instant,
     iterations: u64,
     /// The application's polling window this thread last slept out (0: none).
@@ -106,7 +105,6 @@ impl DatapathThread {
         }
         let shared = self.shared.clone();
         let mut turns = Turns {
-            more_tx: false,
             last_active: Instant::now(),
             iterations: 0,
             slept_out: 0,
@@ -135,11 +133,7 @@ impl DatapathThread {
         let expired = turns.slept_out != 0 && app_until == turns.slept_out;
         turns.slept_out = 0;
         turns.stretch = 0;
-        let Some(step) = shared
-            .stepper
-            .try_lock()
-            .map(|mut s| s.step(shared, turns.more_tx, None))
-        else {
+        let Some(step) = shared.stepper.try_lock().map(|mut s| s.step(shared, None)) else {
             // An application thread is in a step right now.
             std::thread::yield_now();
             return true;
@@ -151,7 +145,6 @@ impl DatapathThread {
                 shared.serve_until.store(until, Ordering::Relaxed);
             }
         }
-        turns.more_tx = step.more_tx;
         if step.active {
             turns.last_active = Instant::now();
         }
