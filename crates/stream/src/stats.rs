@@ -11,45 +11,65 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// CPU seconds (user + system) used so far by the calling thread (getrusage
-/// RUSAGE_THREAD).
+/// CPU seconds (user + system) used so far by the calling thread.
+///
+/// `CLOCK_THREAD_CPUTIME_ID`, not `getrusage(RUSAGE_THREAD)`: the latter reads the
+/// scheduler's runtime as of the last tick or context switch, so a millisecond of frame
+/// verification right after a wake-up read as nothing and was charged to the receive.
 pub fn thread_cpu_s() -> f64 {
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is valid and writable; RUSAGE_THREAD is supported since Linux 2.6.26.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock exists since Linux 2.6.12.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return 0.0;
     }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// CPU seconds used by the threads of this process whose name is `comm` (e.g. a
-/// softhca datapath thread, `softhca-dp-<device>`), from /proc/self/task/*/stat.
+/// softhca datapath thread, `softhca-dp-<device>`): each one's `schedstat` runtime in
+/// nanoseconds, or its `stat` user + system time in clock ticks (10 ms) where the kernel
+/// keeps no schedstat.
 pub fn named_threads_cpu_s(comm: &str) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
     let want: String = comm.chars().take(15).collect();
     let mut total = 0.0;
     for e in dir.flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+        let Ok(name) = std::fs::read_to_string(e.path().join("comm")) else {
             continue;
         };
-        let (Some(l), Some(r)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        if stat[l + 1..r] != want {
+        if name.trim_end_matches('\n') != want {
             continue;
         }
-        // Fields after the name: state(3) ... utime(14) stime(15), 1-based overall.
-        let f: Vec<&str> = stat[r + 1..].split_whitespace().collect();
-        let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        total += (get(11) + get(12)) / hz;
+        total += task_cpu_s(&e.path());
     }
     total
+}
+
+/// CPU seconds of the task whose /proc directory is `task` (see [`named_threads_cpu_s`]).
+fn task_cpu_s(task: &std::path::Path) -> f64 {
+    let ns = std::fs::read_to_string(task.join("schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    if let Some(ns) = ns {
+        return ns * 1e-9;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(stat) = std::fs::read_to_string(task.join("stat")) else {
+        return 0.0;
+    };
+    let Some(r) = stat.rfind(')') else {
+        return 0.0;
+    };
+    // Fields after the name: state(3) ... utime(14) stime(15), 1-based overall.
+    let f: Vec<&str> = stat[r + 1..].split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (get(11) + get(12)) / hz
 }
 
 /// The `q` quantile (0..=1) of `v` (sorted in place), nearest rank; 0 when empty.
@@ -116,5 +136,37 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(thread_cpu_s() >= a);
+    }
+
+    /// A few milliseconds of work right after a wake-up show (they read as nothing from
+    /// getrusage until the next tick), in this thread's clock and in a named thread's.
+    #[test]
+    fn cpu_time_counts_work_between_ticks() {
+        let spin = |ms: u64| {
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_millis(ms) {
+                std::hint::spin_loop();
+            }
+        };
+        let seen = (0..5).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let a = thread_cpu_s();
+            spin(3);
+            thread_cpu_s() - a >= 0.001
+        });
+        assert!(seen, "3 ms of spinning never read as 1 ms of CPU");
+        let name = "stats-test-spin";
+        let t = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                spin(60);
+                std::thread::park();
+            })
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let cpu = named_threads_cpu_s(name);
+        t.thread().unpark();
+        t.join().unwrap();
+        assert!((0.02..1.0).contains(&cpu), "{cpu}");
     }
 }
