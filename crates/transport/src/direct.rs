@@ -234,13 +234,11 @@ impl Engine {
     }
 
     /// Handles a received packet (`udp_payload`, its ICRC last) whose payload has a
-    /// [`DirectPlan`] (but for a WRITE Last) by checking its ICRC while copying that
-    /// payload where the plan says, one pass over it instead of a check and then a
-    /// copy; the packet then executes
-    /// where it lies (the copy into place finds it there). False when it has no plan or
-    /// its ICRC does not match the predicted IPv4 ID: then it is handled as any packet,
-    /// from the buffer, and what the copy left in registered memory lies inside the
-    /// plan's range (see the module comment for why that is allowed).
+    /// [`DirectPlan`] (but for a WRITE Last): its ICRC is checked in the receive buffer,
+    /// then its payload is copied where the plan says and the packet executes where it
+    /// lies (the copy into place finds it there). False when it has no plan or its ICRC
+    /// does not match the predicted IPv4 ID: then it is handled as any packet, from the
+    /// buffer, having written nothing.
     pub(crate) fn handle_fused(
         &mut self,
         now: Nanos,
@@ -274,29 +272,23 @@ impl Engine {
             return false;
         }
         let stored = u32::from_le_bytes(icrc);
-        let total = udp_payload.len() - ICRC_LEN;
         let (src, sport) = (info.src.ip(), info.src.port());
         let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
-        let copy_and_check = |p: &UdpPseudo| {
-            let Some(crc) = wire::icrc_head(p, head, total) else {
-                return false;
-            };
+        let check = |p: &UdpPseudo| wire::icrc_pieces(p, head, &[payload]) == stored;
+        // A bundled packet was sealed with IPv4 ID 0 (see `softhca_wire::bundle`).
+        let matched = if bundled {
+            check(&pseudo)
+        } else {
+            self.ip_ids
+                .verify_predicted(&pseudo, info.src, info.segment_index, check)
+        };
+        if matched {
             // SAFETY: `[dst, dst + room)` is registered memory of a plan just made, which
             // stays registered while the engine is borrowed (deregistration needs
             // `&mut self`); `payload.len() <= room`, and the received buffer is not
             // registered memory, so the two do not overlap.
-            let dst = unsafe { std::slice::from_raw_parts_mut(plan.dst, payload.len()) };
-            // SAFETY: `payload` is readable for `dst.len()` bytes.
-            let crc = unsafe { softhca_memory::copy_crc32_from(crc, payload.as_ptr(), dst) };
-            crc == stored
-        };
-        // A bundled packet was sealed with IPv4 ID 0 (see `softhca_wire::bundle`).
-        let matched = if bundled {
-            copy_and_check(&pseudo)
-        } else {
-            self.ip_ids
-                .verify_predicted(&pseudo, info.src, info.segment_index, copy_and_check)
-        };
+            unsafe { softhca_memory::copy_in(payload.as_ptr(), plan.dst, payload.len()) };
+        }
         if !matched {
             return false;
         }

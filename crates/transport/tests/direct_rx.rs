@@ -1,8 +1,9 @@
 //! Direct receive (payload received straight into registered memory, ICRC checked
-//! there) and fused receive (payload copied into registered memory while its ICRC is
-//! checked, the default path of a planned packet) under loss, reordering, duplication
-//! and corruption: every byte a completed message shows is the message's, and nothing
-//! outside the target of a WRITE, a posted receive or a READ is ever written.
+//! there) and fused receive (ICRC checked in the receive buffer, then the payload copied
+//! into registered memory: the default path of a planned packet) under loss, reordering,
+//! duplication and corruption: every byte a completed message shows is the message's,
+//! and nothing outside the target of a WRITE, a posted receive or a READ is ever written
+//! (with fused receive, nothing past the message in its receive buffer either).
 
 mod sim;
 
@@ -174,6 +175,13 @@ fn send_case(seed: u64, direct: bool) -> Counters {
             assert!(
                 untouched(&d[buf(i) + BUF..buf(i) + BUF + GAP]),
                 "bytes after receive {i}'s buffer were written"
+            );
+            // Fused receive writes only packets that passed their ICRC, each where it
+            // belongs: never past the message (a direct receive may leave the next
+            // message's bytes there, see `direct`).
+            assert!(
+                direct || untouched(&d[buf(i) + len(i)..buf(i) + BUF]),
+                "bytes past message {i} in its receive buffer were written"
             );
         }
         net.nodes[1].completions.len() == MSGS && net.nodes[0].completions.len() == MSGS

@@ -236,14 +236,6 @@ pub fn icrc_with_tail(p: &UdpPseudo, head: &[u8], tail_len: usize, tail_crc: u32
     crc32_combine(h.finalize(), tail_crc, tail_len)
 }
 
-/// The CRC-32 of the bytes the ICRC covers up to the end of `head`, the first bytes of a
-/// packet whose RoCE part (without its ICRC) is `total` bytes long: continued over the
-/// rest of the packet (e.g. while that rest is copied, `softhca_memory::copy_crc32_from`)
-/// it is the ICRC. None when `head` is shorter than a BTH (its masking needs it whole).
-pub fn icrc_head(p: &UdpPseudo, head: &[u8], total: usize) -> Option<u32> {
-    (head.len() >= BTH_LEN).then(|| hash_head(p, head, total).finalize())
-}
-
 /// A hasher fed the masked IP and UDP headers of a packet whose RoCE part (without its
 /// ICRC) is `total` bytes long, then `head`, its first bytes, with the BTH masked.
 fn hash_head(p: &UdpPseudo, head: &[u8], total: usize) -> Hasher {

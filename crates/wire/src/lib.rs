@@ -67,8 +67,8 @@ pub use ext::{
 };
 pub use headers::{emit_packet, pad_count, parse, Headers, Packet};
 pub use icrc::{
-    crc32_combine, crc32_extend, icrc, icrc_head, icrc_pieces, icrc_with_tail, seal, seal_pieces,
-    seal_tail, solve_ipv4_id, verify, verify_ipv4_any_id, IpPseudo, UdpPseudo, ICRC_LEN,
+    crc32_combine, crc32_extend, icrc, icrc_pieces, icrc_with_tail, seal, seal_pieces, seal_tail,
+    solve_ipv4_id, verify, verify_ipv4_any_id, IpPseudo, UdpPseudo, ICRC_LEN,
 };
 pub use ip::{
     icrc_ip_packet, internet_checksum, parse_ip_udp, stored_icrc_ip_packet, EthernetHeader,
