@@ -1,12 +1,12 @@
 //! Copying a received payload into registered memory.
 //!
 //! Why not `copy_from_slice`: glibc's `memcpy` copies less than 8 KiB (its
-//! `rep_movsb_threshold` with 512-bit vectors) with vector stores, and a vector store to a
-//! line not in cache first reads that line (read for ownership). A receive buffer or a
-//! camera frame is usually not in cache, and a packet's payload is 4 KiB at most at the
-//! largest RoCE MTU: those stores took three times as long as the same bytes copied by
-//! `rep movsb`, which writes whole lines without reading them on CPUs with fast strings
-//! (ERMS), as the kernel's copy to user space does.
+//! `rep_movsb_threshold` with 512-bit vectors) with vector stores, and a packet's payload
+//! is at most 4 KiB at the largest RoCE MTU, at a destination that moves by a payload
+//! that is not a multiple of 64 (4096 less the headers). Copied that way into a 40 MiB
+//! ring of frames, 4068-byte pieces moved at 10–11 GB/s on this project's Xeon, with
+//! `rep movsb` (the kernel's copy to user space on CPUs with fast strings) 15–18 GB/s;
+//! into memory beyond every cache both ran at the memory's speed.
 
 /// Copies `len` bytes from `src` to `dst`.
 ///
