@@ -2,9 +2,10 @@
 //!
 //! Why not `copy_from_slice`: glibc's `memcpy` copies less than 8 KiB (its
 //! `rep_movsb_threshold` with 512-bit vectors) with vector stores, and a packet's payload
-//! is at most 4 KiB at the largest RoCE MTU, at a destination that moves by a payload
-//! that is not a multiple of 64 (4096 less the headers). Copied that way into a 40 MiB
-//! ring of frames, 4068-byte pieces moved at 10–11 GB/s on this project's Xeon, with
+//! is at most 4 KiB at the largest RoCE MTU, often at a destination not aligned to 64
+//! bytes (a receive buffer or an SGE may start anywhere). Copied that way into a 40 MiB
+//! ring, 4068-byte pieces moved at 10–11 GB/s on this project's Xeon (4096-byte ones at
+//! 18), with
 //! `rep movsb` (the kernel's copy to user space on CPUs with fast strings) 15–18 GB/s;
 //! into memory beyond every cache both ran at the memory's speed.
 
