@@ -282,16 +282,14 @@ impl Engine {
             self.ip_ids
                 .verify_predicted(&pseudo, info.src, info.segment_index, check)
         };
-        if matched {
-            // SAFETY: `[dst, dst + room)` is registered memory of a plan just made, which
-            // stays registered while the engine is borrowed (deregistration needs
-            // `&mut self`); `payload.len() <= room`, and the received buffer is not
-            // registered memory, so the two do not overlap.
-            unsafe { softhca_memory::copy_in(payload.as_ptr(), plan.dst, payload.len()) };
-        }
         if !matched {
             return false;
         }
+        // SAFETY: `[dst, dst + room)` is registered memory of a plan just made, which
+        // stays registered while the engine is borrowed (deregistration needs `&mut
+        // self`); `payload.len() <= room`, and the received buffer is not registered
+        // memory, so the two do not overlap.
+        unsafe { softhca_memory::copy_in(payload.as_ptr(), plan.dst, payload.len()) };
         self.counters.rx_fused += 1;
         // SAFETY: as above; these are the bytes just checked. Another thread may write
         // them meanwhile only if the application touches a buffer it must not.
