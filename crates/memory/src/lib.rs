@@ -18,14 +18,12 @@
 
 mod access;
 mod copy_crc;
-mod copy_in;
 mod error;
 mod key;
 mod table;
 mod window;
 
 pub use access::AccessFlags;
-pub use copy_in::copy_in;
 pub use error::MemError;
 pub use table::{
     AtomicOp, External, Grantee, MemoryTable, MrInfo, MrKeys, PdId, Rereg, Sge, Translation,

@@ -35,9 +35,6 @@ counters! {
     held_skipped,
     /// Packets received straight into registered memory and executed there.
     rx_direct,
-    /// Packets whose payload was copied into registered memory while their ICRC was
-    /// checked, in one pass, and executed there.
-    rx_fused,
     /// Bundles received (several packets in one datagram, see `softhca_wire::bundle`).
     rx_bundles,
     /// PSN sequence error NAKs received.

@@ -10,8 +10,9 @@
 //! Why this never shows bytes that RC/UC semantics do not allow. A plan is made only
 //! for a SEND Middle or Last (no immediate) or a WRITE Middle at the expected PSN of a
 //! message whose First packet has already been checked and executed, or for a SEND
-//! First at the expected PSN when the QP's own receive queue has a WQE (or its shared
-//! one, for a packet in hand that takes that WQE at once); and it covers only what that
+//! First at the expected PSN when the QP's own receive queue (not a shared one, whose
+//! head a SEND of another QP in the same datagram may take first) has a WQE; and it
+//! covers only what that
 //! message may still write: a WRITE's remaining RETH range (checked against the rkey
 //! when the First came) but its last byte, which programs poll for the WRITE's arrival
 //! (so its Last lands only once checked), or the rest of the current SGE of the receive
@@ -44,7 +45,7 @@
 
 use std::net::IpAddr;
 
-use softhca_wire::{self as wire, Bth, Headers, Opcode, UdpPseudo, ICRC_LEN};
+use softhca_wire::{self as wire, Bth, Headers, UdpPseudo, ICRC_LEN};
 
 use crate::datagram::DatagramInfo;
 use crate::engine::{same_ip, Engine};
@@ -68,23 +69,17 @@ pub struct DirectPlan {
 impl Qp {
     /// Where the payload of the in-order packet `bth` goes (a Middle or Last SEND or
     /// WRITE without immediate, at the expected PSN, of a message in progress, or a SEND
-    /// First into the next receive WQE), and how much room that message has left there.
-    /// `srq_head`: the WQE at the head of the QP's shared receive queue, when the packet
-    /// is executed before any other can take it (see [`Engine::handle_fused`]).
+    /// First into the next WQE of the QP's own receive queue), and how much room that
+    /// message has left there.
     fn direct_target(
         &self,
         mem: &softhca_memory::MemoryTable,
         bth: &Bth,
-        srq_head: Option<&RecvWr>,
     ) -> Option<(*mut u8, usize)> {
         let op = bth.opcode;
         let follows = op.is_middle() || (op.is_last() && !op.has_immediate());
-        // A SEND First takes the receive WQE at the head of the QP's own queue, or of a
-        // shared one only when no other QP can take it first.
-        let head = match self.init.srq {
-            None => self.rq.front(),
-            Some(_) => srq_head,
-        };
+        // A SEND First takes the receive WQE at the head of the QP's own queue.
+        let head = self.rq.front().filter(|_| self.init.srq.is_none());
         let starts = op.is_send() && op.is_first() && head.is_some();
         let ty = self.init.qp_type;
         if !(follows || starts)
@@ -184,7 +179,24 @@ impl Engine {
     /// `src`, may be received straight into registered memory; `None` when it must be
     /// received into a buffer (see the module comment for what a plan allows).
     pub fn direct_plan(&self, src: IpAddr, head: &[u8]) -> Option<DirectPlan> {
-        self.plan(src, head, false)
+        let bth = Bth::parse(head).ok()?;
+        if bth.tver != 0 || bth.pad_count != 0 || !wire::pkey_ok(bth.pkey) {
+            return None;
+        }
+        let qp = self.qps.get(&bth.dest_qp.value())?;
+        if !same_ip(src, qp.path.dst.ip()) {
+            return None;
+        }
+        let (dst, room) = if bth.opcode.is_read_response() {
+            qp.read_response_target(&self.memory, &bth)?
+        } else {
+            qp.direct_target(&self.memory, &bth)?
+        };
+        Some(DirectPlan {
+            header_len: bth.opcode.header_len(),
+            dst,
+            room,
+        })
     }
 
     /// The packet whose first bytes are `head` is for an RC or UC QP that receives and
@@ -198,104 +210,6 @@ impl Engine {
         self.qps
             .get(&bth.dest_qp.value())
             .is_some_and(|qp| qp.receives_in_order() && bth.psn.is_after(qp.resp.epsn))
-    }
-
-    /// [`Engine::direct_plan`]; `in_hand`: the packet is received and executes at once, so a
-    /// SEND First may be planned into the head of a shared receive queue (a plan for a
-    /// datagram still to be received may not: the segments before it may be SENDs of
-    /// other QPs that take that WQE first).
-    fn plan(&self, src: IpAddr, head: &[u8], in_hand: bool) -> Option<DirectPlan> {
-        let bth = Bth::parse(head).ok()?;
-        if bth.tver != 0 || bth.pad_count != 0 || !wire::pkey_ok(bth.pkey) {
-            return None;
-        }
-        let qp = self.qps.get(&bth.dest_qp.value())?;
-        if !same_ip(src, qp.path.dst.ip()) {
-            return None;
-        }
-        let (dst, room) = if bth.opcode.is_read_response() {
-            qp.read_response_target(&self.memory, &bth)?
-        } else {
-            // Only a SEND First takes a WQE: no lookup for the packets that continue one.
-            let first = bth.opcode.is_send() && bth.opcode.is_first();
-            let srq_head = qp
-                .init
-                .srq
-                .filter(|_| in_hand && first)
-                .and_then(|id| self.srqs.get(&id.0))
-                .and_then(|s| s.queue.front());
-            qp.direct_target(&self.memory, &bth, srq_head)?
-        };
-        Some(DirectPlan {
-            header_len: bth.opcode.header_len(),
-            dst,
-            room,
-        })
-    }
-
-    /// Handles a received packet (`udp_payload`, its ICRC last) whose payload has a
-    /// [`DirectPlan`] (but for a WRITE Last): its ICRC is checked in the receive buffer,
-    /// then its payload is copied where the plan says and the packet executes where it
-    /// lies (the copy into place finds it there). False when it has no plan or its ICRC
-    /// does not match the predicted IPv4 ID: then it is handled as any packet, from the
-    /// buffer, having written nothing.
-    pub(crate) fn handle_fused(
-        &mut self,
-        now: Nanos,
-        info: &DatagramInfo,
-        udp_payload: &[u8],
-        bundled: bool,
-    ) -> bool {
-        if !udp_payload.first().is_some_and(|&op| may_fuse(Opcode(op))) {
-            return false;
-        }
-        let Some(plan) = self.plan(info.src.ip(), udp_payload, true) else {
-            return false;
-        };
-        let Some((head, rest)) = udp_payload.split_at_checked(plan.header_len) else {
-            return false;
-        };
-        let Some((payload, icrc)) = rest.split_at_checked(rest.len().saturating_sub(ICRC_LEN))
-        else {
-            return false;
-        };
-        let Ok(h) = Headers::parse(head) else {
-            return false;
-        };
-        let Ok(icrc) = <[u8; ICRC_LEN]>::try_from(icrc) else {
-            return false;
-        };
-        if payload.is_empty()
-            || payload.len() > plan.room
-            || h.bth.opcode.header_len() != head.len()
-        {
-            return false;
-        }
-        let stored = u32::from_le_bytes(icrc);
-        let (src, sport) = (info.src.ip(), info.src.port());
-        let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
-        let check = |p: &UdpPseudo| wire::icrc_pieces(p, head, &[payload]) == stored;
-        // A bundled packet was sealed with IPv4 ID 0 (see `softhca_wire::bundle`).
-        let matched = if bundled {
-            check(&pseudo)
-        } else {
-            self.ip_ids
-                .verify_predicted(&pseudo, info.src, info.segment_index, check)
-        };
-        if !matched {
-            return false;
-        }
-        // SAFETY: `[dst, dst + room)` is registered memory of a plan just made, which
-        // stays registered while the engine is borrowed (deregistration needs `&mut
-        // self`); `payload.len() <= room`, and the received buffer is not registered
-        // memory, so the two do not overlap.
-        unsafe { softhca_memory::copy_in(payload.as_ptr(), plan.dst, payload.len()) };
-        self.counters.rx_fused += 1;
-        // SAFETY: as above; these are the bytes just checked. Another thread may write
-        // them meanwhile only if the application touches a buffer it must not.
-        let placed = unsafe { std::slice::from_raw_parts(plan.dst.cast_const(), payload.len()) };
-        self.dispatch(now, info, &h, placed, udp_payload.len());
-        true
     }
 
     /// Handles one segment received by a [`DirectPlan`]: its headers `head`, its
@@ -349,14 +263,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// Whether a packet with opcode `op` may be fused (checked before the QP is looked up):
-/// what a plan may exist for (a SEND First, Middle or Last, a READ response), but of a
-/// WRITE only a Middle. A WRITE's Last is checked before its bytes land: programs poll
-/// the last byte of a WRITE's target for its arrival (perftest's `ib_write_lat`, many
-/// RDMA applications), and a corrupted packet must not show them a byte there.
-fn may_fuse(op: Opcode) -> bool {
-    let send_part = op.is_send() && !(op.starts_message() && op.ends_message());
-    send_part || (op.is_write() && op.is_middle()) || op.is_read_response()
 }

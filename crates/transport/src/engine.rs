@@ -85,9 +85,6 @@ pub enum SegmentKind {
     Other,
 }
 
-/// Packets shorter than this are checked and copied in two passes: for a few hundred
-/// bytes the plan costs more than the pass it saves.
-const FUSE_MIN: usize = 512;
 /// Bound on remembered bundle-taking peers (memory under a flood of spoofed MADs).
 const MAX_BUNDLE_PEERS: usize = 4096;
 /// The most bytes of an SRQ's next receive buffers [`Engine::warm_receives`] warms at
@@ -667,9 +664,6 @@ impl Engine {
         udp_payload: &[u8],
         bundled: bool,
     ) {
-        if udp_payload.len() >= FUSE_MIN && self.handle_fused(now, info, udp_payload, bundled) {
-            return;
-        }
         let (src, sport) = (info.src.ip(), info.src.port());
         let pseudo = UdpPseudo::from_addrs(src, info.dst, sport, self.cfg.udp_port, 0);
         match self.check_icrc(info, &pseudo, udp_payload, bundled) {
