@@ -195,8 +195,15 @@ fn client(
             }
             writeln!(out, "{j}")?;
         } else if a.op != PerfOp::All {
+            // The path MTU both ends agreed on: a server that also serves an Ethernet
+            // interface offers that interface's (1024 at 1500), whatever this end's is.
+            let agreed = if r.mtu < p.mtu {
+                format!("{} bytes (the server's port allows no more)", r.mtu)
+            } else {
+                format!("{} bytes", r.mtu)
+            };
             let mtu = [
-                ("MTU", format!("{} bytes", p.mtu)),
+                ("MTU", agreed),
                 ("TX depth", p.tx_depth.to_string()),
                 ("Offloads", offloads_str(ctx)),
                 ("Polling", poll_str(ctx)),
