@@ -28,6 +28,7 @@ mod connected;
 mod error;
 mod event;
 mod impair;
+pub mod raw;
 mod recv;
 mod sockaddr;
 mod socket;

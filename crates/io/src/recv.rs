@@ -205,7 +205,7 @@ impl RecvBatch {
             let rc = if n == 1 {
                 // SAFETY: `hdrs[0].msg_hdr` points at live buffers of the stated sizes owned
                 // by `self`, which is mutably borrowed for the whole call.
-                let bytes = unsafe { libc::recvmsg(fd, &mut self.hdrs[0].msg_hdr, 0) };
+                let bytes = unsafe { crate::raw::recvmsg(fd, &mut self.hdrs[0].msg_hdr, 0) };
                 if bytes >= 0 {
                     // What recvmmsg stores for a message (an empty datagram is one too).
                     self.hdrs[0].msg_len = bytes as libc::c_uint;
@@ -217,15 +217,7 @@ impl RecvBatch {
                 // SAFETY: `hdrs[..n]` point at live buffers of the stated sizes owned by
                 // `self`, which is mutably borrowed for the whole call; a null timeout
                 // means none.
-                unsafe {
-                    libc::recvmmsg(
-                        fd,
-                        self.hdrs.as_mut_ptr(),
-                        n as libc::c_uint,
-                        0,
-                        std::ptr::null_mut(),
-                    )
-                }
+                unsafe { crate::raw::recvmmsg(fd, self.hdrs.as_mut_ptr(), n as libc::c_uint, 0) }
             };
             if rc >= 0 {
                 break (rc as usize).min(n);
@@ -381,7 +373,7 @@ impl ScatterRecv {
         let n = loop {
             // SAFETY: `h` points at `self.name`, `self.ctrl` and the caller's iovecs (our
             // contract), all live for the call.
-            let rc = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut h, flags) };
+            let rc = unsafe { crate::raw::recvmsg(socket.as_raw_fd(), &mut h, flags) };
             if rc >= 0 {
                 break rc as usize;
             }

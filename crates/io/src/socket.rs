@@ -630,7 +630,7 @@ fn wait_writable(fd: RawFd, timeout: Duration) {
     let ms = timeout.as_millis().clamp(1, 1000) as libc::c_int;
     // SAFETY: one valid pollfd; the result only tells us whether to retry, so it is ignored.
     unsafe {
-        libc::poll(&mut pfd, 1, ms);
+        crate::raw::poll(&mut pfd, 1, ms);
     }
 }
 
@@ -776,13 +776,13 @@ impl SendScratch {
         unsafe {
             if built == 1 {
                 let hdr = &(*self.hdrs[0].as_ptr()).msg_hdr;
-                match libc::sendmsg(fd, hdr, 0) {
+                match crate::raw::sendmsg(fd, hdr, 0) {
                     bytes if bytes >= 0 => 1,
                     _ => -1,
                 }
             } else {
                 let hdrs = self.hdrs.as_mut_ptr() as *mut libc::mmsghdr;
-                libc::sendmmsg(fd, hdrs, built as libc::c_uint, 0) as isize
+                crate::raw::sendmmsg(fd, hdrs, built as libc::c_uint, 0) as isize
             }
         }
     }

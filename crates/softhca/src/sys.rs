@@ -157,7 +157,7 @@ pub(crate) fn ready_now(fds: &mut [libc::pollfd]) -> bool {
         p.revents = 0;
     }
     // SAFETY: `fds` is a live, exclusively borrowed slice of pollfd of the stated length.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    let rc = unsafe { softhca_io::raw::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
     rc >= 0
 }
 
