@@ -24,11 +24,12 @@ const SEND_BATCH: usize = 64;
 const SOCKET_BUFFER: usize = 16 << 20;
 
 /// The receive buffer is this many times the send buffer: UC and UD have no flow
-/// control, and a receiving process descheduled for a scheduler slice (a few ms on a
-/// busy 2-core host) while a sender on the same host moves 5 GB/s needs that much room,
-/// or whole UC messages are lost (perftest's `ib_send_bw -c UC` then never ends). The
-/// kernel charges a buffer only for what is queued in it.
-const RECV_BUFFER_FACTOR: usize = 4;
+/// control, and a receiver on the same host that falls behind its sender, for a
+/// scheduler slice or by a few percent over a long stream, needs that much room, or
+/// whole UC messages are lost (perftest's `ib_send_bw -c UC` then never ends; rxe's
+/// queue behind its UDP tunnel socket has no such limit). The kernel charges a buffer
+/// only for what is queued in it.
+const RECV_BUFFER_FACTOR: usize = 16;
 
 /// Linux `UDP_MAX_SEGMENTS` (include/linux/udp.h): 64 up to 6.8; later kernels raised it
 /// to 128, but 64 is accepted everywhere and already fills 64 KiB for RoCE MTUs ≥ 1024.

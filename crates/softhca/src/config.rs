@@ -162,7 +162,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "SOFTHCA_TX_DROP",
         "fault injection: drop each outgoing packet with this probability",
     ),
-    ("SOFTHCA_SOCKBUF", "UDP send buffer bytes (the receive buffer is four times it)"),
+    ("SOFTHCA_SOCKBUF", "UDP send buffer bytes (the receive buffer is sixteen times it)"),
     (
         "SOFTHCA_STATS",
         "print a device's counters and turnaround phases when it closes",
