@@ -8,30 +8,41 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use softhca_memory::{AccessFlags, MemoryTable};
+use softhca_memory::{AccessFlags, MemoryTable, MrKeys, PdId};
 
 /// One packet's payload at the 1024 and 4096 path MTUs, and a whole 64 KiB message.
 const SIZES: [usize; 3] = [1024, 4096, 65536];
 
-fn bench_remote_read(c: &mut Criterion) {
-    let mut g = c.benchmark_group("remote_read");
+/// A table with `region` registered in a new PD with LOCAL_WRITE and `remote`; the
+/// region comes back with the table to be dropped after it.
+fn registered(
+    mut region: Vec<u8>,
+    remote: AccessFlags,
+) -> (MemoryTable, PdId, Vec<u8>, u64, MrKeys) {
     let mut t = MemoryTable::new(1);
     let pd = t.alloc_pd();
-    let mut region: Vec<u8> = (0..(1usize << 20))
-        .map(|i| (i as u8).wrapping_mul(29))
-        .collect();
     let va = region.as_mut_ptr() as u64;
-    // SAFETY: `region` outlives the table's use below and is not moved or freed meanwhile.
+    // SAFETY: the region's heap buffer outlives the table (the caller drops the table
+    // first) and is not moved or freed meanwhile (moving the Vec does not move it).
     let keys = unsafe {
         t.register(
             pd,
             region.as_mut_ptr(),
             region.len(),
             va,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            AccessFlags::LOCAL_WRITE | remote,
         )
     }
     .expect("register");
+    (t, pd, region, va, keys)
+}
+
+fn bench_remote_read(c: &mut Criterion) {
+    let mut g = c.benchmark_group("remote_read");
+    let region: Vec<u8> = (0..(1usize << 20))
+        .map(|i| (i as u8).wrapping_mul(29))
+        .collect();
+    let (t, pd, region, va, keys) = registered(region, AccessFlags::REMOTE_READ);
     for size in SIZES {
         let mut dst = vec![0u8; size];
         g.throughput(Throughput::Bytes(size as u64));
@@ -61,21 +72,7 @@ fn bench_receive_cold(c: &mut Criterion) {
     const SPAN: usize = 256 << 20;
     let mut g = c.benchmark_group("receive_cold");
     let src: Vec<u8> = (0..PKT).map(|i| (i as u8).wrapping_mul(31)).collect();
-    let mut t = MemoryTable::new(1);
-    let pd = t.alloc_pd();
-    let mut region = vec![0u8; SPAN];
-    let va = region.as_mut_ptr() as u64;
-    // SAFETY: `region` outlives the table's use below and is not moved or freed meanwhile.
-    let keys = unsafe {
-        t.register(
-            pd,
-            region.as_mut_ptr(),
-            region.len(),
-            va,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )
-    }
-    .expect("register");
+    let (t, pd, region, va, keys) = registered(vec![0u8; SPAN], AccessFlags::REMOTE_WRITE);
     g.throughput(Throughput::Bytes(PKT as u64));
     let mut at = 0;
     let mut next = move || {
