@@ -12,22 +12,22 @@
 //! message whose First packet has already been checked and executed, or for a SEND
 //! First at the expected PSN when the QP's own receive queue (not a shared one, whose
 //! head a SEND of another QP in the same datagram may take first) has a WQE; and it
-//! covers only what that
-//! message may still write: a WRITE's remaining RETH range (checked against the rkey
-//! when the First came) but its last byte, which programs poll for the WRITE's arrival
-//! (so its Last lands only once checked), or the rest of the current SGE of the receive
-//! WQE the SEND consumes or will consume. On the requester, a plan is made for the READ
-//! response at the PSN the oldest outstanding READ expects next, covering the rest of
-//! that READ's local buffer: a READ's target is undefined until the READ completes, and
-//! a response that fails is asked for again (the READ is resent from that PSN) and
-//! rewrites what it left. A WRITE First or Only is never planned: its
-//! RETH, which says where it goes, is not checked before its ICRC is. The receiver aims at most that many bytes, in order, at registered
-//! memory, whatever the segments turn out to hold. So a segment that fails its ICRC,
-//! is out of order, or is not the packet predicted (another message, a duplicate, a Last
-//! with immediate) has written only inside the target of an incomplete WRITE or of a
-//! receive whose completion has not been reported; it is then checked and executed from
-//! a copy as any received packet is (and dropped if its ICRC fails). What it left there
-//! is rewritten by the retransmission the requester sends from the expected PSN (RC:
+//! covers only what that message may still write: a WRITE's remaining RETH range
+//! (checked against the rkey when the First came) but its last byte, which programs
+//! poll for the WRITE's arrival (so its Last lands only once checked), or the rest of
+//! the current SGE of the receive WQE the SEND consumes or will consume. On the
+//! requester, a plan is made for the READ response at the PSN the oldest outstanding
+//! READ expects next, covering the rest of that READ's local buffer: a READ's target is
+//! undefined until the READ completes, and a response that fails is asked for again
+//! (the READ is resent from that PSN) and rewrites what it left. A WRITE First or Only
+//! is never planned: its RETH, which says where it goes, is not checked before its ICRC
+//! is. The receiver aims at most that many bytes, in order, at registered memory,
+//! whatever the segments turn out to hold. So a segment that fails its ICRC, is out of
+//! order, or is not the packet predicted (another message, a duplicate, a Last with
+//! immediate) has written only inside the target of an incomplete WRITE or of a receive
+//! whose completion has not been reported; it is then checked and executed from a copy
+//! as any received packet is (and dropped if its ICRC fails). What it left there is
+//! rewritten by the retransmission the requester sends from the expected PSN (RC:
 //! go-back-N over the rest of the message), or, when the message never completes (UC
 //! drops a message with a gap; an RC QP that gives up goes to error), the range's
 //! contents are undefined, as IBTA leaves them for a WRITE or receive that did not
@@ -201,8 +201,8 @@ impl Engine {
 
     /// The packet whose first bytes are `head` is for an RC or UC QP that receives and
     /// waits for an earlier PSN: one of the packets after a loss, which the
-    /// retransmission (or the next message, on UC) follows in order. Such a packet has no plan, but the stream
-    /// it belongs to is plannable again once the gap is filled.
+    /// retransmission (or the next message, on UC) follows in order. Such a packet has
+    /// no plan, but the stream it belongs to is plannable again once the gap is filled.
     pub fn direct_awaits_earlier(&self, head: &[u8]) -> bool {
         let Ok(bth) = Bth::parse(head) else {
             return false;
