@@ -121,7 +121,7 @@ pub struct RunReport {
     pub fps: f64,
     /// Image payload of complete frames, Gb/s.
     pub gbps: f64,
-    /// Receiver thread CPU seconds (getrusage RUSAGE_THREAD), verification excluded.
+    /// Receiver thread CPU seconds (its thread CPU clock), verification excluded.
     pub rx_cpu_s: f64,
     /// Receiver thread CPU seconds per GB of complete frames.
     pub rx_cpu_s_per_gb: f64,

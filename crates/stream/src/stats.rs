@@ -1,13 +1,19 @@
 //! Clocks, per-thread CPU time and latency percentiles.
 
-/// CLOCK_MONOTONIC in nanoseconds (the camera and host timestamps of the loopback run).
-pub fn now_ns() -> u64 {
+/// Reads clock `id` (0 if the kernel refuses it, which it does not for the two below).
+fn clock(id: libc::clockid_t) -> libc::timespec {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; on failure it stays zero.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (the camera and host timestamps of the loopback run).
+pub fn now_ns() -> u64 {
+    let ts = clock(libc::CLOCK_MONOTONIC);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -17,14 +23,7 @@ pub fn now_ns() -> u64 {
 /// scheduler's runtime as of the last tick or context switch, so a millisecond of frame
 /// verification right after a wake-up read as nothing and was charged to the receive.
 pub fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock exists since Linux 2.6.12.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0.0;
-    }
+    let ts = clock(libc::CLOCK_THREAD_CPUTIME_ID);
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
