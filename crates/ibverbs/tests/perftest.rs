@@ -1,6 +1,7 @@
 //! perftest's bandwidth and latency programs, server and client as two processes on this
 //! host over softhca with `-x 0`, with the new (ibv_wr_*) and old (ibv_post_send)
-//! post-send APIs.
+//! post-send APIs; and its other modes: UC and UD, atomics, both directions at once over
+//! several QPs, a shared receive queue, many outstanding READs.
 
 mod common;
 
@@ -71,7 +72,14 @@ fn perf(bin: &str, extra: &[&str]) {
     // #bytes, #iterations, then BW peak/average/msg rate or latency min/max/typical/...
     assert!(row.len() >= 5, "{row:?}");
     assert!(row[0] >= 2.0, "{row:?}");
-    assert_eq!(row[1], n.parse::<f64>().unwrap_or(0.0), "{row:?}");
+    // Each of `-q N` QPs runs the `-n` iterations.
+    let qps = extra
+        .iter()
+        .position(|a| *a == "-q")
+        .and_then(|i| extra.get(i + 1)?.parse::<f64>().ok())
+        .unwrap_or(1.0);
+    let iters = n.parse::<f64>().unwrap_or(0.0) * qps;
+    assert_eq!(row[1], iters, "{row:?}");
     assert_positive(&row, &format!(":\n{}", c.all()));
 }
 
@@ -235,4 +243,59 @@ fn write_lat_all_sizes_old_post_send() {
 #[test]
 fn read_lat_all_sizes() {
     perf_all_sizes("ib_read_lat", &[]);
+}
+
+#[test]
+fn atomic_bw_fetch_and_add() {
+    perf("ib_atomic_bw", &[]);
+}
+
+#[test]
+fn atomic_bw_compare_and_swap() {
+    perf("ib_atomic_bw", &["-A", "CMP_AND_SWAP"]);
+}
+
+#[test]
+fn atomic_lat() {
+    perf("ib_atomic_lat", &[]);
+}
+
+#[test]
+fn send_bw_ud() {
+    perf("ib_send_bw", &["-c", "UD", "-s", "1024"]);
+}
+
+#[test]
+fn send_lat_ud() {
+    perf("ib_send_lat", &["-c", "UD"]);
+}
+
+#[test]
+fn send_bw_uc() {
+    perf("ib_send_bw", &["-c", "UC"]);
+}
+
+#[test]
+fn write_bw_uc() {
+    perf("ib_write_bw", &["-c", "UC"]);
+}
+
+#[test]
+fn write_lat_uc() {
+    perf("ib_write_lat", &["-c", "UC"]);
+}
+
+#[test]
+fn write_bw_bidirectional_four_qps() {
+    perf("ib_write_bw", &["-b", "-q", "4"]);
+}
+
+#[test]
+fn send_bw_bidirectional_srq() {
+    perf("ib_send_bw", &["-b", "-q", "4", "--use-srq"]);
+}
+
+#[test]
+fn read_bw_sixteen_outstanding() {
+    perf("ib_read_bw", &["-o", "16", "-s", "1048576"]);
 }
