@@ -96,6 +96,85 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
     }
 }
 
+/// qperf's `rc_rdma_write_poll_lat`: each side polls its CQ once right after posting
+/// (taking whatever is there), then spins on memory for the peer's WRITE, calling
+/// nothing. Every WRITE lands and completes. Served, the ACK of a placed WRITE waits for
+/// the application's answer and leaves with it (about one datagram per round trip on a
+/// quiet machine, against two when the datapath thread sent each ACK alone; not
+/// asserted: a descheduled application answers after the hold, and its ACK goes alone).
+#[test]
+fn write_ping_pong_polling_once_per_post() {
+    const ROUNDS: u32 = 400;
+    let (a, b) = rc_pair("127.0.1.83", "127.0.1.84", 1 << 16);
+    let (a_addr, a_rkey) = (a.mr.addr(), a.mr.rkey());
+    let (b_addr, b_rkey) = (b.mr.addr(), b.mr.rkey());
+    let run = |me: &Side, peer_addr: u64, peer_rkey: u32, first: bool| {
+        let mut wc = [Completion::default(); 16];
+        let mut done = 0u32;
+        let reap = |wc: &mut [Completion], done: &mut u32| {
+            let n = me.cq.poll(wc);
+            for c in &wc[..n] {
+                assert_eq!(c.status, WcStatus::Success);
+            }
+            *done += n as u32;
+        };
+        for i in 0..ROUNDS {
+            let want = (if first { i } else { i + 1 }) as u8;
+            if !(first && i == 0) {
+                let t = Instant::now();
+                loop {
+                    let mut byte = [0u8; 1];
+                    me.mr.read(LEN - 1, &mut byte).unwrap();
+                    if byte[0] == want {
+                        break;
+                    }
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "round {i}: the peer's WRITE of {want} never landed"
+                    );
+                    std::hint::spin_loop();
+                }
+            }
+            let tag = if first { want.wrapping_add(1) } else { want };
+            me.mr.write(4096 + LEN - 1, &[tag]).unwrap();
+            let mut wr = send_wr(
+                u64::from(i),
+                WrOpcode::RdmaWrite,
+                me.mr.sge(4096, LEN as u32),
+            );
+            wr.remote_addr = peer_addr;
+            wr.rkey = peer_rkey;
+            me.qp.post_send(wr).unwrap();
+            reap(&mut wc, &mut done);
+        }
+        let t = Instant::now();
+        while done < ROUNDS {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{done} of {ROUNDS} completions"
+            );
+            reap(&mut wc, &mut done);
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(&a, b_addr, b_rkey, true));
+        s.spawn(|| run(&b, a_addr, a_rkey, false));
+    });
+    let mut got = [0u8; 1];
+    b.mr.read(LEN - 1, &mut got).unwrap();
+    assert_eq!(got[0], ROUNDS as u8);
+    a.mr.read(LEN - 1, &mut got).unwrap();
+    assert_eq!(got[0], ROUNDS as u8);
+    for (name, side) in [("a", &a), ("b", &b)] {
+        let served = counter(&side.ctx, "dp_app_served");
+        let held = counter(&side.ctx, "dp_tx_serve_held");
+        assert!(
+            served == 0 || held > 0,
+            "{name}: served {served} periods, no ACK held for an answer"
+        );
+    }
+}
+
 /// An application that polls its CQ steadily (so the datapath thread checks on it less
 /// and less often, see `APP_WINDOW_STRETCH_MAX_NS`), then stops polling without saying
 /// so: a READ its peer sends after that is still answered, by the datapath thread, within

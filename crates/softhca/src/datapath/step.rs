@@ -40,6 +40,8 @@ pub(crate) struct Step {
     pub more_tx: bool,
     /// Datagrams were received.
     pub received: bool,
+    /// The step holds ACKs for the application's answer.
+    pub held: bool,
 }
 
 /// What a step received, for the counters.
@@ -326,6 +328,7 @@ impl Stepper {
         }
         if self.held {
             step.active = true;
+            step.held = true;
         } else if !self.tx.is_empty() {
             step.active = true;
             self.send(shared);

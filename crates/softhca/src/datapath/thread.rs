@@ -148,6 +148,14 @@ impl DatapathThread {
         if step.active {
             turns.last_active = Instant::now();
         }
+        // Serving an application that spins on memory, a step that holds the ACKs of
+        // what it placed sleeps until the answer (the application's post sends them),
+        // a packet or the hold's end: looping at once sent them a few microseconds
+        // later, alone, and their arrival woke the peer's datapath thread, which took
+        // the CPU its spinning application needed.
+        if step.held && shared.serving(now) {
+            return false;
+        }
         step.active
     }
 
