@@ -16,37 +16,57 @@ use softhca::*;
 const ROUNDS: u8 = 200;
 const LEN: usize = 8;
 
-/// One side of the ping-pong: wait for the peer's byte `i`, then WRITE byte `i + 1`.
-fn ping_pong(me: &Side, peer_addr: u64, peer_rkey: u32, first: bool) {
-    let mut wc = [Completion::default(); 1];
-    for i in 0..ROUNDS {
-        let want = if first { i } else { i.wrapping_add(1) };
-        if !(first && i == 0) {
-            let t = Instant::now();
-            loop {
-                let mut b = [0u8; 1];
-                me.mr.read(LEN - 1, &mut b).unwrap();
-                if b[0] == want {
-                    break;
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "round {i}: the peer's WRITE of {want} never landed (byte is {})",
-                    b[0]
-                );
-                std::hint::spin_loop();
-            }
+/// Spins on the last byte of `me`'s buffer until the peer's WRITE of `want` lands.
+fn await_byte(me: &Side, want: u8, round: u32) {
+    let t = Instant::now();
+    loop {
+        let mut b = [0u8; 1];
+        me.mr.read(LEN - 1, &mut b).unwrap();
+        if b[0] == want {
+            return;
         }
-        let tag = if first { i.wrapping_add(1) } else { want };
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "round {round}: the peer's WRITE of {want} never landed (byte is {})",
+            b[0]
+        );
+        std::hint::spin_loop();
+    }
+}
+
+/// One side of a WRITE ping-pong of `rounds` round trips: wait on memory for the peer's
+/// byte, then WRITE the next one into the last byte of the peer's buffer (`peer`: its
+/// address and rkey); `after_post` is what the application does right after each post.
+fn spin_ping_pong(
+    me: &Side,
+    peer: (u64, u32),
+    first: bool,
+    rounds: u32,
+    mut after_post: impl FnMut(u32),
+) {
+    for i in 0..rounds {
+        let want = (if first { i } else { i + 1 }) as u8;
+        if !(first && i == 0) {
+            await_byte(me, want, i);
+        }
+        let tag = if first { want.wrapping_add(1) } else { want };
         me.mr.write(4096 + LEN - 1, &[tag]).unwrap();
         let mut wr = send_wr(
             u64::from(i),
             WrOpcode::RdmaWrite,
             me.mr.sge(4096, LEN as u32),
         );
-        wr.remote_addr = peer_addr;
-        wr.rkey = peer_rkey;
+        (wr.remote_addr, wr.rkey) = peer;
         me.qp.post_send(wr).unwrap();
+        after_post(i);
+    }
+}
+
+/// perftest's `ib_write_lat` side: after each post, polls its CQ until the WRITE
+/// completes.
+fn ping_pong(me: &Side, peer_addr: u64, peer_rkey: u32, first: bool) {
+    let mut wc = [Completion::default(); 1];
+    spin_ping_pong(me, (peer_addr, peer_rkey), first, u32::from(ROUNDS), |i| {
         let t = Instant::now();
         while me.cq.poll(&mut wc) == 0 {
             assert!(
@@ -55,7 +75,7 @@ fn ping_pong(me: &Side, peer_addr: u64, peer_rkey: u32, first: bool) {
             );
         }
         assert_eq!(wc[0].status, WcStatus::Success, "round {i}");
-    }
+    });
 }
 
 #[test]
@@ -108,57 +128,29 @@ fn write_ping_pong_polling_once_per_post() {
     let (a, b) = rc_pair("127.0.1.83", "127.0.1.84", 1 << 16);
     let (a_addr, a_rkey) = (a.mr.addr(), a.mr.rkey());
     let (b_addr, b_rkey) = (b.mr.addr(), b.mr.rkey());
-    let run = |me: &Side, peer_addr: u64, peer_rkey: u32, first: bool| {
+    let run = |me: &Side, peer: (u64, u32), first: bool| {
         let mut wc = [Completion::default(); 16];
         let mut done = 0u32;
-        let reap = |wc: &mut [Completion], done: &mut u32| {
-            let n = me.cq.poll(wc);
+        let mut reap = |done: &mut u32| {
+            let n = me.cq.poll(&mut wc);
             for c in &wc[..n] {
                 assert_eq!(c.status, WcStatus::Success);
             }
             *done += n as u32;
         };
-        for i in 0..ROUNDS {
-            let want = (if first { i } else { i + 1 }) as u8;
-            if !(first && i == 0) {
-                let t = Instant::now();
-                loop {
-                    let mut byte = [0u8; 1];
-                    me.mr.read(LEN - 1, &mut byte).unwrap();
-                    if byte[0] == want {
-                        break;
-                    }
-                    assert!(
-                        t.elapsed() < Duration::from_secs(10),
-                        "round {i}: the peer's WRITE of {want} never landed"
-                    );
-                    std::hint::spin_loop();
-                }
-            }
-            let tag = if first { want.wrapping_add(1) } else { want };
-            me.mr.write(4096 + LEN - 1, &[tag]).unwrap();
-            let mut wr = send_wr(
-                u64::from(i),
-                WrOpcode::RdmaWrite,
-                me.mr.sge(4096, LEN as u32),
-            );
-            wr.remote_addr = peer_addr;
-            wr.rkey = peer_rkey;
-            me.qp.post_send(wr).unwrap();
-            reap(&mut wc, &mut done);
-        }
+        spin_ping_pong(me, peer, first, ROUNDS, |_| reap(&mut done));
         let t = Instant::now();
         while done < ROUNDS {
             assert!(
                 t.elapsed() < Duration::from_secs(10),
                 "{done} of {ROUNDS} completions"
             );
-            reap(&mut wc, &mut done);
+            reap(&mut done);
         }
     };
     std::thread::scope(|s| {
-        s.spawn(|| run(&a, b_addr, b_rkey, true));
-        s.spawn(|| run(&b, a_addr, a_rkey, false));
+        s.spawn(|| run(&a, (b_addr, b_rkey), true));
+        s.spawn(|| run(&b, (a_addr, a_rkey), false));
     });
     let mut got = [0u8; 1];
     b.mr.read(LEN - 1, &mut got).unwrap();
