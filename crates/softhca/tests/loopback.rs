@@ -527,13 +527,23 @@ fn injected_tx_drops_are_recovered_by_rc() {
     sa.qp.post_send(wr).unwrap();
     let mut wc = [Completion::default(); 1];
     assert_eq!(sa.cq.wait(&mut wc, Duration::from_secs(60)).unwrap(), 1);
-    assert_eq!(wc[0].status, WcStatus::Success);
+    assert_eq!(
+        wc[0].status,
+        WcStatus::Success,
+        "sender {:?}, receiver {:?}",
+        sa.ctx.counters(),
+        sb.ctx.counters()
+    );
     assert!(sb.mr.to_vec() == data, "16 MiB arrived intact");
     let c: std::collections::HashMap<_, _> = sa.ctx.counters().into_iter().collect();
-    let drops = c["io_tx_injected_drops"];
-    // 1024 packets of 16 KiB (4096 of 4 KiB before the peers agreed on 16 KiB) at 2 %:
-    // 20 to 80 (plus some retransmissions').
-    assert!((5..400).contains(&drops), "injected drops {drops}");
+    let (drops, sent) = (c["io_tx_injected_drops"], c["sent_pkts"]);
+    // About 2 % of every packet sent, retransmissions included: 1024 of 16 KiB (4096 of
+    // 4 KiB before the peers agreed on 16 KiB) and the go-back-N resends the drops cause
+    // (how many depends on timing: 1500 to 3500 here).
+    assert!(
+        drops > 0 && drops * 1000 >= sent * 3 && drops * 100 <= sent * 6,
+        "injected drops {drops} of {sent} packets"
+    );
 }
 
 /// Packets leave with their payload still in the source MR (zero-copy send). Dropping
