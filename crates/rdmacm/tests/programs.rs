@@ -256,6 +256,39 @@ fn qperf_cm1_rc_rdma_write_bw_rc_rdma_read_bw() {
 }
 
 #[test]
+fn qperf_cm1_verified_atomics_and_write_poll_latency() {
+    if !ready(&["qperf"]) {
+        return;
+    }
+    // `ver_rc_*` check every returned value (qperf exits non-zero at the first one that
+    // is not what the sequence of compare-and-swaps or fetch-and-adds must give);
+    // `rc_rdma_write_poll_lat` waits for each WRITE by spinning on memory, calling
+    // nothing: the device's datapath thread has to place it.
+    let tests = [
+        "ver_rc_compare_swap",
+        "ver_rc_fetch_add",
+        "rc_rdma_write_poll_lat",
+    ];
+    let mut args = vec!["-lp", "19864", "-cm1", "-t", "1", SERVER];
+    args.extend(tests);
+    let (_s, c) = pair(
+        ("qperf", &["-lp", "19864"]),
+        ("qperf", &args),
+        T,
+        false,
+        true,
+    );
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    for (t, figure) in tests
+        .iter()
+        .zip(["msg_rate  =", "msg_rate  =", "latency  ="])
+    {
+        let after = c.stdout.split(&format!("{t}:")).nth(1).unwrap_or_default();
+        assert!(after.trim_start().starts_with(figure), "{t} {}", c.all());
+    }
+}
+
+#[test]
 fn cmtime() {
     if !ready(&["cmtime"]) {
         return;
