@@ -166,8 +166,11 @@ fn looped_ipv4_id(fd: RawFd, payload: &[u8]) -> Result<u16, IoError> {
         revents: 0,
     };
     let ms = PROBE_TIMEOUT.as_millis() as libc::c_int;
+    // Not glibc's poll and recvmsg: the probe runs inside a verbs call that sends, with
+    // the datapath's locks held, where a thread cancellation must not be acted on (see
+    // `raw`).
     // SAFETY: one valid pollfd, count 1.
-    if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+    if unsafe { crate::raw::poll(&mut pfd, 1, ms) } <= 0 {
         return Err(unexpected("no looped copy of the ID probe"));
     }
     let mut buf = [0u8; 256];
@@ -183,7 +186,7 @@ fn looped_ipv4_id(fd: RawFd, payload: &[u8]) -> Result<u16, IoError> {
     msg.msg_control = ctrl.as_mut_ptr() as *mut libc::c_void;
     msg.msg_controllen = ctrl.len() as _;
     // SAFETY: `msg` points at `iov`, `buf` and `ctrl`, all live for the call.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+    let n = unsafe { crate::raw::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
     let n = usize::try_from(n).map_err(|_| IoError::Os {
         what: "probe error queue",
         source: std::io::Error::last_os_error(),
