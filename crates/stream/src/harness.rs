@@ -138,8 +138,8 @@ pub struct RunReport {
     pub damaged_at_sender: u64,
     /// uc-write: the set of incomplete or missing frames equals the set damaged.
     pub damage_named_exactly: bool,
-    /// Frame handed to the transport (post_send returned / last datagram sent) →
-    /// frame delivered by the receiver, p50, µs.
+    /// Frame ready at the camera (`FrameSent::ready_ns`) → frame delivered by the
+    /// receiver, p50, µs.
     pub latency_p50_us: f64,
     /// Same, p99.
     pub latency_p99_us: f64,
@@ -578,7 +578,7 @@ pub(crate) fn build_report(
     let gb = bytes / 1e9;
     let mut lat: Vec<f64> = Vec::new();
     let sent_at: std::collections::HashMap<u64, u64> =
-        sent.iter().map(|s| (s.id, s.sent_ns)).collect();
+        sent.iter().map(|s| (s.id, s.ready_ns)).collect();
     for (id, arr, st) in &rxo.delivered {
         if *st == FrameStatus::Complete {
             if let Some(t) = sent_at.get(id) {

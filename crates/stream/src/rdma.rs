@@ -356,8 +356,12 @@ impl RdmaReceiver {
 pub struct FrameSent {
     /// Frame id.
     pub id: u64,
-    /// When the whole frame had been handed to the transport (ns, CLOCK_MONOTONIC).
-    pub sent_ns: u64,
+    /// When the frame was ready at the camera, before its first byte went to the
+    /// transport (ns, CLOCK_MONOTONIC; the timestamp of its trailer). Latency counts
+    /// from here in every mode: GVSP sends a frame within the call, RDMA posts it and
+    /// returns, so "handed to the transport" would time GVSP's last packet against
+    /// RDMA's whole frame.
+    pub ready_ns: u64,
     /// Loss emulation damaged it (uc-write, gvsp before resends).
     pub damaged: bool,
 }
@@ -579,7 +583,7 @@ impl RdmaCamera {
         self.reap(Duration::ZERO)?;
         Ok(FrameSent {
             id,
-            sent_ns: now_ns(),
+            ready_ns: ts,
             damaged,
         })
     }

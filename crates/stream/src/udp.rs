@@ -223,7 +223,7 @@ impl GvspCamera {
         }
         Ok(FrameSent {
             id,
-            sent_ns: now_ns(),
+            ready_ns: ts,
             damaged,
         })
     }
