@@ -835,7 +835,12 @@ impl Qp {
                 held.begin(self.req.max_sent);
             }
             self.req.recovery.on_retransmission_lost();
-            if self.retransmit_from(ctx, hole, LossCause::Gap) {
+            let cause = if lost_again {
+                LossCause::ResentLost
+            } else {
+                LossCause::Gap
+            };
+            if self.retransmit_from(ctx, hole, cause) {
                 self.req.held.start_pass(hole, top, now);
             }
             return;
@@ -884,15 +889,15 @@ impl Qp {
         // Going back N resends everything not held (a pass over the holes is set up
         // by `on_held` after this).
         self.req.held.pass_to = None;
-        // A resend after silence is our guess, not a loss the spec counts (IBTA
-        // 9.7.6.1.3 counts timeouts and NAKs): it spends no retry, so a dead peer is
-        // reported after as many timeouts as before (and it is bounded, see
-        // `completer::MAX_QUIET_RESENDS`). Nor does the repair of a hole behind the
+        // A resend after silence, or of a hole still reported after it was resent, is
+        // our guess, not a loss the spec counts (`LossCause::is_guess`): it spends no
+        // retry, so a dead peer is reported after as many timeouts as before (and it is
+        // bounded, see `completer::MAX_QUIET_RESENDS`). Nor does the repair of a hole behind the
         // oldest unacknowledged PSN: the budget guards the oldest request, which every
         // retry of go-back-N starts from; selective repeat and READ re-requests also
         // fill the holes behind it, and counted, the holes of one window of READ
         // responses at 5 % loss spent it while the oldest was still being repaired.
-        if cause != LossCause::Quiet && !from.is_after(self.req.una) {
+        if !cause.is_guess() && !from.is_after(self.req.una) {
             if self.req.retry_left == 0 {
                 ctx.counters.retry_exceeded_err += 1;
                 if let Some(w) = self.req.sq.front_mut() {
@@ -950,7 +955,11 @@ impl Qp {
             ctx.counters.read_probe += 1;
             self.req.probe_next.push_back(resume);
         }
-        self.req.rto = self.rto_deadline(ctx.now);
+        if cause != LossCause::ResentLost || self.req.rto.is_none() {
+            // Not pushed out by a resend of our own guessing: a hole that never fills
+            // while the responder goes on reporting it still ends at the timeout.
+            self.req.rto = self.rto_deadline(ctx.now);
+        }
         self.req.quiet_from = ctx.now;
         self.req.last_retransmit_at = Some(ctx.now);
         true

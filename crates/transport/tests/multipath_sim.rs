@@ -1007,3 +1007,76 @@ fn holes_behind_the_oldest_read_spend_no_retry() {
         assert_eq!(net.mem(&la), net.mem(&rb), "seed {seed}");
     }
 }
+
+/// One path between two nodes that speak the extension (selective repeat by SACK), 5 %
+/// loss each way and a deep queue in front of the receiver (1 Gb/s, 4 MB: 32 ms), no
+/// congestion control to keep it short (a loopback socket's receive buffer is such a
+/// queue). A resent hole waits behind the queue far longer than two of the round
+/// trips measured before; the SACKs that meanwhile go on reporting it resend it again,
+/// and when each of those spent a retry the QP ended in RETRY_EXC_ERR while the first
+/// resend was still on its way.
+#[test]
+fn resends_queued_behind_a_deep_queue_spend_no_retries() {
+    let mut net = SimNet::with_config(61, 2, Mtu::M4096, |c| {
+        mp_on(c);
+        c.cc = CcAlgorithm::Off;
+    });
+    let o = RcOpts {
+        timeout: 14,
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    settle(&mut net);
+    net.bottleneck = Some(Bottleneck::new(1_000_000_000, 4_000_000, vec![1]));
+    net.faults.loss = 0.05;
+    let (n, len) = (64, 256 * 1024);
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    post_writes(&mut net, a, &la, &rb, n, len);
+    finish(&mut net, n, 20_000_000_000);
+    assert_eq!(net.mem(&la), net.mem(&rb), "every byte");
+    assert_eq!(state(&net, 0, a), QpState::Rts);
+    assert_eq!(state(&net, 1, b), QpState::Rts);
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_sack_rcvd > 0 && c.held_skipped > 0, "{c:?}");
+}
+
+/// The other side of the rule above: a packet that never gets through while the
+/// responder goes on reporting its hole (every copy of one PSN dropped) still ends in
+/// RETRY_EXC_ERR, by the retransmit timeouts, which its resends do not push out.
+#[test]
+fn a_hole_that_never_fills_still_ends_in_retry_exceeded() {
+    let mut net = SimNet::with_config(62, 2, Mtu::M4096, mp_on);
+    let o = RcOpts {
+        timeout: 10,
+        ..RcOpts::default()
+    };
+    let (a, _b) = pair(&mut net, QpType::Rc, &o);
+    settle(&mut net);
+    let (n, len) = (8, 64 * 1024);
+    let la = net.reg(0, n * len, full_access());
+    let rb = net.reg(1, n * len, full_access());
+    net.fill_random(&la);
+    // The 20th request packet of the stream, every time it is sent.
+    let first = net.nodes[0].engine.query_qp(a).expect("qp").0.sq_psn;
+    let doomed = (first + 20) & 0xff_ffff;
+    net.filter = Some(Box::new(move |from, pkt| {
+        let psn = u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]);
+        from == 0 && pkt[0] < 0x20 && psn == doomed
+    }));
+    post_writes(&mut net, a, &la, &rb, n, len);
+    let end = net.now + 60_000_000_000;
+    let mut got: Vec<Completion> = Vec::new();
+    while !got.iter().any(|c| c.status != WcStatus::Success) && net.now < end && net.step() {
+        got.extend(net.take_completions(0));
+    }
+    let failed = got.iter().find(|c| c.status != WcStatus::Success);
+    assert_eq!(
+        failed.map(|c| c.status),
+        Some(WcStatus::RetryExcErr),
+        "{got:?}"
+    );
+    let c = net.nodes[0].engine.counters();
+    assert!(c.mp_sack_rcvd > 0, "{c:?}");
+}

@@ -230,7 +230,9 @@ impl Qp {
     pub(crate) fn cc_loss(&mut self, ctx: &mut Ctx<'_>, cause: LossCause) {
         self.cc.rtt.clear();
         let what = match cause {
-            LossCause::NakSeq | LossCause::Gap | LossCause::ReadHole => Congestion::Loss,
+            LossCause::NakSeq | LossCause::Gap | LossCause::ReadHole | LossCause::ResentLost => {
+                Congestion::Loss
+            }
             LossCause::Timeout => Congestion::Timeout,
             // Our own guess after silence, not a signal from the network.
             LossCause::Quiet => return,
