@@ -31,10 +31,9 @@ impl LossCause {
     /// This side's guess, not a signal IBTA 9.7.6.1.3 counts against the retry budget
     /// (a timeout or a NAK): silence during a retransmission, or a responder that goes
     /// on reporting a hole already resent (a repeated report, as rxe starts no new
-    /// retry on a repeated NAK). On a loaded loopback the resend can sit behind
-    /// milliseconds of queued packets, longer than the round trips measured before,
-    /// and each SACK meanwhile spent a retry: a 1 MiB WRITE stream at 5 % loss ended in
-    /// RetryExcErr within 50 ms while the resends were still queued.
+    /// retry on a repeated NAK). A resend can sit behind milliseconds of queued packets
+    /// (a loopback socket's receive buffer), longer than the round trips measured
+    /// before; counted, the SACKs of that wait spent the budget while it was queued.
     pub(crate) fn is_guess(self) -> bool {
         matches!(self, LossCause::Quiet | LossCause::ResentLost)
     }

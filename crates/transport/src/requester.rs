@@ -892,11 +892,12 @@ impl Qp {
         // A resend after silence, or of a hole still reported after it was resent, is
         // our guess, not a loss the spec counts (`LossCause::is_guess`): it spends no
         // retry, so a dead peer is reported after as many timeouts as before (and it is
-        // bounded, see `completer::MAX_QUIET_RESENDS`). Nor does the repair of a hole behind the
-        // oldest unacknowledged PSN: the budget guards the oldest request, which every
-        // retry of go-back-N starts from; selective repeat and READ re-requests also
-        // fill the holes behind it, and counted, the holes of one window of READ
-        // responses at 5 % loss spent it while the oldest was still being repaired.
+        // bounded, see `completer::MAX_QUIET_RESENDS`). Nor does the repair of a hole
+        // behind the oldest unacknowledged PSN: the budget guards the oldest request,
+        // which every retry of go-back-N starts from; selective repeat and READ
+        // re-requests also fill the holes behind it, and counted, the holes of one
+        // window of READ responses at 5 % loss spent it while the oldest was still
+        // being repaired.
         if !cause.is_guess() && !from.is_after(self.req.una) {
             if self.req.retry_left == 0 {
                 ctx.counters.retry_exceeded_err += 1;
