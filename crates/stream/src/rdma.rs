@@ -357,7 +357,7 @@ pub struct FrameSent {
     /// Frame id.
     pub id: u64,
     /// When the frame was ready at the camera, before its first byte went to the
-    /// transport (ns, CLOCK_MONOTONIC; the timestamp of its trailer). Latency counts
+    /// transport (ns, CLOCK_MONOTONIC; the timestamp the frame carries). Latency counts
     /// from here in every mode: GVSP sends a frame within the call, RDMA posts it and
     /// returns, so "handed to the transport" would time GVSP's last packet against
     /// RDMA's whole frame.
