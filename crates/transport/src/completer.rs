@@ -415,7 +415,7 @@ impl Qp {
                         // is lost too, the quiet timer notices (see `MAX_QUIET_RESENDS`).
                         if let Some((&(_, from), more)) = holes.split_first() {
                             if self.retransmit_from(ctx, from, LossCause::ReadHole) {
-                                self.req.reorder.on_asked(from, opened_at);
+                                self.req.reorder.on_asked(from, opened_at, ctx.now);
                                 // RACK (RFC 8985 6.3): the resent request gets a round
                                 // trip and the reordering window before it counts lost.
                                 let wait = self.req.srtt + self.req.reorder.wait();

@@ -250,9 +250,9 @@ pub(crate) struct ReorderWindow {
     min_rtt: Nanos,
     /// The longest a gap stayed open before its late packet came, ns.
     extent: Nanos,
-    /// The PSN last asked again for, when its gap opened, and when its first copy
-    /// arrived after that.
-    asked: Option<(Psn, Nanos, Option<Nanos>)>,
+    /// The PSN last asked again for, when its gap opened, when it was asked for, and
+    /// when its first copy arrived after that.
+    asked: Option<(Psn, Nanos, Nanos, Option<Nanos>)>,
     /// Resends found needless.
     pub spurious: u64,
 }
@@ -277,22 +277,31 @@ impl ReorderWindow {
             .clamp(MIN_REORDER_NS, max.max(MIN_REORDER_NS))
     }
 
-    /// The gap at `psn`, open since `opened_at`, was taken for a loss: `psn` is asked
-    /// for again.
-    pub fn on_asked(&mut self, psn: Psn, opened_at: Nanos) {
-        self.asked = Some((psn, opened_at, None));
+    /// The gap at `psn`, open since `opened_at`, was taken for a loss at `now`: `psn` is
+    /// asked for again.
+    pub fn on_asked(&mut self, psn: Psn, opened_at: Nanos, now: Nanos) {
+        self.asked = Some((psn, opened_at, now, None));
     }
 
     /// A packet with `psn` arrived at `now` (in order, early or a duplicate). Returns
     /// whether it showed the last resend needless.
     pub fn on_packet(&mut self, psn: Psn, now: Nanos) -> bool {
-        let Some((p, opened_at, first)) = self.asked.as_mut() else {
+        let Some((p, opened_at, asked_at, first)) = self.asked.as_mut() else {
             return false;
         };
         if *p != psn {
             return false;
         }
         let Some(first) = *first else {
+            if self.min_rtt > 0 && now.saturating_sub(*asked_at) >= self.min_rtt {
+                // A round trip after asking, the first copy may be the answer (or that
+                // of an earlier ask, a quiet resend's): as Karn's rule does with an
+                // ambiguous sample, judge nothing. Taken for the late original, the two
+                // answers to a response asked for twice would stretch the window to
+                // the time the gap stayed open.
+                self.asked = None;
+                return false;
+            }
             *first = Some(now);
             return false;
         };
@@ -315,28 +324,34 @@ mod tests {
         w.on_rtt(30_000_000);
         assert_eq!(w.wait(), 5_000_000);
         // A real loss: PSN 9 comes once, the resent copy.
-        w.on_asked(Psn::new(9), 100_000_000);
+        w.on_asked(Psn::new(9), 100_000_000, 100_000_000);
         assert!(!w.on_packet(Psn::new(9), 126_000_000));
         assert_eq!(w.wait(), 5_000_000);
+        // Asked for twice (a quiet resend, then the gap timer): both copies come a round
+        // trip or more after the ask, answers both, and prove no reordering.
+        w.on_asked(Psn::new(11), 110_000_000, 150_000_000);
+        assert!(!w.on_packet(Psn::new(11), 175_000_000));
+        assert!(!w.on_packet(Psn::new(11), 175_000_000));
+        assert_eq!((w.spurious, w.wait()), (0, 5_000_000));
         // Reordering: the gap at 7 opened at 200 ms, its first copy came 8 ms later,
         // then the resent one.
-        w.on_asked(Psn::new(7), 200_000_000);
+        w.on_asked(Psn::new(7), 200_000_000, 200_000_000);
         assert!(!w.on_packet(Psn::new(6), 201_000_000));
         assert!(!w.on_packet(Psn::new(7), 208_000_000));
         assert!(w.on_packet(Psn::new(7), 226_000_000));
         assert_eq!((w.spurious, w.wait()), (1, 10_000_000));
         // At most one round trip.
-        w.on_asked(Psn::new(30), 300_000_000);
-        w.on_packet(Psn::new(30), 340_000_000);
+        w.on_asked(Psn::new(30), 260_000_000, 300_000_000);
+        w.on_packet(Psn::new(30), 310_000_000);
         w.on_packet(Psn::new(30), 341_000_000);
         assert_eq!(w.wait(), 20_000_000);
         // Without a round trip: from what was seen, up to MAX_REORDER_NS.
         let mut r = ReorderWindow::default();
-        r.on_asked(Psn::new(1), 0);
+        r.on_asked(Psn::new(1), 0, 0);
         r.on_packet(Psn::new(1), 4_000_000);
         r.on_packet(Psn::new(1), 5_000_000);
         assert_eq!(r.wait(), 5_000_000);
-        r.on_asked(Psn::new(2), 0);
+        r.on_asked(Psn::new(2), 0, 0);
         r.on_packet(Psn::new(2), 90_000_000);
         r.on_packet(Psn::new(2), 91_000_000);
         assert_eq!(r.wait(), MAX_REORDER_NS);

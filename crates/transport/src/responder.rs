@@ -276,7 +276,7 @@ impl Qp {
         if !self.resp.nak_sent {
             self.resp.nak_at = ctx.now;
             let since = self.resp.gap_since;
-            self.resp.reorder.on_asked(self.resp.epsn, since);
+            self.resp.reorder.on_asked(self.resp.epsn, since, ctx.now);
         }
         self.resp.nak_sent = true;
         let rtt = self.req.srtt.max(self.resp.nak_rtt);
