@@ -238,12 +238,13 @@ const MAX_REORDER_NS: Nanos = 25_000_000;
 /// sequence NAK. RACK's reordering window (RFC 8985 6.2): a quarter of the least round
 /// trip (at least [`MIN_REORDER_NS`]), grown when asking again proves needless, at most
 /// one round trip. Needless shows as in RFC 8985 with DSACK: the PSN asked for arrives
-/// twice, the late first copy and then the resent one; the window then becomes 5/4 of
-/// how long that gap stayed open. Why: a path that delays packets by a varying amount (a
-/// VM's virtual NIC, a Wi-Fi hop, the testbed's jitter) reorders by up to that
-/// variation; a fixed 1 ms took most reorderings of a 10 ms path with 2 ms of jitter for
-/// losses, and each needless resend cut the congestion window and the responder's READ
-/// rate and spent a transport retry, until the connection failed with RETRY_EXC_ERR.
+/// twice, the late first copy (within a round trip of the ask) and then the resent one;
+/// the window then becomes 5/4 of how long that gap stayed open. Why: a path that delays
+/// packets by a varying amount (a VM's virtual NIC, a Wi-Fi hop, the testbed's jitter)
+/// reorders by up to that variation; a fixed 1 ms took most reorderings of a 10 ms path
+/// with 2 ms of jitter for losses, and each needless resend cut the congestion window
+/// and the responder's READ rate and spent a transport retry, until the connection
+/// failed with RETRY_EXC_ERR.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ReorderWindow {
     /// Least round trip seen, ns (0: none yet).
@@ -328,7 +329,7 @@ mod tests {
         assert!(!w.on_packet(Psn::new(9), 126_000_000));
         assert_eq!(w.wait(), 5_000_000);
         // Asked for twice (a quiet resend, then the gap timer): both copies come a round
-        // trip or more after the ask, answers both, and prove no reordering.
+        // trip or more after the ask, so either may be an answer: nothing is judged.
         w.on_asked(Psn::new(11), 110_000_000, 150_000_000);
         assert!(!w.on_packet(Psn::new(11), 175_000_000));
         assert!(!w.on_packet(Psn::new(11), 175_000_000));
