@@ -251,11 +251,22 @@ pub(crate) struct ReorderWindow {
     min_rtt: Nanos,
     /// The longest a gap stayed open before its late packet came, ns.
     extent: Nanos,
-    /// The PSN last asked again for, when its gap opened, when it was asked for, and
-    /// when its first copy arrived after that.
-    asked: Option<(Psn, Nanos, Nanos, Option<Nanos>)>,
+    /// The PSN last asked again for.
+    asked: Option<Asked>,
     /// Resends found needless.
     pub spurious: u64,
+}
+
+/// A PSN asked for again, and what is known of its copies since.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    psn: Psn,
+    /// When its gap opened.
+    opened_at: Nanos,
+    /// When it was asked for.
+    asked_at: Nanos,
+    /// When its first copy arrived after that.
+    first: Option<Nanos>,
 }
 
 impl ReorderWindow {
@@ -281,20 +292,25 @@ impl ReorderWindow {
     /// The gap at `psn`, open since `opened_at`, was taken for a loss at `now`: `psn` is
     /// asked for again.
     pub fn on_asked(&mut self, psn: Psn, opened_at: Nanos, now: Nanos) {
-        self.asked = Some((psn, opened_at, now, None));
+        self.asked = Some(Asked {
+            psn,
+            opened_at,
+            asked_at: now,
+            first: None,
+        });
     }
 
     /// A packet with `psn` arrived at `now` (in order, early or a duplicate). Returns
     /// whether it showed the last resend needless.
     pub fn on_packet(&mut self, psn: Psn, now: Nanos) -> bool {
-        let Some((p, opened_at, asked_at, first)) = self.asked.as_mut() else {
+        let Some(asked) = self.asked.as_mut() else {
             return false;
         };
-        if *p != psn {
+        if asked.psn != psn {
             return false;
         }
-        let Some(first) = *first else {
-            if self.min_rtt > 0 && now.saturating_sub(*asked_at) >= self.min_rtt {
+        let Some(first) = asked.first else {
+            if self.min_rtt > 0 && now.saturating_sub(asked.asked_at) >= self.min_rtt {
                 // A round trip after asking, the first copy may be the answer (or that
                 // of an earlier ask, a quiet resend's): as Karn's rule does with an
                 // ambiguous sample, judge nothing. Taken for the late original, the two
@@ -303,10 +319,10 @@ impl ReorderWindow {
                 self.asked = None;
                 return false;
             }
-            *first = Some(now);
+            asked.first = Some(now);
             return false;
         };
-        self.extent = self.extent.max(first.saturating_sub(*opened_at));
+        self.extent = self.extent.max(first.saturating_sub(asked.opened_at));
         self.asked = None;
         self.spurious += 1;
         true
