@@ -27,10 +27,14 @@ pub(crate) struct Dev {
     pub pd: *mut ibv_pd,
     pub node_guid: u64,
     pub active_mtu: u32,
+    max_mtu: u32,
     pub max_resp_res: u8,
     pub max_init_depth: u8,
     /// (GID index, IP) of every RoCE v2 GID.
     pub gids: Vec<(u8, IpAddr)>,
+    /// (GID index, path MTU code) of the GIDs whose netdev is known: the MTU its
+    /// interface carries.
+    gid_mtus: Vec<(u8, u8)>,
     qp: *mut ibv_qp,
     send_cq: *mut ibv_cq,
     recv_cq: *mut ibv_cq,
@@ -171,6 +175,20 @@ impl Dev {
         self.gids.iter().find(|g| g.1 == ip).map(|g| g.0)
     }
 
+    /// The path MTU (`IBV_MTU_*`) of a RoCE route from `local`: what its netdev carries,
+    /// as the kernel's `cma_resolve_iboe_route` takes `iboe_get_mtu(ndev->mtu)`; the
+    /// port's active MTU when the netdev is not known; at most the port's largest. A
+    /// device serving loopback and Ethernet then still offers 4096 between loopback
+    /// addresses.
+    pub fn path_mtu(&self, local: IpAddr) -> u8 {
+        let gid = self.gid_index(local);
+        self.gid_mtus
+            .iter()
+            .find(|m| Some(m.0) == gid)
+            .map_or(self.active_mtu, |m| u32::from(m.1).min(self.max_mtu))
+            .clamp(1, 5) as u8
+    }
+
     /// Opens `dev` and builds its GSI QP; `create_gsi` is softhca's private verb.
     pub fn open(dev: *mut ibv_device, create_gsi: CreateGsiQp) -> Result<(Dev, DevState)> {
         // SAFETY: `dev` comes from ibv_get_device_list.
@@ -190,6 +208,10 @@ impl Dev {
             return Err(Error::last_os("ibv_query_port"));
         }
         let gids = query_gids(ctx, &pa);
+        let gid_mtus = gids
+            .iter()
+            .filter_map(|&(i, _)| Some((i, netdev_mtu_code(ctx, i)?)))
+            .collect();
         // SAFETY: valid context.
         let pd = unsafe { ibv_alloc_pd(ctx) };
         if pd.is_null() {
@@ -208,9 +230,11 @@ impl Dev {
             pd,
             node_guid: u64::from_be(da.node_guid),
             active_mtu: pa.active_mtu,
+            max_mtu: pa.max_mtu,
             max_resp_res: da.max_qp_rd_atom.clamp(0, 255) as u8,
             max_init_depth: da.max_qp_init_rd_atom.clamp(0, 255) as u8,
             gids,
+            gid_mtus,
             qp,
             send_cq,
             recv_cq,
@@ -448,6 +472,34 @@ fn query_gids(ctx: *mut ibv_context, pa: &ibv_port_attr) -> Vec<(u8, IpAddr)> {
         gids.push((i as u8, softhca_cm::Gid(g.raw).to_ip()));
     }
     gids
+}
+
+/// The path MTU code the netdev of GID `index` carries (`ndev_ifindex` of
+/// `ibv_query_gid_ex`, its MTU from sysfs); None when not known.
+fn netdev_mtu_code(ctx: *mut ibv_context, index: u8) -> Option<u8> {
+    let mut e = ibv_gid_entry::default();
+    let size = std::mem::size_of::<ibv_gid_entry>();
+    // SAFETY: valid context and an out pointer of `size` bytes.
+    if unsafe { _ibv_query_gid_ex(ctx, 1, index.into(), &mut e, 0, size) } != 0 {
+        return None;
+    }
+    let mut name = [0 as std::ffi::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` has the IF_NAMESIZE bytes if_indextoname writes at most.
+    if e.ndev_ifindex == 0
+        || unsafe { libc::if_indextoname(e.ndev_ifindex, name.as_mut_ptr()) }.is_null()
+    {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_str()
+        .ok()?;
+    let mtu: usize = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(softhca_wire::ib_mtu_code_for_netdev(mtu))
 }
 
 /// The completion channel, the receive CQ that signals it and the unsignalled send CQ.

@@ -775,7 +775,9 @@ fn fill_path(idr: IdRef, dev: &Dev, st: &IdState) {
     p.traffic_class = st.tos;
     p.sl = 0;
     p.mtu_selector = 2;
-    p.mtu = dev.active_mtu as u8;
+    p.mtu = st
+        .local
+        .map_or(dev.active_mtu as u8, |l| dev.path_mtu(l.ip()));
     p.rate_selector = 2;
     p.rate = 0;
     p.packet_life_time_selector = 2;
@@ -1178,7 +1180,7 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
             cp.rnr_retry_count = p.map_or(7, |p| p.rnr_retry_count).min(7);
             cp.flow_control = p.is_some_and(|p| p.flow_control != 0);
             cp.srq = srq;
-            cp.path_mtu = dev.active_mtu as u8;
+            cp.path_mtu = dev.path_mtu(local.ip());
             cp.traffic_class = st.tos;
             cp.packet_life_time = st
                 .ack_timeout

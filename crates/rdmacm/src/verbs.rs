@@ -15,6 +15,14 @@ extern "C" {
     pub fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int;
     pub fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid)
         -> c_int;
+    pub fn _ibv_query_gid_ex(
+        ctx: *mut ibv_context,
+        port: u32,
+        index: u32,
+        entry: *mut ibv_gid_entry,
+        flags: u32,
+        entry_size: usize,
+    ) -> c_int;
     pub fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd;
     pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int)
         -> *mut ibv_mr;

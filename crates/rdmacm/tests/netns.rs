@@ -258,6 +258,52 @@ fn ucmatose_from_a_second_address_between_namespaces() {
 }
 
 #[test]
+fn rping_over_loopback_beside_a_smaller_mtu_interface() {
+    let Some(l) = link(&["rping"]) else { return };
+    // In one namespace: the server's device serves the veth's address (MTU 1500, so
+    // the port's active MTU is 1024) and 127.0.0.1; the client's, started second, a
+    // free loopback address (MTU 4096). The REQ offers 4096, what loopback carries, and
+    // the server's QP on 127.0.0.1 takes it (it was refused against the port's 1024).
+    let mtu = [
+        "-n",
+        &l.netns(End::A),
+        "link",
+        "set",
+        "dev",
+        &l.ifname(End::A),
+        "mtu",
+        "1500",
+    ];
+    if let Err(e) = softhca_testbed::ip(&mtu) {
+        eprintln!("SKIP: set the MTU: {e}");
+        return;
+    }
+    let (s, c) = pair_of(
+        || {
+            at(
+                &l,
+                End::A,
+                "rping",
+                &["-s", "-a", "127.0.0.1", "-v", "-C", "20"],
+            )
+        },
+        || {
+            at(
+                &l,
+                End::A,
+                "rping",
+                &["-c", "-a", "127.0.0.1", "-v", "-C", "20"],
+            )
+        },
+        T,
+        true,
+        true,
+    );
+    both_ok(&s, &c);
+    assert!(c.stdout.contains("ping data: rdma-ping-19"), "{}", c.all());
+}
+
+#[test]
 fn rping_to_a_destination_with_no_route_fails_at_once() {
     let Some(l) = link(&["rping"]) else { return };
     // No default route in the namespace: rdma_resolve_addr itself fails with

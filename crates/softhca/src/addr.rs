@@ -154,13 +154,9 @@ pub(crate) fn bundle_limit(s: &Served) -> usize {
         .map_or(0, |mtu| mtu.saturating_sub(ip_udp).min(65_507))
 }
 
-/// rxe's `RXE_MAX_HDR_LENGTH`-style overhead: IP + UDP + BTH + the largest extension
-/// headers + ICRC must fit around the payload in one netdev MTU (`eth_mtu_int_to_enum`).
-const ROCE_OVERHEAD: usize = 80;
-
 /// The largest IBTA MTU whose packets fit a netdev MTU (rxe `eth_mtu_int_to_enum`).
 pub(crate) fn ib_mtu_for_netdev(netdev_mtu: usize) -> Mtu {
-    Mtu::from_bytes(netdev_mtu.saturating_sub(ROCE_OVERHEAD)).unwrap_or(Mtu::M256)
+    Mtu::from_u32(softhca_wire::ib_mtu_code_for_netdev(netdev_mtu).into()).unwrap_or(Mtu::M256)
 }
 
 /// One served address: its socket and where it lives.
@@ -378,9 +374,17 @@ fn sort_interfaces_first(mut v: Vec<Served>) -> Vec<Served> {
 pub(crate) fn active_mtu(cfg_mtu: Mtu, served: &[Served]) -> Mtu {
     served
         .iter()
-        .filter_map(|s| s.ifname.as_deref().and_then(netdev_mtu))
-        .map(ib_mtu_for_netdev)
+        .map(|s| served_mtu(cfg_mtu, s))
         .fold(cfg_mtu, Mtu::min)
+}
+
+/// The largest path MTU one served address's interface carries: the configured one,
+/// capped by its netdev MTU when known.
+pub(crate) fn served_mtu(cfg_mtu: Mtu, s: &Served) -> Mtu {
+    s.ifname
+        .as_deref()
+        .and_then(netdev_mtu)
+        .map_or(cfg_mtu, |m| ib_mtu_for_netdev(m).min(cfg_mtu))
 }
 
 /// The source address the kernel routing table picks to reach `peer` (connecting a

@@ -121,7 +121,11 @@ pub(crate) struct Device {
     name: String,
     served: Vec<ServedAddr>,
     gids: Vec<Gid>,
+    /// The port's active MTU: what every served interface carries.
     mtu: Mtu,
+    /// The port's largest MTU: the configured one (`SOFTHCA_MTU`, 4096 as rxe's by
+    /// default); a connected QP whose source GID's interface carries it may use it.
+    max_mtu: Mtu,
     /// The port's `(active_width, active_speed)`, from its netdev as rxe's.
     rate: (u8, u8),
     udp_port: u16,
@@ -250,6 +254,10 @@ fn engine_config(
         udp_port: cfg.udp_port,
         seed: rand::random(),
         max_mtu: mtu,
+        gid_mtus: served
+            .iter()
+            .map(|s| addr::served_mtu(cfg.mtu, s))
+            .collect(),
         max_gso_segments,
         // Splitting buys one GSO batch per WRITE; without GSO it buys nothing.
         split_rc_writes: cfg.split_writes && max_gso_segments > 1,
@@ -488,6 +496,7 @@ impl Device {
             served: served_addrs,
             gids,
             mtu,
+            max_mtu: cfg.mtu,
             rate,
             udp_port: cfg.udp_port,
             caps,
@@ -526,7 +535,7 @@ impl Context {
         }
         Ok(PortAttr {
             state: PortState::Active,
-            max_mtu: Mtu::M4096,
+            max_mtu: self.dev.max_mtu,
             active_mtu: self.dev.mtu,
             gid_tbl_len: self.dev.gids.len() as i32,
             // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.

@@ -13,8 +13,14 @@ pub struct EngineConfig {
     pub udp_port: u16,
     /// Seed for randomised choices (initial values only; the datapath is deterministic).
     pub seed: u64,
-    /// Largest path MTU this device supports.
+    /// The MTU every served interface carries: the port's active MTU, UD's MTU, and the
+    /// limit of a GID with no entry in `gid_mtus`.
     pub max_mtu: Mtu,
+    /// Per GID (same order as `gids`), the largest path MTU its interface carries: a
+    /// connected QP's path MTU is checked against its source GID's, as rxe checks it
+    /// against its one netdev's port (a device serving loopback and a 1500-byte
+    /// Ethernet still runs MTU 4096 between loopback addresses).
+    pub gid_mtus: Vec<Mtu>,
     /// Largest queue depth.
     pub max_qp_wr: u32,
     /// Largest scatter/gather list.
@@ -65,6 +71,16 @@ pub struct EngineConfig {
     pub jumbo_mtu: u64,
 }
 
+impl EngineConfig {
+    /// The largest path MTU the interface of GID `index` carries.
+    pub fn gid_mtu(&self, index: u8) -> Mtu {
+        self.gid_mtus
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(self.max_mtu)
+    }
+}
+
 /// Larger packet sizes are multiples of this (a READ request names its responses' size
 /// in these units, in the BTH's 7 reserved bits: at most 127 of them).
 pub const JUMBO_UNIT: u64 = 512;
@@ -76,6 +92,7 @@ impl Default for EngineConfig {
             udp_port: 4791,
             seed: 0,
             max_mtu: Mtu::M4096,
+            gid_mtus: Vec::new(),
             max_qp_wr: 16384,
             max_sge: 32,
             max_inline_data: 256,

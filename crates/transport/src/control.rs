@@ -227,8 +227,13 @@ impl Engine {
         if m.contains(QpAttrMask::PKEY_INDEX) && a.pkey_index != 0 {
             return Err(E("pkey_index"));
         }
-        if m.contains(QpAttrMask::PATH_MTU) && a.path_mtu > self.cfg.max_mtu {
-            return Err(E("path_mtu above port MTU"));
+        let sgid = if m.contains(QpAttrMask::AV) {
+            a.ah_attr.sgid_index
+        } else {
+            qp.attr.ah_attr.sgid_index
+        };
+        if m.contains(QpAttrMask::PATH_MTU) && a.path_mtu > self.cfg.gid_mtu(sgid) {
+            return Err(E("path_mtu above the source GID's interface MTU"));
         }
         if m.contains(QpAttrMask::TIMEOUT) && a.timeout > 31 {
             return Err(E("timeout"));

@@ -883,3 +883,92 @@ fn send_caps_are_rounded_to_the_wqe_as_rxe_rounds_them() {
     );
     assert_eq!(&net.mem(&dst)[..16], b"sixteen bytes!!!");
 }
+
+/// A connected QP's path MTU is bounded by its source GID's interface, not by the
+/// port's active MTU (the least of every served interface's): a device serving
+/// loopback and a 1500-byte Ethernet runs MTU 4096 between loopback addresses, as the
+/// kernel's rdma_cm offers it there. On a GID whose interface carries 1024, 4096 is
+/// refused.
+#[test]
+fn path_mtu_is_bounded_by_the_source_gids_interface() {
+    let mut net = SimNet::with_config(9, 2, Mtu::M4096, |c| {
+        c.max_mtu = Mtu::M1024;
+        c.gid_mtus = vec![Mtu::M4096];
+    });
+    let o = RcOpts {
+        mtu: Some(Mtu::M4096),
+        ..RcOpts::default()
+    };
+    let (a, b) = pair(&mut net, QpType::Rc, &o);
+    let src = net.reg(0, 65536, full_access());
+    let dst = net.reg(1, 65536, full_access());
+    net.fill_random(&src);
+    net.nodes[1]
+        .engine
+        .post_recv(b, recv_wr(1, dst.sges(0, 65536)))
+        .unwrap();
+    net.nodes[0]
+        .engine
+        .post_send(0, a, send_wr(2, WrOpcode::Send, src.sges(0, 65536)))
+        .unwrap();
+    net.run(1_000_000_000);
+    let r = net.take_completions(1);
+    assert_eq!(
+        (r.len(), r[0].status, r[0].byte_len),
+        (1, WcStatus::Success, 65536)
+    );
+    assert!(net.mem(&dst) == net.mem(&src));
+    assert_eq!(
+        net.nodes[0].engine.counters().sent_pkts,
+        16,
+        "4096-byte packets"
+    );
+
+    // The same device with its GID on a 1500-byte interface.
+    let mut e = Engine::new(EngineConfig {
+        gid_mtus: vec![Mtu::M1024],
+        ..cfg_for("10.0.0.1".parse().unwrap(), Mtu::M1024)
+    });
+    let pd = e.memory_mut().alloc_pd();
+    let cq = e.create_cq();
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    let connect = |path_mtu| bringup::Connect {
+        dest_qp_num: 0x42,
+        rq_psn: 0,
+        sq_psn: 0,
+        av: AddressVector {
+            dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
+            hop_limit: 64,
+            port_num: 1,
+            ..AddressVector::default()
+        },
+        path_mtu,
+        rd_atomic: 1,
+        min_rnr_timer: 1,
+        timeout: 8,
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
+    let q = e.create_qp(&init).unwrap();
+    assert!(matches!(
+        e.connect_qp(0, q, full_access(), &connect(Mtu::M4096)),
+        Err(TransportError::InvalidArgument(_))
+    ));
+    let q = e.create_qp(&init).unwrap();
+    e.connect_qp(0, q, full_access(), &connect(Mtu::M1024))
+        .unwrap();
+}

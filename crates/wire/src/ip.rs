@@ -24,6 +24,19 @@ pub const ETHERTYPE_VLAN: u16 = 0x8100;
 /// IP protocol number of UDP.
 pub const IP_PROTOCOL_UDP: u8 = 17;
 
+/// rxe's `RXE_MAX_HDR_LENGTH`-style overhead: IP + UDP + BTH + the largest extension
+/// headers + ICRC must fit around the payload in one netdev MTU (`eth_mtu_int_to_enum`).
+const ROCE_OVERHEAD: usize = 80;
+
+/// The largest IBTA path MTU whose packets fit a netdev MTU, as its `IBV_MTU_*` code
+/// (1 = 256 … 5 = 4096; 1 when even 256 does not fit), as rxe derives its port MTU
+/// and the kernel's rdma_cm a RoCE route's (`iboe_get_mtu`).
+pub fn ib_mtu_code_for_netdev(netdev_mtu: usize) -> u8 {
+    let payload = netdev_mtu.saturating_sub(ROCE_OVERHEAD).clamp(256, 4096);
+    // log2 of a power of two from 256 (code 1) to 4096 (code 5).
+    (usize::BITS - 1 - payload.leading_zeros() - 7) as u8
+}
+
 /// Ethernet II header (an 802.1Q tag, if any, is skipped on parse and reported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EthernetHeader {

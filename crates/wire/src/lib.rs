@@ -71,9 +71,9 @@ pub use icrc::{
     solve_ipv4_id, verify, verify_ipv4_any_id, IpPseudo, UdpPseudo, ICRC_LEN,
 };
 pub use ip::{
-    icrc_ip_packet, internet_checksum, parse_ip_udp, stored_icrc_ip_packet, EthernetHeader,
-    Ipv4Header, Ipv6Header, UdpHeader, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
-    ETHERTYPE_VLAN, IPV4_LEN, IPV6_LEN, IP_PROTOCOL_UDP, UDP_LEN,
+    ib_mtu_code_for_netdev, icrc_ip_packet, internet_checksum, parse_ip_udp, stored_icrc_ip_packet,
+    EthernetHeader, Ipv4Header, Ipv6Header, UdpHeader, ETHERNET_LEN, ETHERTYPE_IPV4,
+    ETHERTYPE_IPV6, ETHERTYPE_VLAN, IPV4_LEN, IPV6_LEN, IP_PROTOCOL_UDP, UDP_LEN,
 };
 pub use opcode::{ExtHeaders, Opcode, Position, Transport};
 pub use psn::Psn;

@@ -117,11 +117,13 @@ impl Qp {
     /// configured address the device does not serve is not ours to advertise).
     fn mp_local_addrs(&self, ctx: &Ctx<'_>) -> Vec<IpAddr> {
         let allowed = &ctx.cfg.mp.addrs;
-        let mut v: Vec<IpAddr> = ctx
-            .cfg
-            .gids
-            .iter()
-            .map(|g| g.to_ip())
+        // An address whose interface carries less than this QP's MTU cannot carry its
+        // packets (the peer leaves out its own such addresses: both use one path MTU).
+        let mtu = self.mtu(ctx.cfg);
+        let mut v: Vec<IpAddr> = (0..=u8::MAX)
+            .zip(&ctx.cfg.gids)
+            .filter(|&(i, _)| ctx.cfg.gid_mtu(i).bytes() as u64 >= mtu)
+            .map(|(_, g)| g.to_ip())
             .filter(|ip| allowed.is_empty() || allowed.iter().any(|a| same_ip(*a, *ip)))
             .collect();
         let primary = self.path.src;

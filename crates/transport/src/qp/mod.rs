@@ -382,12 +382,15 @@ impl Qp {
         Qpn::new(self.qpn)
     }
 
-    /// The MTU packets of this QP use: min(path MTU, device MTU); UD uses the device MTU.
+    /// The MTU packets of this QP use: min(path MTU, its source GID's interface MTU);
+    /// UD uses the device MTU.
     pub fn mtu(&self, cfg: &EngineConfig) -> u64 {
         let m = if self.init.qp_type == QpType::Ud {
             cfg.max_mtu
         } else {
-            self.attr.path_mtu.min(cfg.max_mtu)
+            self.attr
+                .path_mtu
+                .min(cfg.gid_mtu(self.attr.ah_attr.sgid_index))
         };
         m.bytes() as u64
     }
@@ -406,7 +409,9 @@ impl Qp {
     /// for the largest IBTA MTU (a smaller one it chose is kept); 0: none.
     pub fn jumbo_with(&self, cfg: &EngineConfig, offer: u64) -> u64 {
         let size = cfg.jumbo_mtu.min(offer);
-        let fits = self.is_rc() && self.attr.path_mtu == Mtu::M4096 && cfg.max_mtu == Mtu::M4096;
+        let fits = self.is_rc()
+            && self.attr.path_mtu == Mtu::M4096
+            && cfg.gid_mtu(self.attr.ah_attr.sgid_index) == Mtu::M4096;
         if fits && size > self.mtu(cfg) && size.is_multiple_of(crate::config::JUMBO_UNIT) {
             size
         } else {
