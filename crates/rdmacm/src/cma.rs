@@ -156,6 +156,27 @@ impl Cma {
         Ok(())
     }
 
+    /// Where a connection to `dst` goes (decided at `rdma_connect`, when the server has
+    /// had its chance to listen): to another process's wildcard listener when `dst` is
+    /// an address of this process's own devices and nothing here listens on its port
+    /// (see `local_listeners`); else `dst` itself.
+    fn local_destination(&self, ps: u16, dst: SocketAddr) -> SocketAddr {
+        if self.dev_of_ip(dst.ip()).is_none()
+            || self.find_listener(ps, dst.port(), dst.ip()).is_some()
+        {
+            return dst;
+        }
+        match crate::local_listeners::find(ps, dst.port(), dst.ip()) {
+            Some(ip) => {
+                crate::error::debug(format_args!(
+                    "{dst} is ours with no listener here: to {ip}, another process's"
+                ));
+                SocketAddr::new(ip, dst.port())
+            }
+            None => dst,
+        }
+    }
+
     fn dev_of_ip(&self, ip: IpAddr) -> Option<usize> {
         self.devs.iter().position(|d| d.dev.gid_index(ip).is_some())
     }
@@ -1039,6 +1060,18 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
         *n += 1;
     }
     c.listeners.push((ps, local.port(), local.ip(), idr.key()));
+    if local.ip().is_unspecified() {
+        let d = dev.unwrap_or(0);
+        let loopback = c.devs.get(d).and_then(|e| {
+            e.dev
+                .gids
+                .iter()
+                .find(|g| g.1.is_loopback() && g.1.is_ipv4())
+        });
+        if let Some(&(_, ip)) = loopback {
+            crate::local_listeners::publish(ps, local.port(), ip);
+        }
+    }
     // Requests that came before the listener are due now: wake the progress threads.
     for d in 0..c.devs.len() {
         c.pump(d);
@@ -1114,9 +1147,39 @@ fn valid_param(c: &Cma, idr: IdRef, p: Option<&rdma_conn_param>) -> Result<()> {
     Ok(())
 }
 
+/// A connection to this process's own address with nothing here listening on its port
+/// is meant for another process's listener (`Cma::local_destination`): give that
+/// process a moment to listen (its server may have sent the port before listening, as
+/// qperf's does), outside the lock. Otherwise the REQ goes to this process's own CM,
+/// which holds it for a grace, then rejects it.
+fn wait_for_local_listener(idr: IdRef) {
+    let pending = {
+        let c = lock();
+        let Some(st) = c.ids.get(&idr.key()) else {
+            return;
+        };
+        st.remote
+            .filter(|r| {
+                c.dev_of_ip(r.ip()).is_some() && c.find_listener(st.ps, r.port(), r.ip()).is_none()
+            })
+            .map(|r| (st.ps, r))
+    };
+    let Some((ps, remote)) = pending else { return };
+    for _ in 0..LOCAL_LISTENER_POLLS {
+        if crate::local_listeners::find(ps, remote.port(), remote.ip()).is_some() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// How many 5 ms looks [`wait_for_local_listener`] takes.
+const LOCAL_LISTENER_POLLS: u32 = 40;
+
 /// # Safety
 /// `param` is NULL or a valid `rdma_conn_param`.
 pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Result<()> {
+    wait_for_local_listener(idr);
     {
         let mut c = lock();
         // SAFETY: contract.
@@ -1132,6 +1195,14 @@ pub(crate) unsafe fn connect(idr: IdRef, param: *const rdma_conn_param) -> Resul
             st.remote.ok_or(Error::Invalid("no destination"))?,
         );
         let ps = PortSpace::from_u16(st.ps).ok_or(Error::Invalid("port space"))?;
+        let remote = c.local_destination(ps as u16, remote);
+        let st = c.state(idr)?;
+        if st.remote != Some(remote) {
+            st.remote = Some(remote);
+            let dev = c.devs[d].dev.clone();
+            fill_addr(idr, &dev, Some(local), Some(remote));
+            idr.get_mut().path.dgid = ip_to_gid(remote.ip());
+        }
         let sid = service_id(ps, remote.port());
         // SAFETY: contract.
         let user = unsafe { user_private(p) };
@@ -1591,6 +1662,9 @@ pub(crate) fn destroy_id(idr: IdRef) -> Result<()> {
         }
         if listening {
             c.listeners.retain(|l| l.3 != idr.key());
+            if let Some(l) = local.filter(|l| l.ip().is_unspecified()) {
+                crate::local_listeners::withdraw(ps, l.port());
+            }
             if let (Some(pspace), Some(local)) = (PortSpace::from_u16(ps), local) {
                 let sid = service_id(pspace, local.port());
                 for (d, e) in c.devs.iter_mut().enumerate() {

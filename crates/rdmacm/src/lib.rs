@@ -15,6 +15,7 @@ mod channel;
 mod cma;
 mod error;
 mod id;
+mod local_listeners;
 mod unsupported;
 mod verbs;
 

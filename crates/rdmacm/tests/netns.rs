@@ -200,6 +200,31 @@ fn qperf_cm1_between_namespaces() {
 }
 
 #[test]
+fn qperf_cm1_on_one_host_with_no_configuration() {
+    let Some(l) = link(&["qperf"]) else { return };
+    // Both ends in one namespace with no SOFTHCA_ADDR. qperf's client opens its device
+    // first (it takes 10.98.0.1 and 127.0.0.1) and its server one per test, after the
+    // client asked (a free loopback address): the client's connection to 127.0.0.1, its
+    // own address with no listener of its own, reaches the server's wildcard listener,
+    // as on one kernel.
+    let tests = ["rc_bw", "rc_lat", "rc_rdma_read_bw"];
+    let args = [&["-cm1", "-t", "1", "127.0.0.1"][..], &tests].concat();
+    let (_s, c) = pair_of(
+        || at(&l, End::A, "qperf", &[]),
+        || at(&l, End::A, "qperf", &args),
+        T,
+        false,
+        true,
+    );
+    assert_eq!(c.status, Some(0), "client: {}", c.all());
+    for t in tests {
+        let after = c.stdout.split(&format!("{t}:")).nth(1).unwrap_or_default();
+        let want = if t == "rc_lat" { "latency  =" } else { "bw  =" };
+        assert!(after.trim_start().starts_with(want), "{t} {}", c.all());
+    }
+}
+
+#[test]
 fn cmtime_between_namespaces() {
     let Some(l) = link(&["cmtime"]) else { return };
     // 100 connections set up and torn down; the server is a daemon.
