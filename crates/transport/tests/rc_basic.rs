@@ -925,50 +925,23 @@ fn path_mtu_is_bounded_by_the_source_gids_interface() {
     );
 
     // The same device with its GID on a 1500-byte interface.
-    let mut e = Engine::new(EngineConfig {
-        gid_mtus: vec![Mtu::M1024],
-        ..cfg_for("10.0.0.1".parse().unwrap(), Mtu::M1024)
+    let mut net = SimNet::with_config(9, 2, Mtu::M4096, |c| {
+        c.max_mtu = Mtu::M1024;
+        c.gid_mtus = vec![Mtu::M1024];
     });
-    let pd = e.memory_mut().alloc_pd();
-    let cq = e.create_cq();
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    };
-    let connect = |path_mtu| bringup::Connect {
-        dest_qp_num: 0x42,
-        rq_psn: 0,
-        sq_psn: 0,
-        av: AddressVector {
-            dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
-            hop_limit: 64,
-            port_num: 1,
-            ..AddressVector::default()
-        },
-        path_mtu,
-        rd_atomic: 1,
-        min_rnr_timer: 1,
-        timeout: 8,
-        retry_cnt: 7,
-        rnr_retry: 7,
-    };
-    let q = e.create_qp(&init).unwrap();
+    let (a, b) = (
+        create(&mut net, 0, QpType::Rc, &o, None),
+        create(&mut net, 1, QpType::Rc, &o, None),
+    );
+    let c = connect_params(&net, 1, b, &o, 0, 0);
     assert!(matches!(
-        e.connect_qp(0, q, full_access(), &connect(Mtu::M4096)),
+        net.nodes[0].engine.connect_qp(0, a, o.access, &c),
         Err(TransportError::InvalidArgument(_))
     ));
-    let q = e.create_qp(&init).unwrap();
-    e.connect_qp(0, q, full_access(), &connect(Mtu::M1024))
-        .unwrap();
+    let a = create(&mut net, 0, QpType::Rc, &o, None);
+    let o = RcOpts {
+        mtu: Some(Mtu::M1024),
+        ..o
+    };
+    connect_one(&mut net, 0, a, QpType::Rc, 1, b, &o, 0, 0);
 }

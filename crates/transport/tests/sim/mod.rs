@@ -763,6 +763,35 @@ pub fn qpn_u32(q: Qpn) -> u32 {
     q.value()
 }
 
+/// What [`connect_one`] asks of node `node`'s engine for a QP to `peer_qpn` on `peer`.
+pub fn connect_params(
+    net: &SimNet,
+    peer: usize,
+    peer_qpn: Qpn,
+    o: &RcOpts,
+    sq_psn: u32,
+    rq_psn: u32,
+) -> bringup::Connect {
+    bringup::Connect {
+        dest_qp_num: qpn_u32(peer_qpn),
+        rq_psn,
+        sq_psn,
+        av: AddressVector {
+            dgid: Gid::from_ip(net.nodes[peer].ip),
+            hop_limit: 64,
+            port_num: 1,
+            traffic_class: o.traffic_class,
+            ..AddressVector::default()
+        },
+        path_mtu: o.mtu.unwrap_or(net.mtu),
+        rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+    }
+}
+
 /// Bring a connected (RC/UC) QP to RTS.
 #[allow(clippy::too_many_arguments)]
 pub fn connect_one(
@@ -777,28 +806,9 @@ pub fn connect_one(
     rq_psn: u32,
 ) {
     let now = net.now;
-    let peer_ip = net.nodes[peer].ip;
-    let net_mtu = net.mtu;
+    let c = connect_params(net, peer, peer_qpn, o, sq_psn, rq_psn);
     let e = &mut net.nodes[node].engine;
     assert_eq!(e.query_qp(qpn).expect("qp").1.qp_type, ty);
-    let c = bringup::Connect {
-        dest_qp_num: qpn_u32(peer_qpn),
-        rq_psn,
-        sq_psn,
-        av: AddressVector {
-            dgid: Gid::from_ip(peer_ip),
-            hop_limit: 64,
-            port_num: 1,
-            traffic_class: o.traffic_class,
-            ..AddressVector::default()
-        },
-        path_mtu: o.mtu.unwrap_or(net_mtu),
-        rd_atomic: o.max_rd_atomic,
-        min_rnr_timer: o.min_rnr_timer,
-        timeout: o.timeout,
-        retry_cnt: o.retry_cnt,
-        rnr_retry: o.rnr_retry,
-    };
     e.connect_qp(now, qpn, o.access, &c)
         .expect("INIT, RTR, RTS");
 }
