@@ -24,6 +24,13 @@ use crate::verbs::*;
 /// A responder that only stalls gets at most two duplicates (see `rto_deadline`).
 const MAX_QUIET_RESENDS: u8 = 2;
 
+/// Tail-loss probes per silence (see `Qp::tail_probe_deadline`): at a round trip of at
+/// most half a millisecond they go 1, 4, 16 and 64 ms into it (a responder that only
+/// pauses for a few milliseconds gets one or two duplicates; a sequence NAK the first
+/// probe draws after the responder's 1 ms reordering window comes before the second),
+/// and the retransmit timeout stays the last resort.
+const MAX_TAIL_PROBES: u8 = 4;
+
 impl Qp {
     /// A response packet (ACK, ATOMIC ACKNOWLEDGE, READ RESPONSE) for this QP's requester.
     pub fn on_response(&mut self, ctx: &mut Ctx<'_>, h: &Headers, payload: &[u8]) {
@@ -66,7 +73,7 @@ impl Qp {
             self.req.rnr_left = self.attr.rnr_retry;
             self.req.rto_backoff = 0;
             self.req.quiet_resends = 0;
-            self.req.tail_probed = false;
+            self.req.tail_probes = 0;
             self.req.recovery.on_progress(self.req.una);
             self.req.held.on_progress(self.req.una);
             self.cc_progress(ctx, una_before);
@@ -398,6 +405,7 @@ impl Qp {
     fn on_rtt_sample(&mut self, rtt: Nanos) {
         self.req.srtt = rtt_update(self.req.srtt, rtt);
         self.req.reorder.on_rtt(rtt);
+        self.resp.reorder.on_rtt(rtt);
     }
 
     /// The READ reorder timer: responses still missing in front of early ones are lost.
@@ -634,13 +642,15 @@ impl Qp {
 
     /// When silence at the tail of the send queue means the last packets were lost (RFC
     /// 8985 7, the tail-loss probe): two round trips (at least `QUIET_MIN_NS`) after the
-    /// later of the last new request and the last response, once per silence, while
-    /// nothing else is left to send and no retransmission is under way. Why: a loss at
-    /// the end of a burst (every loss, for a ping-pong) has no later packet to reveal
-    /// it to the responder, and waited for the retransmit timeout (67 ms at perftest's
-    /// timeout 14). Multipath has its own silence rules (`multipath`).
+    /// later of the last new request and the last response, while nothing else is left
+    /// to send and no retransmission is under way; again four times as far into the
+    /// silence, up to `MAX_TAIL_PROBES` times. Why: a loss at the end of a burst (every
+    /// loss, for a ping-pong) has no later packet to reveal it to the responder, and
+    /// waited for the retransmit timeout (67 ms at perftest's timeout 14, 2.1 s at
+    /// rdma_cm's); a probe, or what it draws, may be lost too. Multipath has its own
+    /// silence rules (`multipath`).
     fn tail_probe_deadline(&self) -> Option<Nanos> {
-        let armed = !self.req.tail_probed
+        let armed = self.req.tail_probes < MAX_TAIL_PROBES
             && self.is_rc()
             && !self.mp_active()
             && self.state == QpState::Rts
@@ -652,7 +662,7 @@ impl Qp {
         if !armed || self.req.srtt == 0 {
             return None;
         }
-        let wait = (2 * self.req.srtt).max(QUIET_MIN_NS);
+        let wait = (2 * self.req.srtt).max(QUIET_MIN_NS) << (2 * self.req.tail_probes);
         Some(self.req.quiet_from.max(self.req.sent_at) + wait)
     }
 
@@ -663,7 +673,7 @@ impl Qp {
     /// the congestion window is not cut: nothing is known lost yet. The retransmit
     /// timer keeps running.
     fn send_tail_probe(&mut self, ctx: &mut Ctx<'_>) {
-        self.req.tail_probed = true;
+        self.req.tail_probes += 1;
         ctx.counters.tail_probe += 1;
         let last = self.req.max_sent.sub(1);
         self.rewind_to(last);

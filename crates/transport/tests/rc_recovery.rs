@@ -643,6 +643,21 @@ fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
     assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
 }
 
+/// The probe is lost too (or what it draws): another follows, twice as long into the
+/// silence, before the retransmit timeout.
+#[test]
+fn a_lost_tail_loss_probe_is_followed_by_another() {
+    let (mut net, a, la, rb) = measured_write_pair(7, 3000);
+    // The last packet, then its copy the first probe sends.
+    let dropped = drop_first(&mut net, 0, 2, |p| {
+        matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
+    });
+    let c = second_write_done(&mut net, a, &la, &rb, 3000);
+    assert_eq!(*dropped.borrow(), 2);
+    assert_eq!((c.tail_probe, c.local_ack_timeout_err), (2, 0), "{c:?}");
+    assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
+}
+
 /// The whole tail of a message lost: the probe (its last packet) reaches the responder
 /// out of sequence and draws a sequence NAK, which goes back N from the first missing
 /// packet.
@@ -701,18 +716,21 @@ fn tail_loss_probe_asks_again_for_a_lost_last_read_response() {
     assert!(net.now - start < 10_000_000, "{} ns", net.now - start);
 }
 
-/// A responder that only pauses (its ACK is late, nothing was lost): the probe is a
-/// duplicate, acknowledged again, and spends no retry.
+/// A responder that only pauses (its ACK is late, nothing was lost): each probe is a
+/// duplicate, acknowledged again, and spends no retry. A 5 ms pause sees two (1 and 4
+/// ms into the silence), a 3 ms one a single probe.
 #[test]
 fn a_spurious_tail_loss_probe_costs_a_duplicate() {
-    let (mut net, a, la, rb) = measured_write_pair(6, 2048);
-    net.pause(1, 5_000_000);
-    let c = second_write_done(&mut net, a, &la, &rb, 2048);
-    assert_eq!(c.tail_probe, 1, "{c:?}");
-    assert_eq!(
-        (c.completer_retry_err, c.local_ack_timeout_err),
-        (0, 0),
-        "{c:?}"
-    );
-    assert_eq!(net.nodes[1].engine.counters().duplicate_request, 1);
+    for (seed, pause, probes) in [(6, 5_000_000, 2), (8, 3_000_000, 1)] {
+        let (mut net, a, la, rb) = measured_write_pair(seed, 2048);
+        net.pause(1, pause);
+        let c = second_write_done(&mut net, a, &la, &rb, 2048);
+        assert_eq!(c.tail_probe, probes, "{c:?}");
+        assert_eq!(
+            (c.completer_retry_err, c.local_ack_timeout_err),
+            (0, 0),
+            "{c:?}"
+        );
+        assert_eq!(net.nodes[1].engine.counters().duplicate_request, probes);
+    }
 }

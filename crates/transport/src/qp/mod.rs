@@ -202,8 +202,9 @@ pub(crate) struct Requester {
     /// When a request packet with a new PSN last left (the tail-loss probe counts
     /// silence from it or from the last response, whichever is later).
     pub sent_at: Nanos,
-    /// The tail-loss probe went since the last progress (one per silence).
-    pub tail_probed: bool,
+    /// Tail-loss probes sent since the last progress (see
+    /// `completer::MAX_TAIL_PROBES`).
+    pub tail_probes: u8,
     pub pkts_since_ack_req: u32,
     pub recovery: GoBackN,
     /// What the responder said it holds (selective repeat with a softhca peer).
