@@ -629,33 +629,26 @@ fn second_write_done(net: &mut SimNet, a: Qpn, la: &Mr, rb: &Mr, len: usize) -> 
 
 /// A ping-pong's loss is always at the tail: the last packet of a WRITE with nothing
 /// sent after it. Once a round trip is measured, the tail-loss probe resends it after
-/// two round trips of silence instead of waiting for the retransmit timeout.
+/// two round trips of silence instead of waiting for the retransmit timeout. When the
+/// probe is lost too (or what it draws), another follows, four times as far into the
+/// silence, still before the timeout.
 #[test]
-fn tail_loss_probe_recovers_a_lost_last_packet_before_the_timeout() {
-    let (mut net, a, la, rb) = measured_write_pair(3, 3000);
-    // The last packet (the one asking for the ACK) is lost.
-    let dropped = drop_first(&mut net, 0, 1, |p| {
-        matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
-    });
-    let c = second_write_done(&mut net, a, &la, &rb, 3000);
-    assert_eq!(*dropped.borrow(), 1);
-    assert_eq!((c.tail_probe, c.local_ack_timeout_err), (1, 0), "{c:?}");
-    assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
-}
-
-/// The probe is lost too (or what it draws): another follows, twice as long into the
-/// silence, before the retransmit timeout.
-#[test]
-fn a_lost_tail_loss_probe_is_followed_by_another() {
-    let (mut net, a, la, rb) = measured_write_pair(7, 3000);
-    // The last packet, then its copy the first probe sends.
-    let dropped = drop_first(&mut net, 0, 2, |p| {
-        matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
-    });
-    let c = second_write_done(&mut net, a, &la, &rb, 3000);
-    assert_eq!(*dropped.borrow(), 2);
-    assert_eq!((c.tail_probe, c.local_ack_timeout_err), (2, 0), "{c:?}");
-    assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
+fn tail_loss_probes_recover_a_lost_last_packet_before_the_timeout() {
+    for (seed, lost) in [(3, 1), (7, 2)] {
+        let (mut net, a, la, rb) = measured_write_pair(seed, 3000);
+        // The last packet (the one asking for the ACK), then the probes' copies of it.
+        let dropped = drop_first(&mut net, 0, lost, |p| {
+            matches!(p[0], 0x08 | 0x0a) && p[8] & 0x80 != 0
+        });
+        let c = second_write_done(&mut net, a, &la, &rb, 3000);
+        assert_eq!(*dropped.borrow(), lost);
+        assert_eq!(
+            (c.tail_probe, c.local_ack_timeout_err),
+            (lost as u64, 0),
+            "{c:?}"
+        );
+        assert_eq!(c.completer_retry_err, 0, "a probe spends no retry");
+    }
 }
 
 /// The whole tail of a message lost: the probe (its last packet) reaches the responder
