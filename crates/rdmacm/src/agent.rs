@@ -106,12 +106,10 @@ impl Dev {
         if local {
             let fam = |ip: &IpAddr| ip.is_ipv4() == dst.is_ipv4();
             if let Some(g) = self
-                .gids
-                .iter()
-                .find(|g| g.1.is_loopback() && fam(&g.1))
-                .or_else(|| self.gids.iter().find(|g| fam(&g.1)))
+                .loopback_gid(dst.is_ipv4())
+                .or_else(|| self.gids.iter().find(|g| fam(&g.1)).copied())
             {
-                return Ok(*g);
+                return Ok(g);
             }
         }
         Err(Error::NoDevice)
@@ -169,6 +167,14 @@ impl Dev {
         }
         st.ahs.insert((dst, tc), (ah as usize, sgid));
         Ok(ah)
+    }
+
+    /// The device's loopback GID of the family (IPv4 or IPv6), if it serves one.
+    pub fn loopback_gid(&self, ipv4: bool) -> Option<(u8, IpAddr)> {
+        self.gids
+            .iter()
+            .find(|g| g.1.is_loopback() && g.1.is_ipv4() == ipv4)
+            .copied()
     }
 
     pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {

@@ -161,9 +161,7 @@ impl Cma {
     /// an address of this process's own devices and nothing here listens on its port
     /// (see `local_listeners`); else `dst` itself.
     fn local_destination(&self, ps: u16, dst: SocketAddr) -> SocketAddr {
-        if self.dev_of_ip(dst.ip()).is_none()
-            || self.find_listener(ps, dst.port(), dst.ip()).is_some()
-        {
+        if !self.ours_unlistened(ps, dst) {
             return dst;
         }
         match crate::local_listeners::find(ps, dst.port(), dst.ip()) {
@@ -175,6 +173,12 @@ impl Cma {
             }
             None => dst,
         }
+    }
+
+    /// Whether `dst` is an address of this process's own devices with nothing here
+    /// listening on its port: a connection there is for another process's listener.
+    fn ours_unlistened(&self, ps: u16, dst: SocketAddr) -> bool {
+        self.dev_of_ip(dst.ip()).is_some() && self.find_listener(ps, dst.port(), dst.ip()).is_none()
     }
 
     fn dev_of_ip(&self, ip: IpAddr) -> Option<usize> {
@@ -1061,14 +1065,11 @@ pub(crate) fn listen(idr: IdRef) -> Result<()> {
     }
     c.listeners.push((ps, local.port(), local.ip(), idr.key()));
     if local.ip().is_unspecified() {
-        let d = dev.unwrap_or(0);
-        let loopback = c.devs.get(d).and_then(|e| {
-            e.dev
-                .gids
-                .iter()
-                .find(|g| g.1.is_loopback() && g.1.is_ipv4())
-        });
-        if let Some(&(_, ip)) = loopback {
+        let loopback = c
+            .devs
+            .get(dev.unwrap_or(0))
+            .and_then(|e| e.dev.loopback_gid(true));
+        if let Some((_, ip)) = loopback {
             crate::local_listeners::publish(ps, local.port(), ip);
         }
     }
@@ -1159,9 +1160,7 @@ fn wait_for_local_listener(idr: IdRef) {
             return;
         };
         st.remote
-            .filter(|r| {
-                c.dev_of_ip(r.ip()).is_some() && c.find_listener(st.ps, r.port(), r.ip()).is_none()
-            })
+            .filter(|r| c.ours_unlistened(st.ps, *r))
             .map(|r| (st.ps, r))
     };
     let Some((ps, remote)) = pending else { return };
