@@ -19,8 +19,8 @@ pub(crate) use crate::objects::{
     ibv_reg_mr_iova, ibv_reg_mr_iova2,
 };
 pub(crate) use crate::qp::{
-    ibv_create_qp, ibv_create_srq, ibv_destroy_qp, ibv_destroy_srq, ibv_modify_qp, ibv_modify_srq,
-    ibv_qp_to_qp_ex, ibv_query_qp, ibv_query_qp_data_in_order, ibv_query_srq,
-    softhca_create_gsi_qp,
+    ibv_attach_mcast, ibv_create_qp, ibv_create_srq, ibv_destroy_qp, ibv_destroy_srq,
+    ibv_detach_mcast, ibv_modify_qp, ibv_modify_srq, ibv_qp_to_qp_ex, ibv_query_qp,
+    ibv_query_qp_data_in_order, ibv_query_srq, softhca_create_gsi_qp,
 };
 pub(crate) use crate::unsupported::*;

@@ -14,6 +14,8 @@ impl Errno {
     pub(crate) const NOTSUP: Errno = Errno(libc::EOPNOTSUPP);
     /// Out of memory.
     pub(crate) const NOMEM: Errno = Errno(libc::ENOMEM);
+    /// Still in use (`EBUSY`): a QP attached to a multicast group cannot be destroyed.
+    pub(crate) const BUSY: Errno = Errno(libc::EBUSY);
 }
 
 impl From<softhca::Error> for Errno {

@@ -292,6 +292,10 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard_int("ibv_destroy_qp", || {
         // SAFETY: a QP of ours (verb contract).
         let b = unsafe { QpBox::from_ptr(qp)? };
+        // uverbs refuses to destroy a QP still attached to a multicast group.
+        if b.inner.in_mcast_group() {
+            return Err(Errno::BUSY);
+        }
         // SAFETY: `events_completed` is a field of this live QP.
         unsafe {
             b.ack_lock()
@@ -303,6 +307,34 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: freed once; dropping the softhca QP destroys it in the engine.
         drop(unsafe { Box::from_raw(qp as *mut QpBox) });
+        Ok(0)
+    })
+}
+
+/// `ibv_attach_mcast`: on RoCE the multicast LID plays no part (rxe ignores it).
+pub(crate) unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    guard_int("ibv_attach_mcast", || {
+        // SAFETY: a QP of ours and the caller's GID (verb contract).
+        let (b, gid) = unsafe { (QpBox::from_ptr(qp)?, nonnull(gid)?) };
+        b.inner.attach_mcast(softhca::Gid(gid.raw))?;
+        Ok(0)
+    })
+}
+
+/// `ibv_detach_mcast`.
+pub(crate) unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    guard_int("ibv_detach_mcast", || {
+        // SAFETY: a QP of ours and the caller's GID (verb contract).
+        let (b, gid) = unsafe { (QpBox::from_ptr(qp)?, nonnull(gid)?) };
+        b.inner.detach_mcast(softhca::Gid(gid.raw))?;
         Ok(0)
     })
 }

@@ -38,7 +38,7 @@ macro_rules! stubs {
 }
 
 stubs!(int:
-    ibv_attach_mcast, ibv_detach_mcast, ibv_set_ece, ibv_query_ece,
+    ibv_set_ece, ibv_query_ece,
     ibv_read_ibdev_sysfs_file, execute_ioctl, verbs_init_cq,
     ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
     ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,

@@ -363,6 +363,69 @@ impl RoceSocket {
         })
     }
 
+    /// A receive-only socket for the RoCEv2 packets sent to multicast `group` on `port`,
+    /// joined on the interface of each address in `via` (an address and its interface
+    /// index) of the group's family, as rxe takes what its netdev's multicast filter
+    /// lets in. `SO_REUSEADDR`: Linux hands a multicast datagram to every socket bound
+    /// to its group and port, so each device on the host that joined gets its own copy
+    /// (the wire's behaviour). Fails when no interface could join.
+    pub fn bind_multicast(
+        group: IpAddr,
+        port: u16,
+        via: &[(IpAddr, u32)],
+        sockbuf: usize,
+    ) -> Result<Self, IoError> {
+        let addr = SocketAddr::new(group, port);
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::DGRAM.nonblocking().cloexec(),
+            Some(Protocol::UDP),
+        )
+        .map_err(os("socket"))?;
+        socket.set_reuse_address(true).map_err(os("SO_REUSEADDR"))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true).map_err(os("IPV6_V6ONLY"))?;
+        }
+        socket
+            .bind(&addr.into())
+            .map_err(|e| IoError::from_bind(addr, e))?;
+        let mut joined = 0;
+        let mut last = None;
+        for &(ip, ifindex) in via {
+            let r = match (group, ip) {
+                (IpAddr::V4(g), IpAddr::V4(local)) => socket
+                    .join_multicast_v4_n(&g, &socket2::InterfaceIndexOrAddress::Address(local)),
+                (IpAddr::V6(g), IpAddr::V6(_)) => socket.join_multicast_v6(&g, ifindex),
+                _ => continue,
+            };
+            match r {
+                Ok(()) => joined += 1,
+                // Two served addresses on one interface: joined there already.
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => joined += 1,
+                Err(e) => last = Some(e),
+            }
+        }
+        if joined == 0 {
+            return Err(IoError::Os {
+                what: "join multicast group",
+                source: last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EADDRNOTAVAIL)),
+            });
+        }
+        Self::grow_buffers(socket.as_raw_fd(), sockbuf);
+        tracing::debug!(%addr, joined, "RoCE multicast socket bound");
+        Ok(RoceSocket {
+            socket,
+            local: addr,
+            gso: AtomicBool::new(false),
+            gro: false,
+            max_gso_segments: MAX_GSO_SEGMENTS,
+            gso_fallbacks: AtomicU64::new(0),
+            peer: None,
+            messages: AtomicU64::new(0),
+            bound_ifindex: 0,
+        })
+    }
+
     /// The interface this socket is bound to ([`BindOptions::bind_ifindex`]; 0: none).
     pub fn bound_ifindex(&self) -> u32 {
         self.bound_ifindex

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::placement::Placement;
 use softhca_io::{EventFd, RoceSocket};
-use softhca_transport::{CcAlgorithm, DelayAimdConfig, Engine, EngineConfig};
+use softhca_transport::{mcast, CcAlgorithm, DelayAimdConfig, Engine, EngineConfig};
 
 use crate::addr::{self, Served};
 use crate::attr::{AtomicCap, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState};
@@ -129,6 +129,8 @@ pub(crate) struct Device {
     /// The port's `(active_width, active_speed)`, from its netdev as rxe's.
     rate: (u8, u8),
     udp_port: u16,
+    /// Socket buffer bytes (`Config::sockbuf`), for the multicast group sockets.
+    sockbuf: usize,
     caps: (bool, bool),
     attr: DeviceAttr,
     /// What [`Context::snapshot`] says of the device itself.
@@ -331,9 +333,9 @@ fn device_attr(ecfg: &EngineConfig, gids: &[Gid]) -> DeviceAttr {
         max_mw: 0x4000,
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
-        max_mcast_grp: 0,
-        max_mcast_qp_attach: 0,
-        max_total_mcast_qp_attach: 0,
+        max_mcast_grp: mcast::MAX_GROUPS as u32,
+        max_mcast_qp_attach: mcast::MAX_QP_ATTACH as u32,
+        max_total_mcast_qp_attach: mcast::MAX_TOTAL_ATTACH as u32,
         max_ah: 0x7ffc,
         max_fmr: 0,
         max_map_per_fmr: 0,
@@ -458,6 +460,7 @@ impl Device {
             epoch,
             sockets,
             sport_sockets,
+            mcast: Default::default(),
             doorbell: EventFd::new()?,
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
@@ -499,6 +502,7 @@ impl Device {
             max_mtu: cfg.mtu,
             rate,
             udp_port: cfg.udp_port,
+            sockbuf: cfg.sockbuf,
             caps,
             attr,
             netdev,
@@ -778,6 +782,20 @@ impl Context {
         let r = self.with_core_always(f);
         drop(stepper);
         r
+    }
+
+    /// Opens and closes multicast group sockets to match the groups this device's QPs
+    /// are attached to; the datapath picks them up at its next step or sleep.
+    pub(crate) fn sync_mcast(&self) -> Result<(), Error> {
+        let dev = &self.dev;
+        let via: Vec<(IpAddr, u32)> = dev.served.iter().map(|s| (s.ip, s.ifindex)).collect();
+        let r = dev.shared.mcast.sync(
+            || dev.shared.engine.lock().engine.mcast_groups(),
+            |g| RoceSocket::bind_multicast(g.to_ip(), dev.udp_port, &via, dev.sockbuf),
+        );
+        // A datapath thread asleep on the old set wakes and takes the new one.
+        self.kick();
+        Ok(r?)
     }
 
     /// Tells the datapath there is new work (rings the doorbell if it sleeps).

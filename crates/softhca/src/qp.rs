@@ -216,6 +216,37 @@ impl Qp {
         Ok(self.query()?.0.qp_state)
     }
 
+    /// Attaches this UD QP to the multicast group `gid` (`ibv_attach_mcast`; on RoCE the
+    /// multicast LID plays no part): packets sent to the group's address and QPN 0xFFFFFF
+    /// reach it, as every other QP attached on this host or elsewhere. Attaching twice
+    /// is no error; a QP that is not UD or a GID that is not multicast is EINVAL.
+    pub fn attach_mcast(&self, gid: Gid) -> Result<(), Error> {
+        let ctx = self.pd.context();
+        ctx.with_core_untimed(|core| core.engine.attach_mcast(self.qpn, gid))??;
+        if let Err(e) = ctx.sync_mcast() {
+            // No socket for the group: the attachment would receive nothing.
+            let _ = ctx.with_core_untimed(|core| core.engine.detach_mcast(self.qpn, gid));
+            let _ = ctx.sync_mcast();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Detaches this QP from the multicast group `gid` (`ibv_detach_mcast`); EINVAL when
+    /// it is not attached.
+    pub fn detach_mcast(&self, gid: Gid) -> Result<(), Error> {
+        let ctx = self.pd.context();
+        ctx.with_core_untimed(|core| core.engine.detach_mcast(self.qpn, gid))??;
+        ctx.sync_mcast()
+    }
+
+    /// Whether this QP is attached to a multicast group (the kernel then refuses
+    /// `ibv_destroy_qp` with EBUSY; dropping a `Qp` detaches it).
+    pub fn in_mcast_group(&self) -> bool {
+        let ctx = self.pd.context();
+        ctx.with_core_always(|core| core.engine.qp_in_mcast_group(self.qpn))
+    }
+
     /// Posts one send WR (`ibv_post_send`). The engine lock is held only to queue it;
     /// the datapath sends it: the application thread at its next CQ poll if it is polling,
     /// else the datapath thread (its doorbell rings only if it sleeps).
@@ -380,6 +411,9 @@ impl Drop for Qp {
         });
         if let Err(e) = r {
             tracing::debug!(qpn = qpn_u32(qpn), "destroy_qp: {e}");
+        }
+        if let Err(e) = self.pd.context().sync_mcast() {
+            tracing::debug!("multicast sockets after destroy_qp: {e}");
         }
     }
 }

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use crate::engine::{sync, Engine, Parts, FIRST_QPN, GSI_QPN};
 use crate::error::TransportError;
+use crate::mcast::MULTICAST_QPN;
 use crate::path::Path;
 use crate::qp::state::modify_is_ok;
 use crate::qp::{Ctx, Qp, Srq};
@@ -155,13 +156,10 @@ impl Engine {
     pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, TransportError> {
         let init = self.admit_qp(init)?;
         let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) {
-            qpn = (qpn + 1) & 0x00ff_ffff;
-            if qpn < FIRST_QPN {
-                qpn = FIRST_QPN;
-            }
+        while self.qps.contains_key(&qpn) || qpn == MULTICAST_QPN {
+            qpn = qpn_after(qpn);
         }
-        self.next_qpn = ((qpn + 1) & 0x00ff_ffff).max(FIRST_QPN);
+        self.next_qpn = qpn_after(qpn);
         self.qps.insert(qpn, Qp::new(qpn, init));
         Ok(Qpn::new(qpn))
     }
@@ -300,12 +298,43 @@ impl Engine {
         Ok((a, qp.init))
     }
 
-    /// Destroy a QP. Its queued work disappears without completions (like rxe).
+    /// Attaches a UD QP to the multicast group of `gid` (`ibv_attach_mcast`).
+    pub fn attach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), TransportError> {
+        let qp = self.qps.get(&qpn.value()).ok_or(TransportError::NotFound)?;
+        // ib_attach_mcast: UD QPs only.
+        if qp.init.qp_type != QpType::Ud || qpn.value() == GSI_QPN {
+            return Err(TransportError::InvalidArgument("multicast needs a UD QP"));
+        }
+        self.mcast.attach(gid, qpn.value())
+    }
+
+    /// Detaches a QP from the multicast group of `gid` (`ibv_detach_mcast`).
+    pub fn detach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), TransportError> {
+        if !self.qps.contains_key(&qpn.value()) {
+            return Err(TransportError::NotFound);
+        }
+        self.mcast.detach(gid, qpn.value())
+    }
+
+    /// The multicast groups that have a QP attached.
+    pub fn mcast_groups(&self) -> Vec<Gid> {
+        self.mcast.gids().copied().collect()
+    }
+
+    /// Whether the QP is attached to a multicast group (uverbs refuses to destroy it:
+    /// EBUSY).
+    pub fn qp_in_mcast_group(&self, qpn: Qpn) -> bool {
+        self.mcast.has_member(qpn.value())
+    }
+
+    /// Destroy a QP. Its queued work disappears without completions (like rxe), and it
+    /// leaves its multicast groups.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), TransportError> {
         let qp = self
             .qps
             .remove(&qpn.value())
             .ok_or(TransportError::NotFound)?;
+        self.mcast.forget(qpn.value());
         if let Some(cc) = qp.cc_stats() {
             // Its last figures, for a run whose QPs are gone when counters are read.
             tracing::debug!("qp {:#x} congestion: {cc}", qp.qpn);
@@ -320,6 +349,11 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The QPN after `qpn` in the 24-bit space, wrapping to the first user QPN.
+fn qpn_after(qpn: u32) -> u32 {
+    ((qpn + 1) & 0x00ff_ffff).max(FIRST_QPN)
 }
 
 /// The current and the next state of a modify (`cur_qp_state` must match when given),

@@ -70,6 +70,8 @@ pub struct Engine {
     pub(crate) budget: Budget,
     /// Multipath extension packets waiting to leave (each its own Transmit).
     mp_out: VecDeque<MpPacket>,
+    /// Multicast groups and their QPs.
+    pub(crate) mcast: crate::mcast::Groups,
 }
 
 /// What a received segment is, as [`Engine::segment_kind`] reads it.
@@ -449,6 +451,7 @@ impl Engine {
             bundle_peers: HashMap::default(),
             budget: Budget::default(),
             mp_out: VecDeque::new(),
+            mcast: crate::mcast::Groups::default(),
         }
     }
 
@@ -733,6 +736,10 @@ impl Engine {
                 return;
             }
         }
+        if h.bth.dest_qp.value() == crate::mcast::MULTICAST_QPN {
+            self.dispatch_multicast(now, info, h, payload, udp_len);
+            return;
+        }
         let Parts {
             qps,
             ready,
@@ -784,6 +791,50 @@ impl Engine {
             }
         }
         sync(qp, &mut ctx, ready, timers);
+    }
+
+    /// A packet to the multicast QPN: delivered to each UD QP attached to the group of
+    /// its destination address, as a plain UD packet to that QP (rxe
+    /// `rxe_rcv_mcast_pkt`: type, state and Q_Key checked per QP, failures skipped).
+    fn dispatch_multicast(
+        &mut self,
+        now: Nanos,
+        info: &DatagramInfo,
+        h: &wire::Headers,
+        payload: &[u8],
+        udp_len: usize,
+    ) {
+        let members = match self.mcast.members(&Gid::from_ip(info.dst)) {
+            Some(m) if h.bth.opcode.transport() == wire::Transport::Ud => m.clone(),
+            _ => {
+                self.counters.drop_unknown_qpn += 1;
+                return;
+            }
+        };
+        let Parts {
+            qps,
+            ready,
+            timers,
+            mut ctx,
+        } = self.parts(now);
+        let meta = RxMeta {
+            src: info.src.ip(),
+            dst: info.dst,
+            udp_len,
+            tos: info.tos,
+        };
+        for qpn in members {
+            let Some(qp) = qps.get_mut(&qpn) else {
+                continue;
+            };
+            if matches!(qp.state, QpState::Reset | QpState::Init) {
+                ctx.counters.drop_bad_state += 1;
+                continue;
+            }
+            ctx.counters.rcvd_pkts += 1;
+            qp.on_request(&mut ctx, h, payload, &meta);
+            sync(qp, &mut ctx, ready, timers);
+        }
     }
 
     /// The IETH of a SEND with invalidate, after its message completed (rxe

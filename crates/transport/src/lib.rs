@@ -46,6 +46,7 @@ mod direct;
 pub mod engine;
 pub mod error;
 mod ipv4_id;
+pub mod mcast;
 pub mod multipath;
 mod path;
 mod qp;

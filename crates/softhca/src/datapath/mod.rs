@@ -17,6 +17,7 @@
 
 mod bundle;
 mod direct;
+mod mcast;
 mod schedule;
 mod senders;
 mod step;
@@ -24,6 +25,7 @@ mod takeover;
 mod thread;
 mod tx;
 
+pub(crate) use mcast::McastSockets;
 pub(crate) use schedule::DatapathShared;
 pub(crate) use step::Stepper;
 pub(crate) use thread::DatapathThread;

@@ -25,6 +25,8 @@ pub(crate) struct DatapathShared {
     pub sockets: Vec<RoceSocket>,
     /// Multipath's extra source ports: (address, port, socket), send only.
     pub sport_sockets: Vec<(std::net::IpAddr, u16, RoceSocket)>,
+    /// The multicast groups' sockets, receive only.
+    pub mcast: super::McastSockets,
     pub doorbell: EventFd,
     /// Set by the datapath just before it sleeps in epoll: posters ring the doorbell only
     /// then, so a busy datapath costs posters no syscall.

@@ -96,7 +96,9 @@ impl Senders {
     /// IPv4 ID of its first packet to seal it for (ask in send order). Once it is sealed
     /// for it, [`Senders::planned`].
     pub(crate) fn way(&mut self, t: &Transmit, stats: &Stats) -> Option<Way> {
-        if !self.enabled || t.src.is_unspecified() {
+        // A group's datagrams leave from the device socket: a socket connected to a
+        // group address learns no ID counter (`ConnectedSender::open`).
+        if !self.enabled || t.src.is_unspecified() || t.dst.ip().is_multicast() {
             return None;
         }
         let slot = self.slot_for(t.src, t.dst, stats)?;

@@ -11,6 +11,7 @@ use softhca_transport::{DatagramInfo, Engine, SegmentKind, Transmit, TxPiece};
 
 use super::bundle::Bundler;
 use super::direct::{DirectRx, Then};
+use super::mcast::McastRx;
 use super::schedule::{wake_by_hold_end, wake_by_window_end, DatapathShared};
 use super::senders::Senders;
 use super::{RECV_BATCH, TX_BATCH, TX_BUF};
@@ -110,6 +111,8 @@ pub(crate) struct Stepper {
     direct: Option<DirectRx>,
     /// Which transmits leave in bundles, and the bundles (see `bundle`).
     pub(super) bundler: Bundler,
+    /// What the multicast group sockets received (see `mcast`).
+    mcast: McastRx,
 }
 
 // SAFETY: the raw pointers in `tx_iov` name `tx_bufs` (owned here) and registered
@@ -175,6 +178,7 @@ impl Stepper {
             impair,
             direct: direct_rx.then(DirectRx::new),
             bundler,
+            mcast: McastRx::default(),
         }
     }
 
@@ -391,7 +395,7 @@ impl Stepper {
             }
             total += self.rx_count[i];
         }
-        total
+        total + self.mcast.receive(shared)
     }
 
     /// Under the engine lock (released on return): feed what was received (`rx`, for a
@@ -412,10 +416,15 @@ impl Stepper {
         // Received datagrams are fed by steps only (a post leaves them to the next step),
         // from where the last step stopped if it left trailing ACKs.
         let start = rx.and_then(|_| self.rx_resume.take());
-        let counts = match rx {
+        let mut counts = match rx {
             Some(answers_on) => self.feed(&mut core, now, answers_on, start),
             None => RxCounts::default(),
         };
+        if rx.is_some() {
+            let (datagrams, packets) = self.mcast.feed(&mut core.engine, now);
+            counts.datagrams += datagrams;
+            counts.packets += packets;
+        }
         if core.engine.poll_timeout().is_some_and(|d| d <= now) {
             core.engine.handle_timeout(now);
         }

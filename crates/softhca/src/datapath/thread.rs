@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use softhca_io::{self as sio, Events, Poller};
 
+use super::mcast::Picked;
 use super::schedule::DatapathShared;
 use super::takeover::Takeover;
 use crate::config::PollMode;
@@ -16,6 +17,8 @@ use crate::Nanos;
 
 /// Token of the doorbell in the poller (sockets use their index).
 const DOORBELL: u64 = u64::MAX;
+/// Token of the multicast group sockets in the poller.
+const MCAST: u64 = u64::MAX - 1;
 /// The scheduler slice the datapath thread asks for (Linux's shortest is 100 µs).
 const DP_SLICE_NS: u64 = 100_000;
 /// The nice value the datapath thread asks for (weight about 3× the default's). With two
@@ -36,6 +39,8 @@ pub(crate) struct DatapathThread {
     /// application starts or stops polling; the re-entry reports data already queued
     /// (epoll checks readiness when a file is added).
     watching_sockets: bool,
+    /// The multicast group sockets, in `poller` with the others.
+    mcast: Picked,
     events: Events,
 }
 
@@ -61,9 +66,28 @@ impl DatapathThread {
         Ok(DatapathThread {
             poller,
             watching_sockets: true,
+            mcast: Picked::default(),
             events: Events::with_capacity(shared.sockets.len() + 1),
             shared,
         })
+    }
+
+    /// Picks up the multicast group sockets again if they changed: in the poller
+    /// while it watches the sockets.
+    fn refresh_mcast(&mut self) {
+        let Some(gone) = self.mcast.refresh(&self.shared) else {
+            return;
+        };
+        if self.watching_sockets {
+            for s in &gone {
+                let _ = self.poller.delete(s.as_raw_fd());
+            }
+            for s in &self.mcast.sockets {
+                if let Err(e) = self.poller.add(s.as_raw_fd(), MCAST) {
+                    tracing::warn!("datapath poller: {e}");
+                }
+            }
+        }
     }
 
     /// Puts the sockets into the poller, or takes them out (see `watching_sockets`).
@@ -71,11 +95,14 @@ impl DatapathThread {
         if on == self.watching_sockets {
             return;
         }
-        for (i, s) in self.shared.sockets.iter().enumerate() {
+        let unicast = self.shared.sockets.iter().enumerate();
+        let tokens = unicast.map(|(i, s)| (s.as_raw_fd(), i as u64));
+        let mcast = self.mcast.sockets.iter().map(|s| (s.as_raw_fd(), MCAST));
+        for (fd, token) in tokens.chain(mcast) {
             let r = if on {
-                self.poller.add(s.as_raw_fd(), i as u64)
+                self.poller.add(fd, token)
             } else {
-                self.poller.delete(s.as_raw_fd())
+                self.poller.delete(fd)
             };
             if let Err(e) = r {
                 // Only resource exhaustion makes epoll_ctl fail here; the sockets are
@@ -232,6 +259,7 @@ impl DatapathThread {
         }
         let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(shared.now())));
         Stats::add(&shared.stats.sleeps, 1);
+        self.refresh_mcast();
         self.watch_sockets(!doorbell_only);
         if let Err(e) = self.poller.wait(&mut self.events, timeout) {
             tracing::warn!("epoll_wait: {e}");
