@@ -114,6 +114,11 @@ const LAYOUTS: &[Layout] = &[
         ],
     ),
     (
+        "rdma_cm_join_mc_attr_ex",
+        "struct rdma_cm_join_mc_attr_ex",
+        &[("comp_mask", ""), ("join_flags", ""), ("addr", "")],
+    ),
+    (
         "rdma_cm_event",
         "struct rdma_cm_event",
         &[

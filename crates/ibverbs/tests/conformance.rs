@@ -12,7 +12,7 @@ fn contexts_event_fds_and_attribute_checks_behave_as_rdma_core() {
     common::run_c_checks(
         "conformance",
         "127.0.7.1",
-        18,
+        19,
         "all conformance checks passed",
     );
 }

@@ -105,6 +105,20 @@ pub struct rdma_ud_param {
     pub qkey: u32,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union rdma_event_param {

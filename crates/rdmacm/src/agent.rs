@@ -96,13 +96,18 @@ pub(crate) fn ip_to_gid(ip: IpAddr) -> ibv_gid {
 impl Dev {
     /// Which GID a connection to `dst` leaves from: the route's source if it is a GID; for
     /// a destination on this host (loopback or a local address) the device's loopback GID
-    /// of the family, as softhca's verbs pick it (`Context::gid_index_for`).
+    /// of the family, as softhca's verbs pick it (`Context::gid_index_for`). So too for a
+    /// multicast group whose route leaves from an address another process serves: sent
+    /// from a loopback address it reaches the host's other devices (`sync_mcast`).
     pub fn source_for(&self, dst: IpAddr) -> Result<(u8, IpAddr)> {
         let routed = route_source(dst)?;
         if let Some(g) = self.gids.iter().find(|g| g.1 == routed) {
             return Ok(*g);
         }
-        let local = dst.is_loopback() || routed == dst || self.gids.iter().any(|g| g.1 == dst);
+        let local = dst.is_loopback()
+            || dst.is_multicast()
+            || routed == dst
+            || self.gids.iter().any(|g| g.1 == dst);
         if local {
             let fam = |ip: &IpAddr| ip.is_ipv4() == dst.is_ipv4();
             if let Some(g) = self

@@ -100,6 +100,55 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     })
 }
 
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    guard_neg("rdma_join_multicast", || {
+        // SAFETY: caller's sockaddr.
+        let a = unsafe { read_sockaddr(addr)? };
+        cma::join_multicast(idref(id)?, a, false, context)?;
+        Ok(0)
+    })
+}
+
+/// librdmacm's checks: an address, and join flags below `RDMA_MC_JOIN_FLAG_RESERVED`.
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    guard_neg("rdma_join_multicast_ex", || {
+        // SAFETY: the caller's attributes, or NULL.
+        let a = unsafe { attr.as_ref() }.ok_or(Error::Invalid("NULL join attributes"))?;
+        let flags_given = a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS != 0;
+        if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
+            || !flags_given
+            || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED
+        {
+            return Err(Error::Invalid("join attributes"));
+        }
+        // SAFETY: caller's sockaddr.
+        let addr = unsafe { read_sockaddr(a.addr)? };
+        let send_only = a.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+        cma::join_multicast(idref(id)?, addr, send_only, context)?;
+        Ok(0)
+    })
+}
+
+pub unsafe extern "C" fn rdma_leave_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    guard_neg("rdma_leave_multicast", || {
+        // SAFETY: caller's sockaddr.
+        let a = unsafe { read_sockaddr(addr)? };
+        cma::leave_multicast(idref(id)?, a)?;
+        Ok(0)
+    })
+}
+
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     guard_neg("rdma_resolve_route", || {
         cma::resolve_route(idref(id)?)?;

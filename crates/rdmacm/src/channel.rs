@@ -50,6 +50,15 @@ pub(crate) enum Param {
         qp_num: u32,
         qkey: u32,
     },
+    /// A multicast join: the group's address handle attributes (`dgid` its MGID), and the
+    /// program's context for the join, which the event carries as `private_data`.
+    Mcast {
+        ah_attr: crate::abi::ibv_ah_attr,
+        qkey: u32,
+        context: usize,
+        /// The QP is attached when the program reads the event (not a send-only join).
+        attach: bool,
+    },
 }
 
 /// An event channel; the C `struct rdma_event_channel` is its first field.

@@ -25,6 +25,9 @@ use crate::verbs::*;
 const PACKET_LIFETIME: u8 = 18;
 /// Hop limit of a routed RoCE v2 path (`cma_resolve_iboe_route` takes the route's: 64).
 const HOP_LIMIT: u8 = 64;
+/// The destination QPN of a multicast send (IBTA 10.5.2.4; the kernel's MULTICAST_JOIN
+/// event gives it).
+const MULTICAST_QPN: u32 = 0x00ff_ffff;
 /// How long a REQ or SIDR_REQ for a port nobody listens on waits for `rdma_listen`
 /// before it is rejected (see `EndpointConfig::no_listener_grace`): perftest `-R`
 /// connects right after its handshake, when its server is about to listen.
@@ -56,6 +59,15 @@ pub(crate) struct IdState {
     pub qp_init_attr: Option<ibv_qp_init_attr>,
     pub connect_error: bool,
     pub disconnected: bool,
+    /// The multicast groups joined (`struct cma_multicast`).
+    pub mcs: Vec<McJoin>,
+}
+
+/// A multicast group an id joined.
+pub(crate) struct McJoin {
+    addr: SocketAddr,
+    mgid: ibv_gid,
+    send_only: bool,
 }
 
 struct DevEntry {
@@ -711,6 +723,7 @@ fn new_state(chan: ChanRef, sync: bool, ps: u16, ud: bool) -> IdState {
         qp_init_attr: None,
         connect_error: false,
         disconnected: false,
+        mcs: Vec::new(),
     }
 }
 
@@ -1002,6 +1015,86 @@ pub(crate) fn resolve_addr(idr: IdRef, src: Option<SocketAddr>, dst: SocketAddr)
         );
     }
     complete(idr)
+}
+
+/// `rdma_join_multicast_ex` on RoCE (the kernel's `cma_iboe_join_multicast`; no SA):
+/// the group's MGID is its address (IPv4-mapped for IPv4, as the kernel makes it for
+/// RoCEv2), its Q_Key `RDMA_UDP_QKEY`; the MULTICAST_JOIN event carries the address
+/// handle attributes to send to it (QPN 0xFFFFFF), and reading it attaches the id's QP
+/// (librdmacm's `ucma_process_join`) unless the join is send-only.
+pub(crate) fn join_multicast(
+    idr: IdRef,
+    addr: SocketAddr,
+    send_only: bool,
+    context: *mut c_void,
+) -> Result<()> {
+    {
+        let mut c = lock();
+        let st = c.state(idr)?;
+        // rdma_join_multicast: an id with a device whose address is bound or resolved,
+        // nothing more (a loopback bind names no device until it resolves).
+        let idle = st.local.is_none() || st.dev.is_none();
+        if idle || st.listening || st.route_resolved || st.cm.is_some() {
+            return Err(Error::Invalid("join needs a bound or resolved id"));
+        }
+        if addr.ip().is_unspecified() {
+            return Err(Error::Invalid("zero multicast address"));
+        }
+        let mgid = ip_to_gid(addr.ip());
+        let ah_attr = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: mgid,
+                flow_label: 0,
+                sgid_index: st.sgid_index,
+                hop_limit: HOP_LIMIT,
+                traffic_class: st.tos,
+            },
+            is_global: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        st.mcs.retain(|m| m.addr != addr);
+        st.mcs.push(McJoin {
+            addr,
+            mgid,
+            send_only,
+        });
+        let chan = st.chan;
+        c.push(
+            chan,
+            Pending {
+                id: idr,
+                listen: None,
+                event: RDMA_CM_EVENT_MULTICAST_JOIN,
+                status: 0,
+                param: Param::Mcast {
+                    ah_attr,
+                    qkey: RDMA_UDP_QKEY,
+                    context: context as usize,
+                    attach: !send_only,
+                },
+                rep: false,
+            },
+        );
+    }
+    complete(idr)
+}
+
+/// `rdma_leave_multicast`: the id's QP leaves the group (librdmacm detaches it unless
+/// the join was send-only); EADDRNOTAVAIL for a group the id did not join.
+pub(crate) fn leave_multicast(idr: IdRef, addr: SocketAddr) -> Result<()> {
+    let mut c = lock();
+    let st = c.state(idr)?;
+    let i = (st.mcs.iter())
+        .position(|m| m.addr == addr)
+        .ok_or(Error::AddrNotAvail)?;
+    let m = st.mcs.remove(i);
+    let qp = idr.c().qp;
+    if !qp.is_null() && !m.send_only {
+        // SAFETY: the id's live QP and a GID on the stack. librdmacm ignores the result.
+        unsafe { ibv_detach_mcast(qp, &m.mgid, 0) };
+    }
+    Ok(())
 }
 
 pub(crate) fn resolve_route(idr: IdRef) -> Result<()> {
@@ -1763,6 +1856,24 @@ fn settle(p: &Pending) -> Option<(c_int, c_int)> {
             }
         }
     }
+    if let Param::Mcast {
+        ah_attr,
+        attach: true,
+        ..
+    } = &p.param
+    {
+        let qp = p.id.c().qp;
+        // SAFETY: the id's live QP and the event's GID.
+        let r = if qp.is_null() {
+            0
+        } else {
+            unsafe { ibv_attach_mcast(qp, &ah_attr.grh.dgid, 0) }
+        };
+        if r != 0 {
+            event = RDMA_CM_EVENT_MULTICAST_ERROR;
+            status = r;
+        }
+    }
     // After a CONNECT_ERROR the program sees no REJECTED or DISCONNECTED for that id.
     let connect_error = c.ids.get(&p.id.key()).is_some_and(|s| s.connect_error);
     let hidden = event == RDMA_CM_EVENT_REJECTED || event == RDMA_CM_EVENT_DISCONNECTED;
@@ -1826,6 +1937,20 @@ fn event_box(p: Pending, owner: IdRef, event: c_int, status: c_int) -> *mut rdma
                 private_data_len: private_len,
                 ah_attr,
                 qp_num,
+                qkey,
+            };
+        }
+        Param::Mcast {
+            ah_attr,
+            qkey,
+            context,
+            ..
+        } => {
+            b.ev.param.ud = rdma_ud_param {
+                private_data: context as *const c_void,
+                private_data_len: 0,
+                ah_attr,
+                qp_num: MULTICAST_QPN,
                 qkey,
             };
         }

@@ -8,31 +8,6 @@ use std::ffi::{c_int, c_void};
 use crate::abi::rdma_cm_id;
 use crate::error::{guard_neg, Error};
 
-/// Multicast (mckey): softhca has no multicast (`ibv_attach_mcast` is EOPNOTSUPP too).
-pub unsafe extern "C" fn rdma_join_multicast(
-    _: *mut rdma_cm_id,
-    _: *mut libc::sockaddr,
-    _: *mut c_void,
-) -> c_int {
-    guard_neg("rdma_join_multicast", || {
-        Err(Error::NotSupported("multicast"))
-    })
-}
-pub unsafe extern "C" fn rdma_join_multicast_ex(
-    _: *mut rdma_cm_id,
-    _: *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    guard_neg("rdma_join_multicast_ex", || {
-        Err(Error::NotSupported("multicast"))
-    })
-}
-pub unsafe extern "C" fn rdma_leave_multicast(_: *mut rdma_cm_id, _: *mut libc::sockaddr) -> c_int {
-    guard_neg("rdma_leave_multicast", || {
-        Err(Error::NotSupported("multicast"))
-    })
-}
-
 /// ECE: rxe has none, and neither has softhca (`ibv_query_ece` is EOPNOTSUPP).
 pub unsafe extern "C" fn rdma_set_local_ece(_: *mut rdma_cm_id, _: *mut c_void) -> c_int {
     guard_neg("rdma_set_local_ece", || Err(Error::NotSupported("ECE")))

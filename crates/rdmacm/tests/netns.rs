@@ -349,3 +349,69 @@ fn rping_to_a_destination_with_no_route_fails_at_once() {
     );
     assert!(start.elapsed() < Duration::from_secs(10), "{}", c.all());
 }
+
+/// `mckey` receiver and sender: both exit 0 and say so, the receiver having taken all of
+/// its messages (it polls for them, so a lost one would hang it until `T`).
+fn mckey_pair(l: &Veth, recv: (End, &[&str]), send: (End, &[&str])) {
+    let (r, s) = pair_of(
+        || at(l, recv.0, "mckey", recv.1),
+        || at(l, send.0, "mckey", send.1),
+        T,
+        true,
+        true,
+    );
+    both_ok(&r, &s);
+    for d in [&r, &s] {
+        assert!(d.stdout.contains("joined dgid: ::ffff:239."), "{}", d.all());
+        assert!(d.stdout.contains("data transfers complete"), "{}", d.all());
+        assert!(d.stdout.contains("return status 0"), "{}", d.all());
+    }
+}
+
+#[test]
+fn mckey_between_namespaces() {
+    let Some(l) = link(&["mckey"]) else { return };
+    // Each side binds its interface address (the namespaces have no route to the
+    // group); the group's datagrams cross the veth as IP multicast.
+    let msgs = ["-C", "100", "-S", "1000"];
+    let recv = [&["-m", "239.98.0.1", "-b", SERVER][..], &msgs].concat();
+    let send = [&["-m", "239.98.0.1", "-b", "10.98.0.2", "-s"][..], &msgs].concat();
+    mckey_pair(&l, (End::A, &recv), (End::B, &send));
+}
+
+#[test]
+fn mckey_on_one_host_with_no_configuration() {
+    let Some(l) = link(&["mckey", "ip"]) else {
+        return;
+    };
+    // One namespace with a multicast route out of its veth, no SOFTHCA_ADDR. The
+    // receiver opens its device first (10.98.0.1 and 127.0.0.1); the sender gets a free
+    // loopback address, sends from it (the group's route leaves from an address it does
+    // not serve) and reaches the receiver's device, which joined on the loopback too.
+    let ifname = l.ifname(End::A);
+    let route = l
+        .command(End::A, "ip")
+        .args(["route", "add", "224.0.0.0/4", "dev", &ifname])
+        .status()
+        .unwrap();
+    assert!(route.success());
+    let msgs = ["-C", "20"];
+    let recv = [&["-m", "239.98.0.2"][..], &msgs].concat();
+    let send = [&["-m", "239.98.0.2", "-s"][..], &msgs].concat();
+    mckey_pair(&l, (End::A, &recv), (End::A, &send));
+    // And the other way round: the first device sends out of the veth, and the
+    // loopback-only one hears it there (it joined on the group's route too).
+    let send_first = [&["-m", "239.98.0.3", "-s"][..], &msgs].concat();
+    let recv_second = [&["-m", "239.98.0.3"][..], &msgs].concat();
+    let (s, r) = pair_of(
+        || at(&l, End::A, "mckey", &send_first),
+        // The sender waits 3 s after its join before it sends: time for this one to
+        // join.
+        || at(&l, End::A, "mckey", &recv_second),
+        T,
+        true,
+        true,
+    );
+    both_ok(&s, &r);
+    assert!(r.stdout.contains("data transfers complete"), "{}", r.all());
+}

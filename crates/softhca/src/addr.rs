@@ -399,6 +399,14 @@ pub(crate) fn route_source(peer: IpAddr) -> Option<IpAddr> {
     Some(s.local_addr().ok()?.ip())
 }
 
+/// The address and interface index this host's routing sends to `dst` from.
+pub(crate) fn route_interface(dst: IpAddr) -> Option<(IpAddr, u32)> {
+    let src = route_source(dst)?;
+    let addrs = interface_addrs().ok()?;
+    let name = &addrs.iter().find(|a| a.ip == src)?.name;
+    Some((src, ifindex(name).unwrap_or(0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

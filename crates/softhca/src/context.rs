@@ -788,11 +788,23 @@ impl Context {
     /// are attached to; the datapath picks them up at its next step or sleep.
     pub(crate) fn sync_mcast(&self) -> Result<(), Error> {
         let dev = &self.dev;
-        let via: Vec<(IpAddr, u32)> = dev.served.iter().map(|s| (s.ip, s.ifindex)).collect();
-        let r = dev.shared.mcast.sync(
-            || dev.shared.engine.lock().engine.mcast_groups(),
-            |g| RoceSocket::bind_multicast(g.to_ip(), dev.udp_port, &via, dev.sockbuf),
-        );
+        let served = dev.served.iter().map(|s| (s.ip, s.ifindex));
+        let on_loopback = dev.served.iter().any(|s| s.ip.is_loopback());
+        let open = |g: Gid| {
+            let group = g.to_ip();
+            let mut via: Vec<(IpAddr, u32)> = served.clone().collect();
+            // A device on a loopback address also hears what this host sends to the
+            // group along its route (another process's device on that interface): on
+            // one host every device hears every other, as behind one switch.
+            if on_loopback {
+                via.extend(addr::route_interface(group));
+            }
+            RoceSocket::bind_multicast(group, dev.udp_port, &via, dev.sockbuf)
+        };
+        let r = dev
+            .shared
+            .mcast
+            .sync(|| dev.shared.engine.lock().engine.mcast_groups(), open);
         // A datapath thread asleep on the old set wakes and takes the new one.
         self.kick();
         Ok(r?)

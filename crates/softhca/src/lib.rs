@@ -67,4 +67,5 @@ pub use publish::{read_all, read_snapshot, Publish};
 pub use qp::{defaults, Ah, ConnectOptions, Qp, QpInit, RemoteQp, Srq};
 pub use snapshot::{DeviceSnapshot, GidSnapshot, QpSnapshot, Snapshot};
 pub use softhca_io::IoError;
+pub use softhca_transport::mcast::MULTICAST_QPN;
 pub use softhca_transport::TransportError;

@@ -326,6 +326,17 @@ static void check_attrs(struct ibv_device *dev)
 		CHECK(!ibv_post_send(ud, &wr, &bad));
 	}
 	CHECK(ibv_resize_cq(cq, 1) == EINVAL);
+	/* Multicast as uverbs and rxe check it: a multicast GID only, no detaching what
+	 * is not attached, and no destroying a QP that is attached. */
+	union ibv_gid mg = { .raw = { [10] = 0xff, [11] = 0xff, 239, 6, 6, 7 } };
+	CHECK(ibv_attach_mcast(ud, &g, 0) == EINVAL);
+	CHECK(ibv_detach_mcast(ud, &mg, 0) == EINVAL);
+	CHECK(!ibv_attach_mcast(ud, &mg, 0));
+	CHECK(!ibv_attach_mcast(ud, &mg, 0));
+	CHECK(ibv_destroy_qp(ud) == EBUSY);
+	CHECK(!ibv_detach_mcast(ud, &mg, 0));
+	OK("attach_mcast / detach_mcast: EINVAL for a unicast GID or a group not joined, "
+	   "EBUSY destroying an attached QP");
 	CHECK(!ibv_destroy_qp(ud));
 	CHECK(!ibv_destroy_ah(ah));
 	CHECK(!ibv_dereg_mr(mmr));

@@ -144,9 +144,45 @@ int main(void)
 	r = rdma_set_option(c, RDMA_OPTION_ID, 99, &tos, 1);
 	CHECK(r == -1 && errno == ENOSYS, "unknown option: %d", r);
 
-	/* Not supported: multicast, rsockets. */
-	r = rdma_join_multicast(c, (struct sockaddr *)&addr, NULL);
-	CHECK(r == -1 && errno == EOPNOTSUPP, "multicast: %d", r);
+	/* Multicast: an id resolved to the group joins; the event carries what to send
+	 * to the group with, and the join's context. */
+	struct sockaddr_in grp = sin4("239.6.6.6", 0);
+	r = rdma_join_multicast(b, (struct sockaddr *)&grp, NULL);
+	CHECK(r == -1 && errno == EINVAL, "join on a listener: %d", r);
+	r = rdma_join_multicast(a, (struct sockaddr *)&grp, NULL);
+	CHECK(r == -1 && errno == EINVAL, "join on an id with no device: %d", r);
+	rdma_destroy_id(a);
+	CHECK(!rdma_create_id(ch, &a, NULL, RDMA_PS_UDP), "create a again");
+	addr = sin4("127.0.6.4", 0);
+	CHECK(!rdma_resolve_addr(a, (struct sockaddr *)&addr, (struct sockaddr *)&grp, 2000),
+	      "resolve the group");
+	CHECK(!rdma_get_cm_event(ch, &ev) && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+	      "group resolved: %s %d", rdma_event_str(ev->event), ev->status);
+	rdma_ack_cm_event(ev);
+	r = rdma_leave_multicast(a, (struct sockaddr *)&grp);
+	CHECK(r == -1 && errno == EADDRNOTAVAIL, "leave before join: %d", r);
+	struct rdma_cm_join_mc_attr_ex mc = {
+		.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS,
+		.addr = (struct sockaddr *)&grp,
+	};
+	r = rdma_join_multicast_ex(a, &mc, NULL);
+	CHECK(r == -1 && errno == EINVAL, "join_ex without flags: %d", r);
+	CHECK(!rdma_join_multicast(a, (struct sockaddr *)&grp, &grp), "join");
+	CHECK(!rdma_get_cm_event(ch, &ev), "join event");
+	CHECK(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN && ev->status == 0 &&
+		      ev->id == a, "join event: %s %d", rdma_event_str(ev->event), ev->status);
+	CHECK(ev->param.ud.qp_num == 0xffffff && ev->param.ud.qkey == 0x01234567 &&
+		      ev->param.ud.private_data == (void *)&grp, "join event parameters");
+	static const unsigned char mgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff,
+					       239, 6, 6, 6};
+	CHECK(ev->param.ud.ah_attr.is_global &&
+		      !memcmp(ev->param.ud.ah_attr.grh.dgid.raw, mgid, 16), "join event MGID");
+	rdma_ack_cm_event(ev);
+	CHECK(!rdma_leave_multicast(a, (struct sockaddr *)&grp), "leave");
+	r = rdma_leave_multicast(a, (struct sockaddr *)&grp);
+	CHECK(r == -1 && errno == EADDRNOTAVAIL, "leave twice: %d", r);
+
+	/* Not supported: rsockets. */
 	r = rsocket(AF_INET, SOCK_STREAM, 0);
 	CHECK(r == -1 && errno == ENOSYS, "rsocket: %d", r);
 	CHECK(!strcmp(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT),
