@@ -1040,6 +1040,10 @@ pub(crate) fn join_multicast(
         if addr.ip().is_unspecified() {
             return Err(Error::Invalid("zero multicast address"));
         }
+        // cma_iboe_join_multicast: RoCEv2 groups are IPv4 (ENOTSUPP for AF_INET6).
+        if addr.is_ipv6() {
+            return Err(Error::NotSupported("IPv6 multicast groups on RoCEv2"));
+        }
         let mgid = ip_to_gid(addr.ip());
         let ah_attr = ibv_ah_attr {
             grh: ibv_global_route {

@@ -167,6 +167,10 @@ int main(void)
 	};
 	r = rdma_join_multicast_ex(a, &mc, NULL);
 	CHECK(r == -1 && errno == EINVAL, "join_ex without flags: %d", r);
+	struct sockaddr_in6 grp6 = { .sin6_family = AF_INET6,
+				     .sin6_addr = { .s6_addr = { 0xff, 0x0e, [15] = 1 } } };
+	r = rdma_join_multicast(a, (struct sockaddr *)&grp6, NULL);
+	CHECK(r == -1 && errno == EOPNOTSUPP, "IPv6 group: %d", r);
 	CHECK(!rdma_join_multicast(a, (struct sockaddr *)&grp, &grp), "join");
 	CHECK(!rdma_get_cm_event(ch, &ev), "join event");
 	CHECK(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN && ev->status == 0 &&
