@@ -514,19 +514,7 @@ impl Cma {
     /// The address handle attributes of a UD peer, as the kernel's
     /// `cma_set_ud_event`/`ib_init_ah_from_path` give them for RoCE.
     fn ud_ah(&self, idr: IdRef, peer: IpAddr) -> ibv_ah_attr {
-        let st = &self.ids[&idr.key()];
-        ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: ip_to_gid(peer),
-                flow_label: 0,
-                sgid_index: st.sgid_index,
-                hop_limit: HOP_LIMIT,
-                traffic_class: st.tos,
-            },
-            is_global: 1,
-            port_num: 1,
-            ..Default::default()
-        }
+        ah_to(&self.ids[&idr.key()], peer)
     }
 
     fn find_listener(&self, ps: u16, port: u16, dst: IpAddr) -> Option<IdRef> {
@@ -686,6 +674,24 @@ impl Cma {
 }
 
 /// A new id with its private allocation.
+/// The address handle attributes from an id's source GID to `dst` (a UD peer or a
+/// multicast group), as the kernel's `ib_init_ah_from_path` / `ib_init_ah_from_mcmember`
+/// give them for RoCE: global, hop limit 64, the id's TOS as traffic class.
+fn ah_to(st: &IdState, dst: IpAddr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ip_to_gid(dst),
+            flow_label: 0,
+            sgid_index: st.sgid_index,
+            hop_limit: HOP_LIMIT,
+            traffic_class: st.tos,
+        },
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
 fn alloc_id(chan: ChanRef, context: *mut c_void, ps: u16, qp_type: u32) -> IdRef {
     // SAFETY: rdma_cm_id is plain C data; all-zero is its initial state (librdmacm
     // callocs it).
@@ -1044,19 +1050,8 @@ pub(crate) fn join_multicast(
         if addr.is_ipv6() {
             return Err(Error::NotSupported("IPv6 multicast groups on RoCEv2"));
         }
-        let mgid = ip_to_gid(addr.ip());
-        let ah_attr = ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: mgid,
-                flow_label: 0,
-                sgid_index: st.sgid_index,
-                hop_limit: HOP_LIMIT,
-                traffic_class: st.tos,
-            },
-            is_global: 1,
-            port_num: 1,
-            ..Default::default()
-        };
+        let ah_attr = ah_to(st, addr.ip());
+        let mgid = ah_attr.grh.dgid;
         st.mcs.retain(|m| m.addr != addr);
         st.mcs.push(McJoin {
             addr,
@@ -1421,18 +1416,8 @@ pub(crate) fn qp_attr_for(c: &Cma, idr: IdRef, state: u32) -> Result<(ibv_qp_att
                 a.max_dest_rd_atomic = st.resp_res;
                 // cm_init_qp_rtr_attr: min_rnr_timer 0 for RC.
                 a.min_rnr_timer = 0;
-                a.ah_attr = ibv_ah_attr {
-                    grh: ibv_global_route {
-                        dgid: ip_to_gid(remote.ip()),
-                        flow_label: idr.get().path.flow_label.to_be() & 0xFFFFF,
-                        sgid_index: st.sgid_index,
-                        hop_limit: HOP_LIMIT,
-                        traffic_class: st.tos,
-                    },
-                    is_global: 1,
-                    port_num: 1,
-                    ..Default::default()
-                };
+                a.ah_attr = ah_to(st, remote.ip());
+                a.ah_attr.grh.flow_label = idr.get().path.flow_label.to_be() & 0xFFFFF;
                 Ok((
                     a,
                     IBV_QP_STATE

@@ -725,28 +725,51 @@ impl Engine {
         payload: &[u8],
         udp_len: usize,
     ) {
-        let src = info.src.ip();
         if !wire::pkey_ok(h.bth.pkey) {
             self.counters.drop_bad_pkey += 1;
             return;
         }
-        if h.bth.dest_qp.value() == GSI_QPN && h.bth.opcode == wire::Opcode::UD_SEND_ONLY {
+        let dest = h.bth.dest_qp.value();
+        if dest == GSI_QPN && h.bth.opcode == wire::Opcode::UD_SEND_ONLY {
             if let Some(hello) = Hello::decode(payload) {
                 self.on_hello(now, info, hello);
                 return;
             }
         }
-        if h.bth.dest_qp.value() == crate::mcast::MULTICAST_QPN {
-            self.dispatch_multicast(now, info, h, payload, udp_len);
+        if dest != crate::mcast::MULTICAST_QPN {
+            self.deliver(now, info, h, payload, udp_len, dest);
             return;
         }
+        // To a multicast group: each UD QP attached to the group of the destination
+        // address takes it as if it were its own (rxe `rxe_rcv_mcast_pkt`: type, state
+        // and Q_Key checked per QP, a QP that fails them skipped).
+        let Some(members) = self.mcast.members(&Gid::from_ip(info.dst)).cloned() else {
+            self.counters.drop_unknown_qpn += 1;
+            return;
+        };
+        for qpn in members {
+            self.deliver(now, info, h, payload, udp_len, qpn);
+        }
+    }
+
+    /// [`Engine::dispatch`] of a packet to QP `qpn`.
+    fn deliver(
+        &mut self,
+        now: Nanos,
+        info: &DatagramInfo,
+        h: &wire::Headers,
+        payload: &[u8],
+        udp_len: usize,
+        qpn: u32,
+    ) {
+        let src = info.src.ip();
         let Parts {
             qps,
             ready,
             timers,
             mut ctx,
         } = self.parts(now);
-        let Some(qp) = qps.get_mut(&h.bth.dest_qp.value()) else {
+        let Some(qp) = qps.get_mut(&qpn) else {
             ctx.counters.drop_unknown_qpn += 1;
             return;
         };
@@ -767,12 +790,7 @@ impl Engine {
         if ty == QpType::Rc && h.bth.opcode.is_response() {
             qp.on_response(&mut ctx, h, payload);
         } else {
-            let meta = RxMeta {
-                src,
-                dst: info.dst,
-                udp_len,
-                tos: info.tos,
-            };
+            let meta = RxMeta::of(info, udp_len);
             let before = ctx.completions.len();
             qp.on_request(&mut ctx, h, payload, &meta);
             if h.ieth.is_some() {
@@ -785,56 +803,12 @@ impl Engine {
                     .map(|(i, (_, c))| (i, c.imm_data));
                 sync(qp, &mut ctx, ready, timers);
                 if let Some((i, rkey)) = inv {
-                    self.invalidate_for_send(now, h.bth.dest_qp, i, rkey);
+                    self.invalidate_for_send(now, Qpn::new(qpn), i, rkey);
                 }
                 return;
             }
         }
         sync(qp, &mut ctx, ready, timers);
-    }
-
-    /// A packet to the multicast QPN: delivered to each UD QP attached to the group of
-    /// its destination address, as a plain UD packet to that QP (rxe
-    /// `rxe_rcv_mcast_pkt`: type, state and Q_Key checked per QP, failures skipped).
-    fn dispatch_multicast(
-        &mut self,
-        now: Nanos,
-        info: &DatagramInfo,
-        h: &wire::Headers,
-        payload: &[u8],
-        udp_len: usize,
-    ) {
-        let members = match self.mcast.members(&Gid::from_ip(info.dst)) {
-            Some(m) if h.bth.opcode.transport() == wire::Transport::Ud => m.clone(),
-            _ => {
-                self.counters.drop_unknown_qpn += 1;
-                return;
-            }
-        };
-        let Parts {
-            qps,
-            ready,
-            timers,
-            mut ctx,
-        } = self.parts(now);
-        let meta = RxMeta {
-            src: info.src.ip(),
-            dst: info.dst,
-            udp_len,
-            tos: info.tos,
-        };
-        for qpn in members {
-            let Some(qp) = qps.get_mut(&qpn) else {
-                continue;
-            };
-            if matches!(qp.state, QpState::Reset | QpState::Init) {
-                ctx.counters.drop_bad_state += 1;
-                continue;
-            }
-            ctx.counters.rcvd_pkts += 1;
-            qp.on_request(&mut ctx, h, payload, &meta);
-            sync(qp, &mut ctx, ready, timers);
-        }
     }
 
     /// The IETH of a SEND with invalidate, after its message completed (rxe

@@ -24,6 +24,18 @@ pub(crate) struct RxMeta {
     pub tos: u8,
 }
 
+impl RxMeta {
+    /// What a request brings of its datagram `info`, whose UDP payload was `udp_len` long.
+    pub(crate) fn of(info: &crate::DatagramInfo, udp_len: usize) -> RxMeta {
+        RxMeta {
+            src: info.src.ip(),
+            dst: info.dst,
+            udp_len,
+            tos: info.tos,
+        }
+    }
+}
+
 /// Most out-of-sequence requests a QP keeps for later (see `on_rc`): a requester's
 /// whole window (`requester::MAX_UNACKED_PSNS`), so that after one loss everything
 /// behind it is kept and only the lost packet needs to come again. Bounded per device by
