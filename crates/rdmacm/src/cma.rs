@@ -1858,9 +1858,12 @@ fn settle(p: &Pending) -> Option<(c_int, c_int)> {
         } else {
             unsafe { ibv_attach_mcast(qp, &ah_attr.grh.dgid, 0) }
         };
+        // ucma_process_join returns rdma_seterrno's -1 (errno set), which becomes the
+        // event's status.
         if r != 0 {
             event = RDMA_CM_EVENT_MULTICAST_ERROR;
-            status = r;
+            status = -1;
+            crate::error::set_errno(r);
         }
     }
     // After a CONNECT_ERROR the program sees no REJECTED or DISCONNECTED for that id.

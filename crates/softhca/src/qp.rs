@@ -397,8 +397,9 @@ impl Drop for Qp {
         // ACKs of what this QP just completed may be held for an answer that will
         // never come (the application is tearing down): they go first, and with them
         // the completions a step delivers after its send.
-        let r = self.pd.context().with_core_no_transmit(|core| {
+        let (r, in_group) = self.pd.context().with_core_no_transmit(|core| {
             core.disown(EventObject::Qp(qpn.value()));
+            let in_group = core.engine.qp_in_mcast_group(qpn);
             let r = core.engine.destroy_qp(qpn);
             // Its completions not yet polled go with it, as mlx5 and mlx4 clean a
             // destroyed QP's CQEs (`__mlx5_cq_clean`; rxe leaves them): libfabric's
@@ -407,13 +408,16 @@ impl Drop for Qp {
             for cq in [&self.send_cq, &self.recv_cq] {
                 cq.ring.purge_qp(qpn.value());
             }
-            r
+            (r, in_group)
         });
         if let Err(e) = r {
             tracing::debug!(qpn = qpn_u32(qpn), "destroy_qp: {e}");
         }
-        if let Err(e) = self.pd.context().sync_mcast() {
-            tracing::debug!("multicast sockets after destroy_qp: {e}");
+        // It left its groups: a group's socket goes with its last member.
+        if in_group {
+            if let Err(e) = self.pd.context().sync_mcast() {
+                tracing::debug!("multicast sockets after destroy_qp: {e}");
+            }
         }
     }
 }
