@@ -130,6 +130,9 @@ pub enum PeerKind {
     UdpPingpongRoce,
     /// Raw UDP with GSO and GRO (crates/io blast).
     UdpBlast,
+    /// The raw UDP blast with a RoCEv2 ICRC sealed by the sender and checked by the
+    /// receiver on every datagram.
+    UdpBlastIcrc,
 }
 
 /// Which end of a baseline.

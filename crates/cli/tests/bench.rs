@@ -46,7 +46,13 @@ fn quick_bench_writes_every_row_kind() {
         assert!(!v.is_empty(), "no {kind} row in {doc}");
         v
     };
-    for kind in ["softhca_bw", "softhca_msg_rate", "tcp_stream", "udp_blast"] {
+    for kind in [
+        "softhca_bw",
+        "softhca_msg_rate",
+        "tcp_stream",
+        "udp_blast",
+        "udp_blast_icrc",
+    ] {
         for r in of(kind) {
             pos(r, "gbps");
             pos(r, "msgs_per_sec");
@@ -72,6 +78,13 @@ fn quick_bench_writes_every_row_kind() {
     for r in of("softhca_bw").into_iter().chain(of("softhca_lat")) {
         pos(r, "vs_tcp");
         pos(r, "vs_raw_udp");
+    }
+    // The RoCEv2 ceiling: every datagram's ICRC checked, none failed on loopback.
+    for r in of("softhca_bw") {
+        pos(r, "vs_roce_ceiling");
+    }
+    for r in of("udp_blast_icrc") {
+        assert_eq!(r["icrc_failures"], 0, "{r}");
     }
     // READ data flows server → client, the others client → server; all three ops ran.
     for op in ["send", "write", "read"] {

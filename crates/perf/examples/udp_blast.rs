@@ -3,7 +3,8 @@
 //! `cargo run --release -p softhca-perf --example udp_blast -- [seconds] [segment_size]`
 //! (defaults 2 s, 4096 B). Prints payload Gb/s received for GSO+GRO, GSO only and none.
 //! Sender and receiver are pinned to CPUs 0 and 1 unless `BLAST_PIN=0`; the receiver
-//! sleeps in epoll when idle unless `BLAST_BUSY=1`. The measuring code is
+//! sleeps in epoll when idle unless `BLAST_BUSY=1`; `BLAST_ICRC=1` seals and checks a
+//! RoCEv2 ICRC on every datagram. The measuring code is
 //! [`softhca_perf::blast`], which `softhca bench` also uses.
 
 use std::time::Duration;
@@ -34,6 +35,8 @@ fn run(name: &str, tx: BindOptions, rx: BindOptions, secs: f64, seg: usize) {
             Some(w) => Some(w),
             None => Some(softhca_perf::blast::DEFAULT_WINDOW),
         },
+        // BLAST_ICRC=1 seals and checks a RoCEv2 ICRC on every datagram.
+        icrc: std::env::var("BLAST_ICRC").is_ok_and(|v| v == "1"),
     };
     let (sent, got) = match blast_loopback(&cfg) {
         Ok(r) => r,

@@ -69,8 +69,9 @@ enum Point {
     /// UDP echo latency through softhca's socket setup, no protocol: the kernel's share
     /// of a softhca ping-pong.
     UdpPingpongRoce { size: u64 },
-    /// Raw UDP GSO+GRO throughput.
-    UdpBlast,
+    /// Raw UDP GSO+GRO throughput; with `icrc`, every datagram sealed with a RoCEv2
+    /// ICRC by the sender and checked by the receiver (the RoCEv2 ceiling).
+    UdpBlast { icrc: bool },
     /// An unmodified perftest bandwidth test (`prog`) through the drop-in libibverbs.
     Perftest {
         prog: &'static str,
@@ -96,7 +97,8 @@ impl Point {
             Point::UdpPingpongRoce { size } => {
                 format!("udp ping-pong, softhca's sockets {}", sz(size))
             }
-            Point::UdpBlast => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
+            Point::UdpBlast { icrc: false } => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
+            Point::UdpBlast { icrc: true } => format!("raw udp + icrc {}", sz(BLAST_SEGMENT)),
             Point::Perftest { prog, size, .. } => format!("{prog} {} (drop-in)", sz(size)),
         }
     }
@@ -108,7 +110,8 @@ fn plan(quick: bool) -> Vec<Point> {
     let mut v = Vec::new();
     if quick {
         v.push(Point::TcpStream { size: 65536 });
-        v.push(Point::UdpBlast);
+        v.push(Point::UdpBlast { icrc: false });
+        v.push(Point::UdpBlast { icrc: true });
         v.push(Point::TcpPingpong { size: 8 });
         v.push(Point::UdpPingpong { size: 8 });
         v.push(Point::UdpPingpongRoce { size: 8 });
@@ -143,7 +146,8 @@ fn plan(quick: bool) -> Vec<Point> {
     for size in sizes {
         v.push(Point::TcpStream { size });
     }
-    v.push(Point::UdpBlast);
+    v.push(Point::UdpBlast { icrc: false });
+    v.push(Point::UdpBlast { icrc: true });
     for size in [8, 4096] {
         v.push(Point::TcpPingpong { size });
         v.push(Point::UdpPingpong { size });
@@ -208,7 +212,7 @@ fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
         Point::Turnaround => (1, 0, 0, index),
         Point::Rate => (2, 0, 0, index),
         Point::TcpStream { size } => (3, size, 0, index),
-        Point::UdpBlast => (3, 65536, 1, index),
+        Point::UdpBlast { .. } => (3, 65536, 1, index),
         Point::Bw { op, size, qps } => (3, size, bw_slot(op, qps), index),
         // After the per-QP-buffer row (plan order), just before the 1-QP WRITE.
         Point::BwShared { size, .. } => (3, size, 5, index),
@@ -342,6 +346,9 @@ fn comparison_notes(rows: &[Row]) -> Vec<String> {
             shared / one
         ));
     }
+    if let Some(note) = roce_ceiling_note(rows) {
+        notes.push(note);
+    }
     // The /TCP column compares equal message sizes; TCP on loopback can be far from its
     // best at some sizes (64 KiB writes: 14 Gb/s against 59 at 1 MiB with iperf3 on
     // the 6.18 VM), so say what softhca's 64 KiB figures are against TCP's best.
@@ -398,6 +405,45 @@ fn comparison_notes(rows: &[Row]) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// softhca's 64 KiB figures against the RoCEv2 ceiling: raw UDP that seals and checks an
+/// ICRC on every datagram, the per-byte work no RoCEv2 stack over UDP sockets avoids
+/// (kernel rxe computes it in software too).
+fn roce_ceiling_note(rows: &[Row]) -> Option<String> {
+    let c = rows.iter().find(|r| r.kind == "udp_blast_icrc")?;
+    let raw = rows
+        .iter()
+        .find(|r| r.kind == "udp_blast")
+        .and_then(|r| r.gbps);
+    let ceiling = c.gbps?;
+    let against = ["send", "write", "read"]
+        .iter()
+        .filter_map(|op| {
+            Some(format!(
+                "{op} {:.2}x",
+                gbps_of(rows, op, 65536, 1)? / ceiling
+            ))
+        })
+        .collect::<Vec<_>>();
+    let failed = match c.icrc_failures {
+        Some(0) | None => String::new(),
+        Some(n) => format!("; {n} datagrams FAILED their ICRC"),
+    };
+    Some(format!(
+        "RoCEv2 ceiling: raw UDP with a software ICRC sealed by the sender and checked by \
+         the receiver on every datagram moved {ceiling:.2} Gb/s ({}){failed}; softhca 64K \
+         (1 QP) against it: {}",
+        raw.map_or("no raw UDP row".into(), |r| format!(
+            "{:.2}x raw UDP",
+            ceiling / r
+        )),
+        if against.is_empty() {
+            "no 64K row".into()
+        } else {
+            against.join(", ")
+        }
+    ))
 }
 
 /// How the softhca devices ran (offloads, polling) and the raw UDP row's caveat.
@@ -598,7 +644,8 @@ impl Runner<'_> {
             Point::TcpPingpong { size } => self.peer("tcp-pingpong", size),
             Point::UdpPingpong { size } => self.peer("udp-pingpong", size),
             Point::UdpPingpongRoce { size } => self.peer("udp-pingpong-roce", size),
-            Point::UdpBlast => self.peer("udp-blast", BLAST_SEGMENT),
+            Point::UdpBlast { icrc: false } => self.peer("udp-blast", BLAST_SEGMENT),
+            Point::UdpBlast { icrc: true } => self.peer("udp-blast-icrc", BLAST_SEGMENT),
             Point::Perftest { prog, op, size } => self.perftest(prog, op, size),
         }
     }
@@ -795,7 +842,9 @@ impl Runner<'_> {
         let cj = last_json(&cf, &format!("{kind} client"))?;
         let sj = last_json(&sf, &format!("{kind} server"))?;
         Ok(match kind {
-            "tcp-stream" | "udp-blast" => stream_row(kind, size, [&cj, &sj], [cf.cpu, sf.cpu]),
+            "tcp-stream" | "udp-blast" | "udp-blast-icrc" => {
+                stream_row(kind, size, [&cj, &sj], [cf.cpu, sf.cpu])
+            }
             _ => pingpong_row(kind, size, &cj, [cf.cpu, sf.cpu]),
         })
     }
@@ -805,17 +854,17 @@ impl Runner<'_> {
 /// actually arrived. `json` and `cpu` are the client's (sender's), then the server's.
 fn stream_row(kind: &str, size: u64, json: [&serde_json::Value; 2], cpu: [f64; 2]) -> Row {
     let [cj, sj] = json;
-    let blast = kind == "udp-blast";
+    let blast = kind.starts_with("udp-blast");
     let bytes = num(sj, "bytes") as u64;
     let msgs = if blast {
         num(sj, "datagrams") as u64
     } else {
         bytes / size.max(1)
     };
-    let (k, op) = if blast {
-        ("udp_blast", "udp")
-    } else {
-        ("tcp_stream", "tcp")
+    let (k, op) = match kind {
+        "udp-blast" => ("udp_blast", "udp"),
+        "udp-blast-icrc" => ("udp_blast_icrc", "udp"),
+        _ => ("tcp_stream", "tcp"),
     };
     let seconds = num(sj, "seconds");
     let mut r = Row::new(k, op, size, 1, seconds, msgs, bytes, cpu[0], cpu[1]);
@@ -829,7 +878,10 @@ fn stream_row(kind: &str, size: u64, json: [&serde_json::Value; 2], cpu: [f64; 2
         } else {
             0.0
         };
-        r.note = Some(blast_note(gso, gro, loss));
+        if k == "udp_blast" {
+            r.note = Some(blast_note(gso, gro, loss));
+        }
+        r.icrc_failures = sj.get("icrc_failures").and_then(|x| x.as_u64());
         r.gso = Some(gso);
         r.gro = Some(gro);
     }
@@ -975,11 +1027,9 @@ mod tests {
         );
         assert_eq!(at("udp ping-pong 8 B") + 2, at("softhca send lat 8 B"));
         // The TCP and raw UDP streams just before the bandwidth rows they are compared with.
-        assert_eq!(at("tcp stream 64K") + 2, at("softhca send bw 64K x1 QP"));
-        assert_eq!(
-            at("raw udp gso+gro 4K") + 1,
-            at("softhca send bw 64K x1 QP")
-        );
+        assert_eq!(at("tcp stream 64K") + 3, at("softhca send bw 64K x1 QP"));
+        assert_eq!(at("raw udp gso+gro 4K") + 1, at("raw udp + icrc 4K"));
+        assert_eq!(at("raw udp + icrc 4K") + 1, at("softhca send bw 64K x1 QP"));
         assert_eq!(at("tcp stream 4K") + 1, at("softhca send bw 4K x1 QP"));
         assert_eq!(at("tcp stream 1M") + 1, at("softhca send bw 1M x1 QP"));
         assert_eq!(labels.len(), points.len());

@@ -9,7 +9,8 @@ use serde::Serialize;
 /// One measurement's result. `kind` is one of `softhca_bw`, `softhca_lat`,
 /// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_pingpong_roce`
 /// (the same through softhca's socket setup: GSO pairs [message, ACK] from a connected
-/// socket, GRO, cmsgs), `udp_blast`, `perftest_bw`, `softhca_turnaround` (p50: the
+/// socket, GRO, cmsgs), `udp_blast`, `udp_blast_icrc` (the same with a RoCEv2 ICRC
+/// sealed and checked on every datagram), `perftest_bw`, `softhca_turnaround` (p50: the
 /// user-space part of an 8 B SEND turnaround, see [`Turnaround`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -49,6 +50,13 @@ pub struct Row {
     /// softhca ÷ raw UDP: Gb/s against the GSO+GRO blast (bandwidth), p50 against UDP
     /// ping-pong (latency).
     pub vs_raw_udp: Option<f64>,
+    /// softhca ÷ the RoCEv2 ceiling: Gb/s against the blast with an ICRC on each side
+    /// (bandwidth rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_roce_ceiling: Option<f64>,
+    /// Raw UDP with ICRC: datagrams whose ICRC did not match at the receiver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub icrc_failures: Option<u64>,
     /// Raw UDP and softhca: whether the sender's socket used GSO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gso: Option<bool>,
@@ -143,6 +151,8 @@ impl Row {
             cpu_s_per_gb_receiver: per_gb(cpu_s_receiver),
             vs_tcp: None,
             vs_raw_udp: None,
+            vs_roce_ceiling: None,
+            icrc_failures: None,
             gso: None,
             gro: None,
             poll: None,
@@ -210,15 +220,14 @@ pub fn add_ratios(rows: &mut [Row]) {
         .into_iter()
         .map(|(s, r)| (s, r.lat_us_p50))
         .collect();
-    let blast = rows
-        .iter()
-        .find(|r| r.kind == "udp_blast")
-        .and_then(|r| r.gbps);
+    let gbps = |kind: &str| rows.iter().find(|r| r.kind == kind).and_then(|r| r.gbps);
+    let (blast, ceiling) = (gbps("udp_blast"), gbps("udp_blast_icrc"));
     for r in rows.iter_mut() {
         match r.kind {
             "softhca_bw" | "softhca_bw_shared" | "perftest_bw" => {
                 r.vs_tcp = ratio(r.gbps, tcp_bw.get(&r.size).copied().flatten());
                 r.vs_raw_udp = ratio(r.gbps, blast);
+                r.vs_roce_ceiling = ratio(r.gbps, ceiling);
             }
             "softhca_lat" => {
                 r.vs_tcp = ratio(r.lat_us_p50, tcp_lat.get(&r.size).copied().flatten());
@@ -288,6 +297,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "udp_pingpong" => "UDP ping-pong",
             "udp_pingpong_roce" => "UDP, softhca's sockets",
             "udp_blast" => "raw UDP GSO+GRO",
+            "udp_blast_icrc" => "raw UDP + ICRC",
             "perftest_bw" => "perftest drop-in",
             k => k,
         };

@@ -45,7 +45,8 @@ pub fn run(a: &BenchPeerArgs) -> Result<(), CliError> {
                 PeerKind::TcpPingpong => tcp_pingpong_server(bind, size)?,
                 PeerKind::UdpPingpong => udp_pingpong_server(bind, size)?,
                 PeerKind::UdpPingpongRoce => roce_pingpong_server(bind, size)?,
-                PeerKind::UdpBlast => udp_blast_server(bind, duration)?,
+                PeerKind::UdpBlast => udp_blast_server(bind, duration, false)?,
+                PeerKind::UdpBlastIcrc => udp_blast_server(bind, duration, true)?,
             }
         }
         PeerRole::Client => {
@@ -57,7 +58,8 @@ pub fn run(a: &BenchPeerArgs) -> Result<(), CliError> {
                 PeerKind::TcpPingpong => tcp_pingpong_client(to, size, duration)?,
                 PeerKind::UdpPingpong => udp_pingpong_client(to, size, duration)?,
                 PeerKind::UdpPingpongRoce => roce_pingpong_client(to, size, duration)?,
-                PeerKind::UdpBlast => udp_blast_client(to, size, duration)?,
+                PeerKind::UdpBlast => udp_blast_client(to, size, duration, false)?,
+                PeerKind::UdpBlastIcrc => udp_blast_client(to, size, duration, true)?,
             }
         }
     };
@@ -554,8 +556,13 @@ fn io_err(e: softhca_io::IoError) -> CliError {
     CliError::Usage(e.to_string())
 }
 
-/// Receives the blast; stops 300 ms after the last datagram.
-fn udp_blast_server(bind: SocketAddr, duration: Duration) -> Result<serde_json::Value, CliError> {
+/// Receives the blast (checking each datagram's ICRC with `icrc`); stops 300 ms after
+/// the last datagram.
+fn udp_blast_server(
+    bind: SocketAddr,
+    duration: Duration,
+    icrc: bool,
+) -> Result<serde_json::Value, CliError> {
     let s = RoceSocket::bind_with(bind, offloads()).map_err(io_err)?;
     ready(s.local_addr().port())?;
     let r = blast_recv(
@@ -567,6 +574,7 @@ fn udp_blast_server(bind: SocketAddr, duration: Duration) -> Result<serde_json::
             busy: false,
             batch: RECV_BATCH,
             credit: true,
+            icrc,
         },
     )
     .map_err(io_err)?;
@@ -576,6 +584,7 @@ fn udp_blast_server(bind: SocketAddr, duration: Duration) -> Result<serde_json::
         "calls": r.calls,
         "seconds": r.elapsed.as_secs_f64(),
         "gro": r.capabilities.gro,
+        "icrc_failures": r.icrc_failures,
     }))
 }
 
@@ -583,9 +592,10 @@ fn udp_blast_client(
     to: SocketAddr,
     size: usize,
     duration: Duration,
+    icrc: bool,
 ) -> Result<serde_json::Value, CliError> {
     let s = RoceSocket::bind_with(SocketAddr::new(to.ip(), 0), offloads()).map_err(io_err)?;
-    let r = blast_send(&s, to, size, duration, Some(DEFAULT_WINDOW))
+    let r = blast_send(&s, to, size, duration, Some(DEFAULT_WINDOW), icrc)
         .map_err(net("udp blast receiver"))?;
     Ok(json!({
         "bytes": r.bytes,
