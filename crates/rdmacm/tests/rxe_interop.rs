@@ -42,7 +42,9 @@ fn harness() -> Option<PathBuf> {
 /// perftest `-R` connects its data QP right after the handshake on its control
 /// connection, and a kernel server that is not listening yet (under emulation it often
 /// is not) rejects it; the client's own retry then crashes (perftest 4.5-0.17 reuses the
-/// ids it destroyed) and leaves the server waiting: it is started again after 40 s.
+/// ids it destroyed) and leaves the server waiting: it is started again after 120 s
+/// (a client under emulation on a nested-virtualisation host took over 40 s from the
+/// server's start to its end, and a server stopped in its teardown fails the client).
 /// `wbw`: include `ib_write_bw -R` (see [`kernel_perftest_server`]).
 fn servers(addr: &str, tag: &str, wbw: bool) -> String {
     let mut s = format!(
@@ -51,7 +53,7 @@ fn servers(addr: &str, tag: &str, wbw: bool) -> String {
          timeout 60 udaddy -b {addr}; echo {tag}-udaddy=$?"
     );
     if wbw {
-        let cmd = retried("timeout 40 ib_write_bw -R -n 200", 3);
+        let cmd = retried("timeout 120 ib_write_bw -R -n 200", 3);
         s += &format!("; {cmd}; echo {tag}-wbw=$rc");
     }
     s
