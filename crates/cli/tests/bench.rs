@@ -38,6 +38,9 @@ fn quick_bench_writes_every_row_kind() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["failures"].as_array().unwrap().len(), 0);
     // Memory per idle connected QP was measured (1024 QPs in RTS).
+    // The host's own costs, measured before the table.
+    assert!(doc["host"]["syscall_us"].as_f64().expect("syscall_us") > 0.0);
+    assert!(doc["host"]["icrc_gbps"].as_f64().expect("icrc_gbps") > 0.0);
     let idle = doc["idle_qp_bytes"].as_f64().expect("idle_qp_bytes");
     assert!(idle > 0.0, "{idle}");
     let rows = doc["rows"].as_array().unwrap();

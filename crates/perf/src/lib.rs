@@ -7,6 +7,7 @@
 //! * [`setup`]: the per-test resources of one side and their RC connection.
 //! * [`pattern`]: the data pattern `--verify` checks.
 //! * [`blast`]: raw UDP throughput with GSO and GRO, the ceiling for any UDP transport.
+//! * [`host`]: what a system call and the ICRC cost on this host.
 //!
 //! Both ends run the same code, in two processes (`softhca perf --loopback` starts the
 //! server as a child) or two threads.
@@ -19,6 +20,7 @@ mod bw;
 mod client;
 mod error;
 pub mod exchange;
+pub mod host;
 mod lat;
 pub mod pattern;
 mod progress;

@@ -250,6 +250,8 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         }
     }
     let started = Instant::now();
+    let host = softhca_perf::host::measure(HOST_BUDGET);
+    notes.push(host_note(&host));
     let ctx = Runner {
         exe: &exe,
         dropin: dropin.as_deref(),
@@ -286,6 +288,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         server_addr: server_ip.to_string(),
         client_addr: client_ip.to_string(),
         idle_qp_bytes,
+        host,
         rows,
         notes,
         failures,
@@ -299,6 +302,23 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+/// Time spent measuring the host's own costs before the table's measurements.
+const HOST_BUDGET: Duration = Duration::from_millis(200);
+
+/// What the host's system call and ICRC cost: the latency rows move with the first, the
+/// bandwidth rows' distance from raw UDP with the second.
+fn host_note(h: &softhca_perf::host::HostCosts) -> String {
+    format!(
+        "this host: {}; a system call (getppid) {:.2} us, the ICRC over 64K {:.1} GB/s on one \
+         core (the latency rows move with the first, as every send and receive pays it; the \
+         bandwidth rows' distance from raw UDP with the second, as each side computes it \
+         over every byte)",
+        h.cpu.as_deref().unwrap_or("CPU model unknown"),
+        h.syscall_us,
+        h.icrc_gbps
+    )
 }
 
 /// The seconds per point: `--duration`, or the quick or full default.

@@ -185,6 +185,8 @@ pub struct Report {
     pub client_addr: String,
     /// Resident bytes per idle connected RC QP (1-entry rings), when measured.
     pub idle_qp_bytes: Option<f64>,
+    /// What a system call and the ICRC cost on this host.
+    pub host: softhca_perf::host::HostCosts,
     /// Results.
     pub rows: Vec<Row>,
     /// Remarks printed under the table.
@@ -655,6 +657,11 @@ mod tests {
             server_addr: "a".into(),
             client_addr: "b".into(),
             idle_qp_bytes: None,
+            host: softhca_perf::host::HostCosts {
+                cpu: None,
+                syscall_us: 0.1,
+                icrc_gbps: 10.0,
+            },
             rows: vec![
                 bw("tcp_stream", "tcp", 65536, 20.0),
                 bw("udp_blast", "udp", 4096, 40.0),
