@@ -16,11 +16,12 @@
 //! The folding is the carry-less multiplication method of Intel's "Fast CRC Computation
 //! for Generic Polynomials Using PCLMULQDQ" (Gopal et al., 2009) for the bit-reflected
 //! CRC-32 of IEEE 802.3: four accumulators of 512 bits (AVX-512) fold 256 bytes per step
-//! with `VPCLMULQDQ`, or four of 256 bits (AVX2) 128 bytes; then their 128-bit lanes fold
-//! into one, which is reduced to 32 bits (Barrett). The fold constants are `x^n mod P(x)`
-//! bit-reflected and shifted left by one, as that paper defines them;
-//! `tests::fold_constants` recomputes them. Without AVX2 and VPCLMULQDQ (checked at run
-//! time once) the copy and crc32fast do it.
+//! with `VPCLMULQDQ`, or four of 256 bits (AVX2) 128 bytes, or, on a CPU with PCLMULQDQ
+//! but not VPCLMULQDQ, four of 128 bits 64 bytes (the loop crc32fast runs there, with the
+//! loaded lanes stored as well); then their 128-bit lanes fold into one, which is reduced
+//! to 32 bits (Barrett). The fold constants are `x^n mod P(x)` bit-reflected and shifted
+//! left by one, as that paper defines them; `tests::fold_constants` recomputes them.
+//! Without PCLMULQDQ and SSE4.1 (checked at run time once) the copy and crc32fast do it.
 
 /// `dst.len()` bytes from `src` into `dst`; returns the CRC-32 (IEEE 802.3, as zlib and
 /// crc32fast compute it, from the initial value 0) of the bytes stored in `dst`.
@@ -58,8 +59,11 @@ unsafe fn copy_crc32_from(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
 /// As [`copy_crc32`].
 #[cfg(target_arch = "x86_64")]
 unsafe fn fold_prefix(crc: u32, src: *const u8, dst: &mut [u8]) -> (usize, u32) {
+    if !x86::available() {
+        return fold_prefix_128(crc, src, dst);
+    }
     let blocks = dst.len() / x86::BLOCK;
-    if blocks == 0 || !x86::available() {
+    if blocks == 0 {
         return (0, crc);
     }
     // Whole 256-byte blocks with 512-bit lanes where the CPU has them, the rest of the
@@ -85,6 +89,24 @@ unsafe fn fold_prefix(crc: u32, src: *const u8, dst: &mut [u8]) -> (usize, u32) 
         reg = unsafe { x86::fold_copy(reg, dst.as_mut_ptr().add(done), src.add(done), narrow) };
     }
     (done + narrow * x86::BLOCK, !reg)
+}
+
+/// [`fold_prefix`] on a CPU without VPCLMULQDQ: whole 64-byte blocks with 128-bit lanes,
+/// where it has PCLMULQDQ and SSE4.1.
+///
+/// # Safety
+/// As [`copy_crc32`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn fold_prefix_128(crc: u32, src: *const u8, dst: &mut [u8]) -> (usize, u32) {
+    let blocks = dst.len() / x86::BLOCK_128;
+    if blocks == 0 || !x86::available_128() {
+        return (0, crc);
+    }
+    // SAFETY: the CPU has the features (`available_128`); `src` is readable for
+    // `blocks * BLOCK_128 <= dst.len()` bytes (our contract) and `dst` writable for as
+    // many.
+    let reg = unsafe { x86::fold_copy_128(!crc, dst.as_mut_ptr(), src, blocks) };
+    (blocks * x86::BLOCK_128, !reg)
 }
 
 /// No vector path on this architecture.
@@ -197,6 +219,68 @@ mod x86 {
             _mm512_extracti32x4_epi32(x, 3),
         ];
         reduce_128(parts)
+    }
+
+    /// Bytes folded per step of the 128-bit path: four 128-bit lanes.
+    pub(super) const BLOCK_128: usize = 64;
+    /// Whether this CPU folds with 128-bit PCLMULQDQ (and SSE4.1). As `HAVE`.
+    static HAVE_128: AtomicU8 = AtomicU8::new(0);
+
+    pub(super) fn available_128() -> bool {
+        match HAVE_128.load(Ordering::Relaxed) {
+            2 => true,
+            1 => false,
+            _ => {
+                let yes = std::is_x86_feature_detected!("pclmulqdq")
+                    && std::is_x86_feature_detected!("sse4.1");
+                HAVE_128.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+                yes
+            }
+        }
+    }
+
+    /// [`fold_copy`] with four 128-bit lanes: copies `blocks * BLOCK_128` bytes from
+    /// `src` to `dst` and returns the CRC register (not inverted) after them, starting
+    /// from `crc`.
+    ///
+    /// # Safety
+    /// The CPU supports PCLMULQDQ and SSE4.1 (see [`available_128`]); `blocks >= 1`;
+    /// `src` is readable and `dst` writable for `blocks * BLOCK_128` bytes.
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    pub(super) unsafe fn fold_copy_128(
+        crc: u32,
+        dst: *mut u8,
+        src: *const u8,
+        blocks: usize,
+    ) -> u32 {
+        // SAFETY (the two closures): every offset used below is below
+        // `blocks * BLOCK_128`, which the caller guarantees readable at `src` and writable
+        // at `dst`; unaligned loads and stores are used.
+        let load = |at: usize| unsafe { _mm_loadu_si128(src.add(at).cast()) };
+        let store = |at: usize, v: __m128i| unsafe { _mm_storeu_si128(dst.add(at).cast(), v) };
+        // Four lanes of 128 bits: a step folds across 512 bits.
+        let k = _mm_set_epi64x(FOLD_512.1, FOLD_512.0);
+        let fold = |acc: __m128i, next: __m128i| {
+            let lo = _mm_clmulepi64_si128(acc, k, 0x00);
+            let hi = _mm_clmulepi64_si128(acc, k, 0x11);
+            _mm_xor_si128(_mm_xor_si128(lo, hi), next)
+        };
+        let v = [load(0), load(16), load(32), load(48)];
+        for (i, x) in v.iter().enumerate() {
+            store(16 * i, *x);
+        }
+        // The initial register enters as the first 32 bits of the message.
+        let seed = _mm_cvtsi32_si128(crc as i32);
+        let mut acc = [_mm_xor_si128(v[0], seed), v[1], v[2], v[3]];
+        for b in 1..blocks {
+            let at = b * BLOCK_128;
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = load(at + 16 * i);
+                store(at + 16 * i, x);
+                *a = fold(*a, x);
+            }
+        }
+        reduce_128(acc)
     }
 
     pub(super) fn available() -> bool {
@@ -358,6 +442,35 @@ mod tests {
             let crc = unsafe { copy_crc32_from(reference(a), b.as_ptr(), &mut dst) };
             assert_eq!(dst, b);
             assert_eq!(crc, reference(&data), "split {split}");
+        }
+    }
+
+    /// The 128-bit path, which runs only on CPUs without VPCLMULQDQ, checked on any CPU
+    /// that has PCLMULQDQ: every whole number of blocks up to 40, from unaligned
+    /// addresses, continuing a CRC.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_128_bit_path_matches_crc32fast() {
+        if !x86::available_128() {
+            return;
+        }
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        for blocks in 1..=40 {
+            let len = blocks * x86::BLOCK_128;
+            let (before, src) = data[3..].split_at(5);
+            let mut dst = vec![0u8; len + 1];
+            // SAFETY: the CPU has PCLMULQDQ and SSE4.1; `src` and `dst[1..]` have at least
+            // `len` bytes.
+            let reg = unsafe {
+                x86::fold_copy_128(
+                    !reference(before),
+                    dst[1..].as_mut_ptr(),
+                    src.as_ptr(),
+                    blocks,
+                )
+            };
+            assert_eq!(dst[1..], src[..len], "copy, {blocks} blocks");
+            assert_eq!(!reg, reference(&data[3..8 + len]), "crc, {blocks} blocks");
         }
     }
 
