@@ -1,7 +1,8 @@
 //! Regression guard for the RDMA READ responder's copy out of registered memory: the plain
 //! copy, the copy followed by a separate CRC (what the seal did before `remote_read_crc`),
-//! and the fused copy + CRC; and the receive side's copy into memory beyond the caches (a
-//! deep receive queue's buffers).
+//! the CRC alone (crc32fast: the floor for any ICRC on this CPU, which the fused path
+//! should approach), and the fused copy + CRC; and the receive side's copy into memory
+//! beyond the caches (a deep receive queue's buffers).
 //!
 //! Run: `cargo bench -p softhca-memory` (add `-- --quick` for a short check).
 
@@ -54,6 +55,9 @@ fn bench_remote_read(c: &mut Criterion) {
                 t.remote_read(pd, keys.rkey, black_box(va), &mut dst).ok()?;
                 Some(crc32fast::hash(&dst))
             })
+        });
+        g.bench_function(BenchmarkId::new("crc32fast_only", size), |b| {
+            b.iter(|| crc32fast::hash(black_box(&dst)))
         });
         g.bench_function(BenchmarkId::new("fused_copy_crc", size), |b| {
             b.iter(|| t.remote_read_crc(pd, keys.rkey, black_box(va), &mut dst))
