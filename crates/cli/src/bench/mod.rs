@@ -26,8 +26,8 @@ use crate::error::CliError;
 use crate::local::{free_device_pair, free_tcp_port, last_json, Finished, Pipe, Proc};
 use output::Row;
 
-/// Seconds per measurement by default: 33 points (35 with the drop-in perftest rows) ×
-/// (2 s + ~0.3 s set-up) ≈ 75 s.
+/// Seconds per measurement by default: 33 points (36 with the drop-in perftest rows) ×
+/// (2 s + ~0.3 s set-up) ≈ 80 s.
 const DEFAULT_DURATION: f64 = 2.0;
 /// Seconds per measurement with `--quick`.
 const QUICK_DURATION: f64 = 0.3;
@@ -78,6 +78,12 @@ enum Point {
         op: &'static str,
         size: u64,
     },
+    /// An unmodified perftest latency test (`prog`) through the drop-in libibverbs.
+    PerftestLat {
+        prog: &'static str,
+        op: &'static str,
+        size: u64,
+    },
 }
 
 impl Point {
@@ -99,7 +105,9 @@ impl Point {
             }
             Point::UdpBlast { icrc: false } => format!("raw udp gso+gro {}", sz(BLAST_SEGMENT)),
             Point::UdpBlast { icrc: true } => format!("raw udp + icrc {}", sz(BLAST_SEGMENT)),
-            Point::Perftest { prog, size, .. } => format!("{prog} {} (drop-in)", sz(size)),
+            Point::Perftest { prog, size, .. } | Point::PerftestLat { prog, size, .. } => {
+                format!("{prog} {} (drop-in)", sz(size))
+            }
         }
     }
 }
@@ -209,6 +217,7 @@ fn measure_key(p: &Point, index: usize) -> (u8, u64, u8, usize) {
         Point::UdpPingpong { size } => (0, size, 1, index),
         Point::UdpPingpongRoce { size } => (0, size, 2, index),
         Point::Lat { op, size } => (0, size, if op == "send" { 3 } else { 4 }, index),
+        Point::PerftestLat { size, .. } => (0, size, 5, index),
         Point::Turnaround => (1, 0, 0, index),
         Point::Rate => (2, 0, 0, index),
         Point::TcpStream { size } => (3, size, 0, index),
@@ -241,13 +250,7 @@ pub fn run(a: &BenchArgs) -> Result<(), CliError> {
         dropin_dir(&exe, &mut notes)
     };
     if dropin.is_some() {
-        for (prog, op) in PERFTEST_BW {
-            points.push(Point::Perftest {
-                prog,
-                op,
-                size: 65536,
-            });
-        }
+        points.extend(dropin_points());
     }
     let started = Instant::now();
     let host = softhca_perf::host::measure(HOST_BUDGET);
@@ -410,6 +413,23 @@ fn comparison_notes(rows: &[Row]) -> Vec<String> {
             ));
         }
     }
+    for r in rows.iter().filter(|r| r.kind == "perftest_lat") {
+        let ours = rows
+            .iter()
+            .find(|o| o.kind == "softhca_lat" && o.op == r.op && o.size == r.size)
+            .and_then(|o| o.lat_us_p50);
+        if let (Some(theirs), Some(ours)) = (r.lat_us_p50, ours) {
+            notes.push(format!(
+                "unmodified {} through the drop-in libibverbs: p50 {theirs:.2} us, {:.2}x \
+                 softhca perf's own {} {} latency (it spins on its buffer for the peer's \
+                 WRITE, where softhca perf polls a CQ)",
+                PERFTEST_LAT.0,
+                theirs / ours,
+                r.op,
+                output::size_str(r.size)
+            ));
+        }
+    }
     if let Some(t) = rows.iter().find_map(|r| r.turnaround_p50_us) {
         notes.push(format!(
             "softhca turnaround (8 B SEND, the server, p50): receive->taken {:.2} us (engine, \
@@ -518,6 +538,31 @@ fn write_report(a: &BenchArgs, report: &output::Report) -> Result<(), CliError> 
 
 /// The perftest bandwidth tests run through the drop-in library, and the op each matches.
 const PERFTEST_BW: [(&str, &str); 2] = [("ib_send_bw", "send"), ("ib_write_bw", "write")];
+/// The perftest latency test run through the drop-in library: `ib_write_lat`, which
+/// spins on the last byte of its buffer (where the peer's WRITE lands) instead of
+/// polling a CQ for it, the case a user-space device has to notice by itself.
+const PERFTEST_LAT: (&str, &str) = ("ib_write_lat", "write");
+/// Iterations of the drop-in latency test per second of `--duration` (perftest's
+/// latency tests count iterations; about half a second per second on a 2-core VM).
+const PERFTEST_LAT_ITERS_PER_S: f64 = 20_000.0;
+
+/// The drop-in perftest points: 64 KiB SEND and WRITE bandwidth, 8 B WRITE latency.
+fn dropin_points() -> Vec<Point> {
+    let mut v: Vec<Point> = PERFTEST_BW
+        .iter()
+        .map(|&(prog, op)| Point::Perftest {
+            prog,
+            op,
+            size: 65536,
+        })
+        .collect();
+    v.push(Point::PerftestLat {
+        prog: PERFTEST_LAT.0,
+        op: PERFTEST_LAT.1,
+        size: 8,
+    });
+    v
+}
 
 /// The directory of the drop-in `libibverbs.so.1` (built next to this executable by
 /// `cargo build --release`), when it and perftest are there; otherwise a note says why
@@ -536,7 +581,11 @@ fn dropin_dir(exe: &Path, notes: &mut Vec<String>) -> Option<std::path::PathBuf>
         std::env::var_os("PATH")
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
     };
-    if let Some((prog, _)) = PERFTEST_BW.iter().find(|(prog, _)| !on_path(prog)) {
+    if let Some((prog, _)) = PERFTEST_BW
+        .iter()
+        .chain([&PERFTEST_LAT])
+        .find(|(prog, _)| !on_path(prog))
+    {
         notes.push(format!(
             "drop-in perftest rows left out: {prog} not installed (apt-get install perftest)"
         ));
@@ -583,6 +632,19 @@ fn perftest_bw_result(lines: &[String]) -> Option<(u64, f64)> {
     let iters = cols.get(1)?.parse().ok()?;
     let gbps = cols.get(3)?.parse().ok()?;
     Some((iters, gbps))
+}
+
+/// Iterations, p50 and p99 half round trip in µs from a perftest latency test's output:
+/// the line after the header "#bytes #iterations t_min[usec] t_max[usec] t_typical[usec]
+/// t_avg[usec] t_stdev[usec] 99% percentile[usec] 99.9% percentile[usec]" (t_typical is
+/// the median).
+fn perftest_lat_result(lines: &[String]) -> Option<(u64, f64, f64)> {
+    let line = lines.iter().skip_while(|l| !l.contains("#bytes")).nth(1)?;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let iters = cols.get(1)?.parse().ok()?;
+    let p50 = cols.get(4)?.parse().ok()?;
+    let p99 = cols.get(7)?.parse().ok()?;
+    Some((iters, p50, p99))
 }
 
 /// Gb/s of the softhca bandwidth row for `op`, `size`, `qps`.
@@ -667,33 +729,16 @@ impl Runner<'_> {
             Point::UdpBlast { icrc: false } => self.peer("udp-blast", BLAST_SEGMENT),
             Point::UdpBlast { icrc: true } => self.peer("udp-blast-icrc", BLAST_SEGMENT),
             Point::Perftest { prog, op, size } => self.perftest(prog, op, size),
+            Point::PerftestLat { prog, op, size } => self.perftest_lat(prog, op, size),
         }
     }
 
     /// An unmodified perftest bandwidth test, server and client, through the drop-in
     /// library (`LD_LIBRARY_PATH`), on the same device addresses as `softhca perf`.
     fn perftest(&self, prog: &str, op: &'static str, size: u64) -> Result<Row, CliError> {
-        let dir = self
-            .dropin
-            .ok_or_else(|| CliError::peer("no drop-in library".into()))?;
-        let port = free_tcp_port()?;
         // perftest takes whole seconds.
         let secs = self.duration.ceil().max(1.0).to_string();
-        let cmd = |ip: IpAddr| {
-            let mut c = Command::new(prog);
-            c.args(["-x", "0", "-s", &size.to_string(), "-D", &secs])
-                .args(["--report_gbits", "-p", &port.to_string()])
-                .env("LD_LIBRARY_PATH", dir)
-                .env("SOFTHCA_ADDR", ip.to_string());
-            c
-        };
-        let server = Proc::spawn(format!("{prog} server"), cmd(self.server_ip))?;
-        wait_listening(port, READY_TIMEOUT)?;
-        let mut cc = cmd(self.client_ip);
-        cc.arg(self.server_ip.to_string());
-        let client = Proc::spawn(format!("{prog} client"), cc)?;
-        let cf = client.finish(self.deadline())?;
-        let sf = server.finish(Instant::now() + SLACK)?;
+        let (cf, sf) = self.perftest_pair(prog, &["-D", &secs, "--report_gbits"], size)?;
         let (iters, gbps) = perftest_bw_result(&cf.out)
             .ok_or_else(|| CliError::peer(format!("{prog}: no result line in its output")))?;
         let bytes = iters * size;
@@ -716,6 +761,64 @@ impl Runner<'_> {
         r.set_throughput();
         r.gbps = Some(gbps);
         Ok(r)
+    }
+
+    /// An unmodified perftest latency test through the drop-in library, for about
+    /// `self.duration` seconds (a count of iterations: perftest's latency tests report
+    /// their percentiles only then).
+    fn perftest_lat(&self, prog: &str, op: &'static str, size: u64) -> Result<Row, CliError> {
+        let iters = ((self.duration * PERFTEST_LAT_ITERS_PER_S) as u64).max(1000);
+        let n = iters.to_string();
+        let t = Instant::now();
+        let (cf, sf) = self.perftest_pair(prog, &["-n", &n], size)?;
+        // With set-up: perftest prints no run time for a latency test.
+        let seconds = t.elapsed().as_secs_f64();
+        let (iters, p50, p99) = perftest_lat_result(&cf.out)
+            .ok_or_else(|| CliError::peer(format!("{prog}: no result line in its output")))?;
+        let mut r = Row::new(
+            "perftest_lat",
+            op,
+            size,
+            1,
+            seconds,
+            iters,
+            iters * size * 2,
+            cf.cpu,
+            sf.cpu,
+        );
+        r.lat_us_p50 = Some(p50);
+        r.lat_us_p99 = Some(p99);
+        Ok(r)
+    }
+
+    /// An unmodified perftest program's server and client through the drop-in library,
+    /// on the same device addresses as `softhca perf`, with `args` and message `size`.
+    fn perftest_pair(
+        &self,
+        prog: &str,
+        args: &[&str],
+        size: u64,
+    ) -> Result<(Finished, Finished), CliError> {
+        let dir = self
+            .dropin
+            .ok_or_else(|| CliError::peer("no drop-in library".into()))?;
+        let port = free_tcp_port()?;
+        let cmd = |ip: IpAddr| {
+            let mut c = Command::new(prog);
+            c.args(["-x", "0", "-s", &size.to_string(), "-p", &port.to_string()])
+                .args(args)
+                .env("LD_LIBRARY_PATH", dir)
+                .env("SOFTHCA_ADDR", ip.to_string());
+            c
+        };
+        let server = Proc::spawn(format!("{prog} server"), cmd(self.server_ip))?;
+        wait_listening(port, READY_TIMEOUT)?;
+        let mut cc = cmd(self.client_ip);
+        cc.arg(self.server_ip.to_string());
+        let client = Proc::spawn(format!("{prog} client"), cc)?;
+        let cf = client.finish(self.deadline())?;
+        let sf = server.finish(Instant::now() + SLACK)?;
+        Ok((cf, sf))
     }
 
     fn deadline(&self) -> Instant {
@@ -1021,13 +1124,7 @@ mod tests {
     #[test]
     fn compared_rows_are_measured_together() {
         let mut points = plan(false);
-        for (prog, op) in PERFTEST_BW {
-            points.push(Point::Perftest {
-                prog,
-                op,
-                size: 65536,
-            });
-        }
+        points.extend(dropin_points());
         let mut order: Vec<usize> = (0..points.len()).collect();
         order.sort_by_key(|&i| measure_key(&points[i], i));
         let labels: Vec<String> = order.iter().map(|&i| points[i].label()).collect();
@@ -1046,6 +1143,10 @@ mod tests {
             at("udp ping-pong, softhca's sockets 8 B") + 1
         );
         assert_eq!(at("udp ping-pong 8 B") + 2, at("softhca send lat 8 B"));
+        assert_eq!(
+            at("ib_write_lat 8 B (drop-in)"),
+            at("softhca write lat 8 B") + 1
+        );
         // The TCP and raw UDP streams just before the bandwidth rows they are compared with.
         assert_eq!(at("tcp stream 64K") + 3, at("softhca send bw 64K x1 QP"));
         assert_eq!(at("raw udp gso+gro 4K") + 1, at("raw udp + icrc 4K"));
@@ -1069,6 +1170,20 @@ mod tests {
         assert_eq!(perftest_bw_result(&out), Some((117310, 30.75)));
         assert_eq!(perftest_bw_result(&out[..2]), None, "no result line");
         assert_eq!(perftest_bw_result(&out[2..]), None, "no header");
+    }
+
+    #[test]
+    fn perftest_lat_result_line_is_read() {
+        let out: Vec<String> = [
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ",
+            " 8       20000          10.01          1561.05      14.73    \t       16.44      \t13.20   \t\t60.69   \t\t242.36 ",
+            "---------------------------------------------------------------------------------------",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(perftest_lat_result(&out), Some((20000, 14.73, 60.69)));
+        assert_eq!(perftest_lat_result(&out[1..]), None, "no header");
     }
 
     #[test]

@@ -10,7 +10,8 @@ use serde::Serialize;
 /// `softhca_msg_rate`, `tcp_stream`, `tcp_pingpong`, `udp_pingpong`, `udp_pingpong_roce`
 /// (the same through softhca's socket setup: GSO pairs [message, ACK] from a connected
 /// socket, GRO, cmsgs), `udp_blast`, `udp_blast_icrc` (the same with a RoCEv2 ICRC
-/// sealed and checked on every datagram), `perftest_bw`, `softhca_turnaround` (p50: the
+/// sealed and checked on every datagram), `perftest_bw`, `perftest_lat` (unmodified
+/// perftest through the drop-in library), `softhca_turnaround` (p50: the
 /// user-space part of an 8 B SEND turnaround, see [`Turnaround`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -231,7 +232,7 @@ pub fn add_ratios(rows: &mut [Row]) {
                 r.vs_raw_udp = ratio(r.gbps, blast);
                 r.vs_roce_ceiling = ratio(r.gbps, ceiling);
             }
-            "softhca_lat" => {
+            "softhca_lat" | "perftest_lat" => {
                 r.vs_tcp = ratio(r.lat_us_p50, tcp_lat.get(&r.size).copied().flatten());
                 r.vs_raw_udp = ratio(r.lat_us_p50, udp_lat.get(&r.size).copied().flatten());
             }
@@ -300,7 +301,7 @@ pub fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             "udp_pingpong_roce" => "UDP, softhca's sockets",
             "udp_blast" => "raw UDP GSO+GRO",
             "udp_blast_icrc" => "raw UDP + ICRC",
-            "perftest_bw" => "perftest drop-in",
+            "perftest_bw" | "perftest_lat" => "perftest drop-in",
             k => k,
         };
         let latency = row.lat_us_p50.is_some();
