@@ -452,11 +452,11 @@ impl Device {
             bundle_limits,
         );
         let shared = Arc::new(DatapathShared {
-            engine: Mutex::new(LockedEngine {
+            engine: Mutex::new(LockedEngine::new(
                 engine,
-                cqs: HashMap::default(),
-                owners: HashMap::default(),
-            }),
+                HashMap::default(),
+                HashMap::default(),
+            )),
             epoch,
             sockets,
             sport_sockets,

@@ -29,6 +29,11 @@ pub(crate) struct LockedEngine {
     /// The async event queue of the context that created each QP and SRQ: events go to
     /// that context only, as the kernel queues them on the creating uverbs file.
     pub owners: HashMap<EventObject, Weak<AsyncQueue>>,
+    /// UC WRITE completions kept out of their CQs for a while (see
+    /// [`LockedEngine::hold_sends`]); every delivery but a step's puts them first.
+    held_sends: Vec<EngineCompletion>,
+    /// When they go in at the latest.
+    held_sends_until: Nanos,
 }
 
 // SAFETY: the engine holds raw pointers into registered memory (the MR table). They are
@@ -49,6 +54,51 @@ type RingRun<'a> = (
 );
 
 impl LockedEngine {
+    pub(crate) fn new(
+        engine: Engine,
+        cqs: HashMap<u32, Arc<CqRing>>,
+        owners: HashMap<EventObject, Weak<AsyncQueue>>,
+    ) -> LockedEngine {
+        LockedEngine {
+            engine,
+            cqs,
+            owners,
+            held_sends: Vec::new(),
+            held_sends_until: 0,
+        }
+    }
+
+    /// Keeps the completions of UC RDMA WRITEs an application just posted out of their
+    /// CQs until the next step that receives a packet, or `until`.
+    ///
+    /// Why: an application served while it spins on memory (see `datapath::takeover`)
+    /// polls its send CQ right after each post, then watches its buffer for the peer's
+    /// answer, calling nothing (`ib_write_lat -c UC`). On RC its poll waits for the
+    /// ACK, which comes with the answer, so its own step places the answer; a UC send
+    /// completes at once, and every answer waited for the datapath thread's wake-up. A
+    /// completion reported later is still a valid one (verbs set no deadline), and
+    /// completions stay in order within each QP: whatever else is delivered first
+    /// belongs to another QP, as a step that receives releases these before the packets'
+    /// own completions.
+    pub(crate) fn hold_sends(&mut self, sends: &mut Vec<EngineCompletion>, until: Nanos) {
+        if self.held_sends.is_empty() {
+            self.held_sends_until = until;
+        }
+        self.held_sends.append(sends);
+    }
+
+    /// When held send completions go in at the latest, if any are held.
+    pub(crate) fn held_sends_until(&self) -> Option<Nanos> {
+        (!self.held_sends.is_empty()).then_some(self.held_sends_until)
+    }
+
+    /// [`LockedEngine::deliver`], except that held send completions stay held.
+    pub(crate) fn deliver_holding(&mut self, shared: &impl DeliveryEnv) {
+        let held = std::mem::take(&mut self.held_sends);
+        self.deliver(shared);
+        self.held_sends = held;
+    }
+
     /// Moves every completion the engine has into its CQ ring and every async event into
     /// the event queue. Called with the engine lock held, once per datapath batch and
     /// after each control/post call. Completions for the same CQ in a row share one ring
@@ -64,6 +114,11 @@ impl LockedEngine {
         shared: &impl DeliveryEnv,
         earlier: &mut Vec<EngineCompletion>,
     ) {
+        if !self.held_sends.is_empty() {
+            let mut held = std::mem::take(&mut self.held_sends);
+            held.append(earlier);
+            std::mem::swap(&mut held, earlier);
+        }
         if self.deliver_once(shared, earlier) {
             // The flush completions of the QPs just moved to ERR.
             self.deliver(shared);
@@ -80,6 +135,7 @@ impl LockedEngine {
             engine,
             cqs,
             owners,
+            ..
         } = self;
         let mut run: Option<RingRun<'_>> = None;
         // QPs whose completion was lost to a full CQ (rare; usually empty).

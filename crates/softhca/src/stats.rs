@@ -36,6 +36,9 @@ pub(crate) struct Stats {
     /// Steps whose ACKs were held for the answer of an application served while it
     /// spins on memory (see `datapath::takeover`).
     pub tx_serve_held: AtomicU64,
+    /// Posts whose UC WRITE completions were held for the peer's answer while the
+    /// application is served (see `LockedEngine::hold_sends`).
+    pub tx_sends_held: AtomicU64,
     /// Posts whose transmits waited for the application's next call: kept back to be
     /// filled by the next post, or not built yet within a burst.
     pub tx_deferred: AtomicU64,
@@ -84,6 +87,7 @@ impl Stats {
             ("io_tx_bundled_transmits", r(&self.tx_bundled_transmits)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_tx_serve_held", r(&self.tx_serve_held)),
+            ("dp_tx_sends_held", r(&self.tx_sends_held)),
             ("dp_tx_deferred", r(&self.tx_deferred)),
             ("dp_rx_acks_deferred", r(&self.rx_acks_deferred)),
             ("dp_app_strandings", r(&self.app_strandings)),

@@ -116,6 +116,46 @@ fn write_ping_pong_spinning_on_memory_gets_served() {
     }
 }
 
+/// `ib_write_lat -c UC`: the same ping-pong on UC, where a WRITE completes when it is
+/// sent and no ACK comes with the answer. Every WRITE lands and completes; served, the
+/// completions of the application's WRITEs wait for the peer's answer (or the hold's
+/// end), so that its own poll places the answer.
+#[test]
+fn uc_write_ping_pong_spinning_on_memory() {
+    let a = side(open("127.0.1.89"), QpType::Uc, 1 << 16);
+    let b = side(open("127.0.1.90"), QpType::Uc, 1 << 16);
+    connect(&a, &b);
+    let (a_addr, a_rkey) = (a.mr.addr(), a.mr.rkey());
+    let (b_addr, b_rkey) = (b.mr.addr(), b.mr.rkey());
+    std::thread::scope(|s| {
+        s.spawn(|| ping_pong(&a, b_addr, b_rkey, true));
+        s.spawn(|| ping_pong(&b, a_addr, a_rkey, false));
+    });
+    let mut got = [0u8; 1];
+    b.mr.read(LEN - 1, &mut got).unwrap();
+    assert_eq!(got[0], ROUNDS);
+    a.mr.read(LEN - 1, &mut got).unwrap();
+    assert_eq!(got[0], ROUNDS);
+    for (name, side) in [("a", &a), ("b", &b)] {
+        let served = counter(&side.ctx, "dp_app_served");
+        let stranded = counter(&side.ctx, "dp_app_strandings");
+        assert!(
+            stranded < u64::from(ROUNDS) / 4,
+            "{name}: {stranded} of {ROUNDS} round trips waited for a window ({served} periods)"
+        );
+        let held = counter(&side.ctx, "dp_tx_sends_held");
+        assert!(
+            served == 0 || held > 0,
+            "{name}: served {served} periods, no send completion held for an answer"
+        );
+    }
+    // Nothing is left held: every WRITE completed exactly once (`ping_pong` took one
+    // completion per post).
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc), 0);
+    assert_eq!(b.cq.poll(&mut wc), 0);
+}
+
 /// qperf's `rc_rdma_write_poll_lat`: each side polls its CQ once right after posting
 /// (taking whatever is there), then spins on memory for the peer's WRITE, calling
 /// nothing. Every WRITE lands and completes. Served, the ACK of a placed WRITE waits for

@@ -217,6 +217,8 @@ impl DatapathShared {
     pub(crate) fn settle(&self) {
         let mut p = self.stepper.lock();
         let more = p.transmit(self);
+        // Held send completions too (see `LockedEngine::hold_sends`).
+        self.engine.lock().deliver(self);
         self.after_transmit(p, more);
     }
 

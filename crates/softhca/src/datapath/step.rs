@@ -76,6 +76,9 @@ pub(crate) struct Stepper {
     /// sees the completion may write the buffer again. Kept here, out of the engine, so
     /// that no other thread delivers them early.
     pub(super) after_send: Vec<EngineCompletion>,
+    /// The transmits being sent are an application's post while the datapath thread
+    /// serves it: `after_send` is held from the CQs (see `LockedEngine::hold_sends`).
+    pub(super) hold_sends: bool,
     /// An application thread's step completed work and left the ACKs it owes in the
     /// engine, unbuilt, for that thread's next call: an application that answers a
     /// completion posts at once, and the ACK leaves with the answer, in one GSO send.
@@ -167,6 +170,7 @@ impl Stepper {
             tx_iov: (0..TX_BATCH).map(|_| Vec::with_capacity(3 * 64)).collect(),
             tx: Vec::with_capacity(TX_BATCH),
             after_send: Vec::new(),
+            hold_sends: false,
             held: false,
             deferred: SmallVec::new(),
             burst: false,
@@ -231,6 +235,7 @@ impl Stepper {
             wake_by_window_end(shared, now);
         }
         if !self.tx.is_empty() {
+            self.hold_sends = app && shared.serving(now);
             match &shared.turnaround {
                 None => self.send(shared),
                 Some(timer) => {
@@ -239,6 +244,7 @@ impl Stepper {
                     timer.sent(now, sending, shared.now());
                 }
             }
+            self.hold_sends = false;
         }
         (r, self.tx_full && ntx > 0)
     }
@@ -346,6 +352,8 @@ impl Stepper {
         if self.held || !self.deferred.is_empty() || self.unbuilt > 0 {
             self.transmit(shared);
         }
+        // And the completions held with them: nothing waits for an answer any more.
+        shared.engine.lock().deliver(shared);
     }
 
     /// One `recvmmsg` per socket that has datagrams; returns the number received.
@@ -429,7 +437,17 @@ impl Stepper {
             core.engine.handle_timeout(now);
         }
         let completed = core.engine.has_completions();
-        core.deliver(shared);
+        // Held send completions go in before what this step's packets complete, or when
+        // their hold ends; a step with neither leaves them held.
+        let release = counts.packets > 0 || core.held_sends_until().is_some_and(|t| t <= now);
+        let deliver = |core: &mut LockedEngine| {
+            if release {
+                core.deliver(shared)
+            } else {
+                core.deliver_holding(shared)
+            }
+        };
+        deliver(&mut core);
         // Held again by a step that feeds what the last one left.
         let keep = self.held && start.is_some();
         // Serving an application that spins on memory, the ACKs of what was placed wait
@@ -447,7 +465,7 @@ impl Stepper {
         }
         // Building packets completes work too (UC and UD sends): after the send.
         if self.tx.is_empty() {
-            core.deliver(shared);
+            deliver(&mut core);
         } else {
             while let Some(c) = core.engine.poll_completion() {
                 self.after_send.push(c);
@@ -460,6 +478,9 @@ impl Stepper {
         let mut deadline = core.engine.poll_timeout();
         if self.held && serving {
             let end = now + super::SERVE_HOLD_NS;
+            deadline = Some(deadline.map_or(end, |d| d.min(end)));
+        }
+        if let Some(end) = core.held_sends_until() {
             deadline = Some(deadline.map_or(end, |d| d.min(end)));
         }
         drop(core);

@@ -21,6 +21,7 @@ use softhca_transport::{External, Transmit, TxPiece};
 use super::schedule::DatapathShared;
 use super::step::Stepper;
 use super::{TX_BATCH, TX_BUF};
+use crate::ring::EngineCompletion;
 use crate::stats::Stats;
 
 /// How long a full socket buffer may hold up a batch before its packets are dropped
@@ -92,11 +93,25 @@ impl Stepper {
             tracing::debug!("{unmatched} transmits from an address this device does not serve");
             Stats::add(&st.tx_no_socket, unmatched as u64);
         }
-        if !self.after_send.is_empty() {
-            shared
-                .engine
-                .lock()
-                .deliver_after(shared, &mut self.after_send);
+        if self.after_send.is_empty() {
+            return;
+        }
+        let mut core = shared.engine.lock();
+        // Only RDMA WRITEs (UC's: RC completes at the ACK): what a memory-spinning peer
+        // answers; a SEND's peer polls its receive CQ and answers with a SEND, which
+        // this application polls for.
+        let writes = |c: &EngineCompletion| c.1.opcode == softhca_transport::WcOpcode::RdmaWrite;
+        if self.hold_sends && self.after_send.iter().all(writes) {
+            let now = shared.now();
+            core.hold_sends(&mut self.after_send, now + super::SERVE_HOLD_NS);
+            core.deliver_holding(shared);
+            drop(core);
+            Stats::add(&st.tx_sends_held, 1);
+            // Released by this application's next step that receives, or by whichever
+            // step comes at the hold's end (the datapath thread's, if it stops polling).
+            super::schedule::wake_by_hold_end(shared, now);
+        } else {
+            core.deliver_after(shared, &mut self.after_send);
         }
     }
 
