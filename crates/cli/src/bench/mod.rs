@@ -400,6 +400,27 @@ fn comparison_notes(rows: &[Row]) -> Vec<String> {
             ));
         }
     }
+    notes.extend(perftest_notes(rows));
+    if let Some(t) = rows.iter().find_map(|r| r.turnaround_p50_us) {
+        notes.push(format!(
+            "softhca turnaround (8 B SEND, the server, p50): receive->taken {:.2} us (engine, \
+             CQ), taken->post {:.2} us (application), post->send {:.2} us (build, seal): \
+             {:.2} us of softhca's own per half round trip; the rest is the kernel's, as in \
+             the UDP ping-pong (sendmmsg alone {:.2} us: on loopback it runs the receiver's \
+             IP/UDP path too)",
+            t.receive_to_taken,
+            t.taken_to_post,
+            t.post_to_send,
+            t.user_space(),
+            t.send
+        ));
+    }
+    notes
+}
+
+/// Each drop-in perftest row against softhca's own figure for it.
+fn perftest_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = Vec::new();
     for r in rows.iter().filter(|r| r.kind == "perftest_bw") {
         if let (Some(theirs), Some(ours)) = (r.gbps, gbps_of(rows, r.op, r.size, 1)) {
             notes.push(format!(
@@ -429,20 +450,6 @@ fn comparison_notes(rows: &[Row]) -> Vec<String> {
                 output::size_str(r.size)
             ));
         }
-    }
-    if let Some(t) = rows.iter().find_map(|r| r.turnaround_p50_us) {
-        notes.push(format!(
-            "softhca turnaround (8 B SEND, the server, p50): receive->taken {:.2} us (engine, \
-             CQ), taken->post {:.2} us (application), post->send {:.2} us (build, seal): \
-             {:.2} us of softhca's own per half round trip; the rest is the kernel's, as in \
-             the UDP ping-pong (sendmmsg alone {:.2} us: on loopback it runs the receiver's \
-             IP/UDP path too)",
-            t.receive_to_taken,
-            t.taken_to_post,
-            t.post_to_send,
-            t.user_space(),
-            t.send
-        ));
     }
     notes
 }
