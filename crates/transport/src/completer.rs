@@ -612,8 +612,9 @@ impl Qp {
             Some((t, _)) => Some(t),
             None => self.req.rto,
         };
+        // A fold the compiler unrolls (`flatten().min()` over the array ran as an
+        // iterator, and this is asked after every event of every QP).
         [
-            req,
             self.resp.gap_nak_at,
             self.req.read_gap_at,
             self.quiet_deadline(),
@@ -622,8 +623,10 @@ impl Qp {
             self.mp_deadline(),
         ]
         .into_iter()
-        .flatten()
-        .min()
+        .fold(req, |a, b| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 
     /// When the responder's silence means a retransmission was lost (see `MAX_QUIET_RESENDS`):

@@ -111,7 +111,8 @@ impl Ipv4IdTracker {
                 None => IdCheck::Failed,
             };
         }
-        let state = self.peers.get(&src).copied();
+        let slot = self.peers.get_mut(&src);
+        let state = slot.as_deref().copied();
         let predicted = PeerIpId::predict(state, seg);
         let pseudo = pseudo.with_ipv4_id(predicted);
         // rxe takes an ID when it builds a packet, not when it sends it, so an ACK built
@@ -126,8 +127,10 @@ impl Ipv4IdTracker {
                 .chain((1..=ID_BEHIND).map(move |d| l.wrapping_sub(d)))
         }));
         if let Some(id) = wire::verify_ipv4_any_id(&pseudo, p, cands) {
-            if state.is_some() || self.peers.len() < MAX_ID_PEERS {
-                self.peers.insert(src, PeerIpId::matched(id, seg));
+            let matched = PeerIpId::matched(id, seg);
+            match slot {
+                Some(s) => *s = matched,
+                None => self.learn(src, matched),
             }
             return IdCheck::Matched {
                 mispredicted: id != predicted,
@@ -150,15 +153,25 @@ impl Ipv4IdTracker {
         if !src.is_ipv4() {
             return matches(pseudo);
         }
-        let state = self.peers.get(&src).copied();
-        let predicted = PeerIpId::predict(state, seg);
+        let slot = self.peers.get_mut(&src);
+        let predicted = PeerIpId::predict(slot.as_deref().copied(), seg);
         if !matches(&pseudo.with_ipv4_id(predicted)) {
             return false;
         }
-        if state.is_some() || self.peers.len() < MAX_ID_PEERS {
-            self.peers.insert(src, PeerIpId::matched(predicted, seg));
+        let matched = PeerIpId::matched(predicted, seg);
+        match slot {
+            Some(s) => *s = matched,
+            None => self.learn(src, matched),
         }
         true
+    }
+
+    /// A peer seen for the first time, kept while there is room (one lookup per packet
+    /// for a known peer: it is updated in place).
+    fn learn(&mut self, src: SocketAddr, first: PeerIpId) {
+        if self.peers.len() < MAX_ID_PEERS {
+            self.peers.insert(src, first);
+        }
     }
 
     /// No likely ID matched: solve for the one that does. Solving the affine CRC system

@@ -236,6 +236,14 @@ pub fn icrc_with_tail(p: &UdpPseudo, head: &[u8], tail_len: usize, tail_crc: u32
     crc32_combine(h.finalize(), tail_crc, tail_len)
 }
 
+/// A fresh CRC-32 hasher. `Hasher::new` looks the CPU's features up on every call (per
+/// packet, for small packets a visible part of the ICRC); a clone of one made once does
+/// not.
+fn hasher() -> Hasher {
+    static PROTO: std::sync::OnceLock<Hasher> = std::sync::OnceLock::new();
+    PROTO.get_or_init(Hasher::new).clone()
+}
+
 /// A hasher fed the masked IP and UDP headers of a packet whose RoCE part (without its
 /// ICRC) is `total` bytes long, then `head`, its first bytes, with the BTH masked.
 fn hash_head(p: &UdpPseudo, head: &[u8], total: usize) -> Hasher {
@@ -266,7 +274,7 @@ fn hash_head(p: &UdpPseudo, head: &[u8], total: usize) -> Hasher {
             *b = 0xff;
         }
     }
-    let mut h = Hasher::new();
+    let mut h = hasher();
     h.update(hdr.get(..at).unwrap_or(&hdr));
     h.update(tail);
     h
@@ -541,10 +549,10 @@ pub fn verify_ipv4_any_id(
     if icrc(p, body) == stored {
         return Some(id);
     }
-    let mut tail = Hasher::new();
+    let mut tail = hasher();
     update_udp_and_roce(&mut tail, p, body);
     let try_id = |cand: u16| {
-        let mut h = Hasher::new();
+        let mut h = hasher();
         h.update(&ipv4_head(src, dst, cand, dont_fragment, udp_payload.len()));
         h.combine(&tail);
         h.finalize() == stored
@@ -576,10 +584,10 @@ pub fn solve_ipv4_id(p: &UdpPseudo, udp_payload: &[u8]) -> Option<u16> {
     else {
         return None;
     };
-    let mut tail = Hasher::new();
+    let mut tail = hasher();
     update_udp_and_roce(&mut tail, p, body);
     let crc_with = |id: u16| {
-        let mut h = Hasher::new();
+        let mut h = hasher();
         h.update(&ipv4_head(src, dst, id, dont_fragment, udp_payload.len()));
         h.combine(&tail);
         h.finalize()
@@ -664,7 +672,7 @@ mod tests {
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
             .collect();
         let crc = |b: &[u8]| {
-            let mut h = Hasher::new();
+            let mut h = hasher();
             h.update(b);
             h.finalize()
         };
@@ -709,7 +717,7 @@ mod tests {
         for pseudo in [p, p6] {
             for head in [BTH_LEN, BTH_LEN + 4, 40] {
                 let (h, t) = pkt.split_at(head);
-                let mut tc = Hasher::new();
+                let mut tc = hasher();
                 tc.update(t);
                 let got = icrc_with_tail(&pseudo, h, t.len(), tc.finalize());
                 assert_eq!(got, icrc(&pseudo, &pkt));

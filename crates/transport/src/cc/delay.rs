@@ -640,6 +640,10 @@ impl CongestionControl for DelayAimd {
             ..self.stats
         }
     }
+
+    fn counters(&self) -> CcStats {
+        self.stats
+    }
 }
 
 #[cfg(test)]

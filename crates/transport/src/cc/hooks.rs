@@ -221,9 +221,9 @@ impl Qp {
         };
         let rtt = self.cc.rtt.on_acked(una, ctx.now);
         let acked = u64::from(una.diff(before).max(0) as u32) * mtu;
-        let was = ctl.stats();
+        let was = ctl.counters();
         ctl.on_ack(ctx.now, acked, rtt);
-        count_cuts(ctx, &was, &ctl.stats());
+        count_cuts(ctx, &was, &ctl.counters());
     }
 
     /// A retransmission for `cause` started.
@@ -245,9 +245,9 @@ impl Qp {
             return;
         }
         if let Some(ctl) = self.cc.ctl.as_mut() {
-            let was = ctl.stats();
+            let was = ctl.counters();
             ctl.on_congestion(ctx.now, what);
-            let now = ctl.stats();
+            let now = ctl.counters();
             if now.loss_decreases > was.loss_decreases || now.timeouts > was.timeouts {
                 self.cc.recover_to = Some(self.req.max_sent);
             }

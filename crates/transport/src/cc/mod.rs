@@ -236,6 +236,9 @@ pub(crate) trait CongestionControl: std::fmt::Debug + Send {
     fn in_slow_start(&self) -> bool;
     /// The figures `softhca devinfo -v` shows.
     fn stats(&self) -> CcStats;
+    /// `stats` with only its counters filled in (asked twice per ACK: the window,
+    /// rate and target are not worked out).
+    fn counters(&self) -> CcStats;
 }
 
 /// One QP's congestion state, for counters.
