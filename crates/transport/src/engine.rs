@@ -1265,7 +1265,7 @@ impl Engine {
             return;
         }
         let qp = qps.get_mut(&hello.to_qpn);
-        let qp = qp.filter(|q| q.is_rc() && q.attr.dest_qp_num == hello.from_qpn);
+        let qp = qp.filter(|q| q.negotiates() && q.attr.dest_qp_num == hello.from_qpn);
         let Some(qp) = qp.filter(|_| enabled) else {
             // Multipath off here: say no at once. No such QP (yet, or connected
             // elsewhere): silence; a QP not created yet is asked again.

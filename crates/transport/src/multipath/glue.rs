@@ -66,9 +66,9 @@ pub(crate) enum Resend {
 }
 
 impl Qp {
-    /// Entering RTS: start negotiating (RC only, when enabled).
+    /// Entering RTS: start negotiating (RC and UC, when enabled).
     pub(crate) fn mp_start(&mut self, ctx: &mut Ctx<'_>) {
-        if !self.is_rc() || !ctx.cfg.mp.enabled || self.mp.is_some() {
+        if !self.negotiates() || !ctx.cfg.mp.enabled || self.mp.is_some() {
             return;
         }
         let nonce = (self.qpn ^ (ctx.now as u32).rotate_left(8)) | 1;
@@ -173,6 +173,7 @@ impl Qp {
         let now = ctx.now;
         let cc = self.cc_on(ctx).then_some(ctx.cfg.cc);
         let mtu = self.mtu(ctx.cfg);
+        let is_rc = self.is_rc();
         let Some(m) = self.mp.as_deref_mut() else {
             return;
         };
@@ -182,6 +183,12 @@ impl Qp {
         ctx.counters.mp_negotiated += 1;
         m.state = MpState::On;
         m.hello_at = None;
+        if !is_rc {
+            // UC: the larger packets only. Paths need acknowledgements to be judged by.
+            m.peer_addrs = vec![primary.dst.ip()];
+            m.jumbo = jumbo;
+            return;
+        }
         let mut peer: Vec<IpAddr> = vec![primary.dst.ip()];
         for a in addrs {
             if usable(*a, primary.dst.ip()) && !peer.iter().any(|p| same_ip(*p, *a)) {

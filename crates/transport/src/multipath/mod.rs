@@ -4,13 +4,13 @@
 //! any other peer (kernel rxe, hardware) the QP is plain RoCEv2 RC, byte for byte.
 //!
 //! # Negotiation
-//! When an RC QP enters RTS the engine sends one MAD to the peer's QP 1 (a UD SEND with
+//! When an RC QP (or a UC one, see below) enters RTS the engine sends one MAD to the peer's QP 1 (a UD SEND with
 //! the GSI Q_Key): a Get of a vendor class (range 1, 0x0A) carrying a magic, the
 //! sender's QPN, the QPN it talks to, its addresses and its source-port count. Linux
 //! ib_mad answers a Get of a class nobody registered with status
 //! UNSUPPORTED_METHOD_ATTRIB (`generate_unmatched_resp`): a "no" within a round trip
 //! from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic is
-//! untouched), checks that the named QP is an RC QP connected back to the sender, and
+//! untouched), checks that the named QP is one of the same type connected back to the sender, and
 //! answers with its own addresses. Silence is retried at 2, 4, 8 ... 512, 512 ms, and taken
 //! for "no" after 1.5 s (`HELLO_TRIES`): a host that pauses for tens of
 //! milliseconds (a busy 2-core VM) is not a peer that never answers, and rxe answers
@@ -30,7 +30,8 @@
 //! size it started with, so PSNs convert to offsets per WQE), a READ request naming
 //! its responses' size in the BTH's reserved bits. The responder takes such packets
 //! while its QP negotiates or after a "yes", never after a "no" (rxe is held to the
-//! IBTA's lengths).
+//! IBTA's lengths). A UC QP negotiates too, for the larger packets only: with no
+//! acknowledgements there is nothing to judge paths by, so it stays on its one path.
 //!
 //! # Paths
 //! A path is (local IP, remote IP, UDP source port). Candidates: every local address

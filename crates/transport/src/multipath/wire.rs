@@ -50,9 +50,9 @@ pub(crate) struct Hello {
     pub answer: bool,
     /// MAD status (answers: 0 = yes; any other = no).
     pub status: u16,
-    /// The sender's RC QP.
+    /// The sender's RC or UC QP.
     pub from_qpn: u32,
-    /// The receiver's RC QP (the sender's destination QP).
+    /// The receiver's QP (the sender's destination QP).
     pub to_qpn: u32,
     /// Transaction nonce (echoed in the answer).
     pub nonce: u32,

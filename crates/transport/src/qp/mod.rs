@@ -410,7 +410,7 @@ impl Qp {
     /// for the largest IBTA MTU (a smaller one it chose is kept); 0: none.
     pub fn jumbo_with(&self, cfg: &EngineConfig, offer: u64) -> u64 {
         let size = cfg.jumbo_mtu.min(offer);
-        let fits = self.is_rc()
+        let fits = self.negotiates()
             && self.attr.path_mtu == Mtu::M4096
             && cfg.gid_mtu(self.attr.ah_attr.sgid_index) == Mtu::M4096;
         if fits && size > self.mtu(cfg) && size.is_multiple_of(crate::config::JUMBO_UNIT) {
@@ -463,6 +463,12 @@ impl Qp {
 
     pub fn is_rc(&self) -> bool {
         self.init.qp_type == QpType::Rc
+    }
+
+    /// Whether this QP asks a softhca peer for the extension (RC: multipath and larger
+    /// packets; UC, which has no acknowledgements to run paths on: larger packets only).
+    pub fn negotiates(&self) -> bool {
+        matches!(self.init.qp_type, QpType::Rc | QpType::Uc)
     }
 
     pub fn post_completion(&self, ctx: &mut Ctx<'_>, send: bool, wc: Completion) {
