@@ -135,3 +135,53 @@ fn deregistering_a_direct_target_mid_stream_is_safe() {
         wc[0].status
     );
 }
+
+/// A camera's stream: each frame one UC WRITE, then a WRITE with immediate of no
+/// payload that announces it. The short datagram between two frames does not stop
+/// direct receive: the frames' continuations land straight in memory, each frame
+/// intact and announced once.
+#[test]
+fn frames_announced_by_an_empty_write_stay_received_directly() {
+    const FRAME: usize = 1 << 20;
+    const FRAMES: usize = 16;
+    let sa = side(direct_device("127.0.65.9", 0), QpType::Uc, FRAME * FRAMES);
+    let sb = side(direct_device("127.0.65.10", 0), QpType::Uc, FRAME * FRAMES);
+    connect(&sa, &sb);
+    let data = pattern(FRAME * FRAMES, 0x71);
+    sa.mr.write(0, &data).unwrap();
+    for f in 0..FRAMES {
+        sb.qp.post_recv(recv_wr(f as u64, sb.mr.sge(0, 0))).unwrap();
+    }
+    for f in 0..FRAMES {
+        let off = f * FRAME;
+        let mut wr = send_wr(f as u64, WrOpcode::RdmaWrite, sa.mr.sge(off, FRAME as u32));
+        wr.remote_addr = sb.mr.addr() + off as u64;
+        wr.rkey = sb.mr.rkey();
+        wr.flags = SendFlags::empty();
+        sa.qp.post_send(wr).unwrap();
+        let mut imm = send_wr(f as u64, WrOpcode::RdmaWriteWithImm, sa.mr.sge(off, 0));
+        imm.payload = Payload::Sges(Default::default());
+        imm.remote_addr = sb.mr.addr() + off as u64;
+        imm.rkey = sb.mr.rkey();
+        imm.imm_data = f as u32;
+        sa.qp.post_send(imm).unwrap();
+    }
+    let mut wc = [Completion::default(); 4];
+    let mut announced = Vec::new();
+    while announced.len() < FRAMES {
+        let n = sb.cq.wait(&mut wc, Duration::from_secs(20)).unwrap();
+        assert!(n > 0, "frames announced: {announced:?}");
+        for c in &wc[..n] {
+            assert_eq!(c.status, WcStatus::Success);
+            announced.push(c.imm_data as usize);
+        }
+    }
+    assert_eq!(announced, (0..FRAMES).collect::<Vec<_>>());
+    assert!(sb.mr.to_vec() == data, "every frame intact");
+    // Each frame's first datagram (its First) and its Last are fed from buffers.
+    let (direct, all) = (counter(&sb.ctx, "rx_direct"), counter(&sb.ctx, "rcvd_pkts"));
+    assert!(
+        4 * direct >= 3 * all,
+        "received directly: {direct} of {all} packets"
+    );
+}

@@ -10,7 +10,8 @@
 //! one `recvmmsg`, so it runs only while bulk datagrams arrive ("armed"); a bulk
 //! datagram it cannot plan (a message's First) is received into a buffer and fed in
 //! turn, and a run of them disarms it (not the packets after a loss, whose
-//! retransmission is plannable again).
+//! retransmission is plannable again); so is a short datagram, and a run of those
+//! disarms it too.
 
 use std::io;
 use std::net::IpAddr;
@@ -22,9 +23,13 @@ use super::schedule::DatapathShared;
 use super::RECV_BATCH;
 use crate::stats::Stats;
 
-/// Datagrams at least this long arm direct receive; a shorter one at the head of the
-/// queue disarms it (ACKs, small messages: the batch receive is cheaper for them).
+/// Datagrams at least this long arm direct receive; a run of [`MAX_SHORTS`] shorter
+/// ones disarms it (ACKs, small messages: the batch receive is cheaper for them).
 const BULK: usize = 2048;
+/// Short datagrams in a row that disarm direct receive. Not one: a camera's frame ends
+/// with a WRITE with immediate of no payload, and a batch receive after it took the next
+/// frame's first datagrams into buffers, to be copied again.
+const MAX_SHORTS: u8 = 4;
 /// Unplannable bulk datagrams in a row that disarm direct receive (READ responses, a
 /// peer's WRITE Only packets): one First between the runs of Middles of a message is not.
 const MAX_MISSES: u8 = 4;
@@ -67,6 +72,7 @@ pub(crate) struct DirectRx {
     segments: Vec<Segment>,
     armed: bool,
     misses: u8,
+    shorts: u8,
     cooldown: u32,
 }
 
@@ -86,6 +92,7 @@ impl DirectRx {
             segments: Vec::with_capacity(64),
             armed: false,
             misses: 0,
+            shorts: 0,
             cooldown: 0,
         }
     }
@@ -106,6 +113,7 @@ impl DirectRx {
         } else {
             self.armed = true;
             self.misses = 0;
+            self.shorts = 0;
         }
     }
 
@@ -125,14 +133,19 @@ impl DirectRx {
                 // Let the batch receive see and count it.
                 Err(_) => return (done, Then::Batch),
             };
-            if meta.len < BULK || meta.len > MAX_DATAGRAM {
+            let short = meta.len < BULK;
+            self.shorts = if short { self.shorts + 1 } else { 0 };
+            if self.shorts >= MAX_SHORTS || meta.len > MAX_DATAGRAM {
                 self.armed = false;
                 return (done, Then::Batch);
             }
             let mut core = shared.engine.lock();
             let head = &self.head[..meta.len.min(PEEK)];
-            let plan = core.engine.direct_plan(meta.src.ip(), head);
-            if plan.is_none() {
+            // A short one is received whole into the buffer and fed (no plan, no miss).
+            let plan = (!short)
+                .then(|| core.engine.direct_plan(meta.src.ip(), head))
+                .flatten();
+            if plan.is_none() && !short {
                 // Received into the buffer, and fed now, so that the datagrams behind it
                 // are still received directly, in order, in this same step (one ACK for
                 // all of them, not one per message).
