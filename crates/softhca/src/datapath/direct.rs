@@ -18,6 +18,7 @@ use std::net::IpAddr;
 
 use softhca_io::{RecvBatch, RecvMeta, RoceSocket, ScatterRecv};
 use softhca_transport::{DatagramInfo, DirectPlan};
+use softhca_wire as wire;
 
 use super::schedule::DatapathShared;
 use super::RECV_BATCH;
@@ -26,9 +27,10 @@ use crate::stats::Stats;
 /// Datagrams at least this long arm direct receive; a run of [`MAX_SHORTS`] shorter
 /// ones disarms it (ACKs, small messages: the batch receive is cheaper for them).
 const BULK: usize = 2048;
-/// Short datagrams in a row that disarm direct receive. Not one: a camera's frame ends
-/// with a WRITE with immediate of no payload, and a batch receive after it took the next
-/// frame's first datagrams into buffers, to be copied again.
+/// Short datagrams (and bundles, whose packets of several sizes no plan places) in a row
+/// that disarm direct receive. Not one: a camera's frame ends with a WRITE with
+/// immediate of no payload, often bundled with the frame's Last, and a batch receive
+/// after it took the next frame's first datagrams into buffers, to be copied again.
 const MAX_SHORTS: u8 = 4;
 /// Unplannable bulk datagrams in a row that disarm direct receive (READ responses, a
 /// peer's WRITE Only packets): one First between the runs of Middles of a message is not.
@@ -133,7 +135,7 @@ impl DirectRx {
                 // Let the batch receive see and count it.
                 Err(_) => return (done, Then::Batch),
             };
-            let short = meta.len < BULK;
+            let short = meta.len < BULK || wire::is_bundle(&self.head);
             self.shorts = if short { self.shorts + 1 } else { 0 };
             if self.shorts >= MAX_SHORTS || meta.len > MAX_DATAGRAM {
                 self.armed = false;
@@ -141,7 +143,8 @@ impl DirectRx {
             }
             let mut core = shared.engine.lock();
             let head = &self.head[..meta.len.min(PEEK)];
-            // A short one is received whole into the buffer and fed (no plan, no miss).
+            // A short one or a bundle is received whole into the buffer and fed (no plan,
+            // no miss).
             let plan = (!short)
                 .then(|| core.engine.direct_plan(meta.src.ip(), head))
                 .flatten();
