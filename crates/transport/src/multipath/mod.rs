@@ -4,16 +4,16 @@
 //! any other peer (kernel rxe, hardware) the QP is plain RoCEv2 RC, byte for byte.
 //!
 //! # Negotiation
-//! When an RC QP (or a UC one, see below) enters RTS the engine sends one MAD to the peer's QP 1 (a UD SEND with
-//! the GSI Q_Key): a Get of a vendor class (range 1, 0x0A) carrying a magic, the
-//! sender's QPN, the QPN it talks to, its addresses and its source-port count. Linux
-//! ib_mad answers a Get of a class nobody registered with status
-//! UNSUPPORTED_METHOD_ATTRIB (`generate_unmatched_resp`): a "no" within a round trip
-//! from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic is
-//! untouched), checks that the named QP is one of the same type connected back to the sender, and
-//! answers with its own addresses. Silence is retried at 2, 4, 8 ... 512, 512 ms, and taken
-//! for "no" after 1.5 s (`HELLO_TRIES`): a host that pauses for tens of
-//! milliseconds (a busy 2-core VM) is not a peer that never answers, and rxe answers
+//! When an RC QP (or a UC one, see below) enters RTS the engine sends one MAD to the
+//! peer's QP 1 (a UD SEND with the GSI Q_Key): a Get of a vendor class (range 1, 0x0A)
+//! carrying a magic, the sender's QPN, the QPN it talks to, its addresses and its
+//! source-port count. Linux ib_mad answers a Get of a class nobody registered with
+//! status UNSUPPORTED_METHOD_ATTRIB (`generate_unmatched_resp`): a "no" within a round
+//! trip from kernel rxe. A softhca peer intercepts the MAD before its GSI QP (CM traffic
+//! is untouched), checks that the named QP is one of the same type connected back to
+//! the sender, and answers with its own addresses. Silence is retried at 2, 4, 8 ...
+//! 512, 512 ms, and taken for "no" after 1.5 s (`HELLO_TRIES`): a host that pauses for
+//! tens of milliseconds (a busy 2-core VM) is not a peer that never answers, and rxe answers
 //! at once anyway. A valid request is itself proof that the sender speaks
 //! the extension, so either side's Get turns both on. The QP runs plain RC until then
 //! and stays plain RC after a "no"; packets sent before the switch are repaired as
