@@ -17,12 +17,13 @@ use std::io;
 use std::net::IpAddr;
 
 use softhca_io::{RecvBatch, RecvMeta, RoceSocket, ScatterRecv};
-use softhca_transport::{DatagramInfo, DirectPlan};
+use softhca_transport::{DatagramInfo, DirectPlan, Engine};
 use softhca_wire as wire;
 
 use super::schedule::DatapathShared;
 use super::RECV_BATCH;
 use crate::stats::Stats;
+use crate::Nanos;
 
 /// Datagrams at least this long arm direct receive; a run of [`MAX_SHORTS`] shorter
 /// ones disarms it (ACKs, small messages: the batch receive is cheaper for them).
@@ -192,30 +193,7 @@ impl DirectRx {
                 Stats::add(&st.rx_truncated, 1);
                 continue;
             }
-            if self.segments.len() > 1 {
-                Stats::add(&st.rx_gro_datagrams, 1);
-            }
-            Stats::add(&st.rx_packets, self.segments.len() as u64);
-            for (k, s) in self.segments.iter().enumerate() {
-                let info = DatagramInfo {
-                    segment_index: k as u16,
-                    ..info
-                };
-                let bytes = &self.scratch[s.at..s.at + s.len];
-                match s.placed {
-                    None => core.engine.handle_datagram(now, &info, bytes),
-                    Some(placed) => {
-                        let (head, rest) = bytes.split_at(header_len);
-                        let icrc = rest[rest.len() - 4..].try_into().unwrap_or_default();
-                        // SAFETY: `placed` lies in the plan's range (`lay_out`), and the
-                        // engine lock has been held since the plan was made.
-                        unsafe {
-                            core.engine
-                                .handle_datagram_placed(now, &info, head, placed, icrc)
-                        };
-                    }
-                }
-            }
+            self.feed_segments(&mut core.engine, now, &info, header_len, st);
             if !self.armed {
                 return (done, Then::Batch);
             }
@@ -223,6 +201,39 @@ impl DirectRx {
         // More in the socket is received directly by the next step, not into the
         // buffers by this one: half of a stream went through them when it was.
         (done, Then::Full)
+    }
+
+    /// Hands the segments laid out by `lay_out` to the engine: those placed in
+    /// registered memory to be checked and executed there, the others from `scratch`.
+    fn feed_segments(
+        &self,
+        engine: &mut Engine,
+        now: Nanos,
+        info: &DatagramInfo,
+        header_len: usize,
+        st: &Stats,
+    ) {
+        if self.segments.len() > 1 {
+            Stats::add(&st.rx_gro_datagrams, 1);
+        }
+        Stats::add(&st.rx_packets, self.segments.len() as u64);
+        for (k, s) in self.segments.iter().enumerate() {
+            let info = DatagramInfo {
+                segment_index: k as u16,
+                ..*info
+            };
+            let bytes = &self.scratch[s.at..s.at + s.len];
+            match s.placed {
+                None => engine.handle_datagram(now, &info, bytes),
+                Some(placed) => {
+                    let (head, rest) = bytes.split_at(header_len);
+                    let icrc = rest[rest.len() - 4..].try_into().unwrap_or_default();
+                    // SAFETY: `placed` lies in the plan's range (`lay_out`), and the
+                    // engine lock has been held since the plan was made.
+                    unsafe { engine.handle_datagram_placed(now, &info, head, placed, icrc) };
+                }
+            }
+        }
     }
 
     /// The scatter list for a datagram of `meta.len` bytes in GRO segments of
