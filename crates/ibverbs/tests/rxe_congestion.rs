@@ -63,7 +63,7 @@ fn a_shaped_link_to_kernel_rxe_is_not_overflowed() {
     );
     let client = |prog: &str| {
         format!(
-            "for i in $(seq 30); do sleep 1; {prog} -x 0 -s 65536 -n {ITERS} --report_gbits \
+            "for i in $(seq 150); do sleep 1; {prog} -x 0 -s 65536 -n {ITERS} --report_gbits \
              10.99.0.2 && break; done"
         )
     };

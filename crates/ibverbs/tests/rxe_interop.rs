@@ -63,7 +63,7 @@ fn programs(gid: u32, peer: &str, tag: &str) -> String {
                 format!("{cmd}; echo {tag}-{name}=$?")
             } else {
                 format!(
-                    "for i in $(seq 30); do sleep 1; {cmd} {peer} && break; done; echo {tag}-{name}=$?"
+                    "for i in $(seq 150); do sleep 1; {cmd} {peer} && break; done; echo {tag}-{name}=$?"
                 )
             }
         })

@@ -81,7 +81,7 @@ fn clients(addr: &str, tag: &str, wbw: bool) -> String {
         (
             "rping",
             format!("timeout 120 rping -c -a {addr} -v -C 50"),
-            20,
+            60,
         ),
         (
             "ucmatose",

@@ -31,10 +31,18 @@ pub fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
     run_for(harness, guest, host, 400)
 }
 
+/// The guest's first command: wait until rxe0's RoCEv2 GID (index 1, the IPv4-mapped
+/// address) is filled in. The kernel fills the GID table from a workqueue after `rdma
+/// link add` (roce_gid_mgmt), so on a slow emulated guest the harness's "ready" can come
+/// before it, and every `-g 1` server then exits at once ("Failed to query gid").
+const GID_WAIT: &str = "g=/sys/class/infiniband/rxe0/ports/1/gids/1; i=0; \
+    until grep -q ffff $g 2>/dev/null || [ $i -ge 120 ]; do sleep 1; i=$((i+1)); done; \
+    echo \"guest: rxe0 gid 1 = $(cat $g 2>&1) after ${i}s\"";
+
 /// [`run`] with a limit of `timeout_s` seconds for the whole boot.
 #[allow(dead_code)]
 pub fn run_for(harness: &Path, guest: &str, host: &str, timeout_s: u32) -> (bool, String) {
-    let guest = format!("{guest}; sync; echo o > /proc/sysrq-trigger; sleep 60");
+    let guest = format!("{GID_WAIT}; {guest}; sync; echo o > /proc/sysrq-trigger; sleep 60");
     let out = Command::new(harness)
         .args(["run", "--timeout", &timeout_s.to_string()])
         .args(["--guest", &guest, "--host", host])
