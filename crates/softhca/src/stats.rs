@@ -10,6 +10,10 @@ pub(crate) struct Stats {
     pub rx_batches: AtomicU64,
     pub rx_gro_datagrams: AtomicU64,
     pub rx_truncated: AtomicU64,
+    /// Datagrams received directly without a peek, as guessed, and those that turned
+    /// out of another shape (see `datapath::direct`).
+    pub rx_direct_guessed: AtomicU64,
+    pub rx_direct_guess_missed: AtomicU64,
     pub rx_errors: AtomicU64,
     pub tx_transmits: AtomicU64,
     pub tx_batches: AtomicU64,
@@ -85,6 +89,8 @@ impl Stats {
             ("io_tx_connected_failed", r(&self.tx_connected_failed)),
             ("io_tx_bundles", r(&self.tx_bundles)),
             ("io_tx_bundled_transmits", r(&self.tx_bundled_transmits)),
+            ("dp_rx_direct_guessed", r(&self.rx_direct_guessed)),
+            ("dp_rx_direct_guess_missed", r(&self.rx_direct_guess_missed)),
             ("dp_tx_held", r(&self.tx_held)),
             ("dp_tx_serve_held", r(&self.tx_serve_held)),
             ("dp_tx_sends_held", r(&self.tx_sends_held)),

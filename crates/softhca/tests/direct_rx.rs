@@ -184,4 +184,9 @@ fn frames_announced_by_an_empty_write_stay_received_directly() {
         4 * direct >= 3 * all,
         "received directly: {direct} of {all} packets"
     );
+    // Within a frame the next datagram is guessed, not peeked at; each frame's end,
+    // shorter than guessed, is put together from the pieces (the data check above).
+    let guessed = counter(&sb.ctx, "dp_rx_direct_guessed");
+    let missed = counter(&sb.ctx, "dp_rx_direct_guess_missed");
+    assert!(guessed > missed, "guessed {guessed}, missed {missed}");
 }

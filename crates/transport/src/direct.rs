@@ -1,7 +1,8 @@
 //! Direct receive: the payload of the next in-order packets of a message lands in
 //! registered memory straight from the socket, and the ICRC is checked over it there.
 //!
-//! The receiver looks at the headers of the next datagram first (`MSG_PEEK`), asks
+//! The receiver looks at the headers of the next datagram first (`MSG_PEEK`, or, inside
+//! a message, guesses them: the next PSN), asks
 //! [`Engine::direct_plan`] where the payload of that packet goes, and receives each
 //! segment with a scatter list [headers | registered memory | ICRC]; then it hands each
 //! segment to [`Engine::handle_datagram_placed`], which checks it and executes it as
