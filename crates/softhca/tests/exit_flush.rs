@@ -94,3 +94,71 @@ fn exit_right_after_a_completion_still_acks() {
         "the SEND's ACK was lost with the receiver's exit"
     );
 }
+
+/// UD sends posted right before `ibv_destroy_qp` still leave (rdma-core's `mckey`
+/// sender posts its messages and destroys its QP at once): with rxe the post itself runs
+/// the requester, so they are on the wire when the post returns.
+#[test]
+fn ud_sends_posted_right_before_destroy_still_leave() {
+    const N: usize = 64;
+    const LEN: usize = 512;
+    let a = side(open("127.0.1.25"), QpType::Ud, N * LEN);
+    let b = side(open("127.0.1.26"), QpType::Ud, N * (40 + LEN));
+    let qkey = 0x0d0d_0001;
+    a.qp.ready_ud(qkey, 0).unwrap();
+    b.qp.ready_ud(qkey, 0).unwrap();
+    for k in 0..N {
+        let sge = b.mr.sge(k * (40 + LEN), (40 + LEN) as u32);
+        b.qp.post_recv(recv_wr(k as u64, sge)).unwrap();
+        a.mr.write(k * LEN, &pattern(LEN, k as u8)).unwrap();
+    }
+    let ah =
+        a.pd.create_ah(AddressVector {
+            dgid: b.ctx.gids()[0],
+            sgid_index: 0,
+            ..AddressVector::default()
+        })
+        .unwrap();
+    // Datagrams arriving meanwhile keep the sender's datapath thread in its steps, so
+    // posts find it busy and leave their work to it.
+    let noise = side(b.ctx.clone(), QpType::Ud, LEN);
+    noise.qp.ready_ud(qkey, 0).unwrap();
+    let to_a = noise
+        .pd
+        .create_ah(AddressVector {
+            dgid: a.ctx.gids()[0],
+            sgid_index: 0,
+            ..AddressVector::default()
+        })
+        .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let Side { qp, mr, .. } = a;
+    let a_qpn = qp.qpn();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let mut wc = [Completion::default(); 16];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut wr = send_wr(0, WrOpcode::Send, noise.mr.sge(0, LEN as u32));
+                wr.ud = Some(to_a.ud_dest(a_qpn, qkey));
+                let _ = noise.qp.post_send(wr);
+                noise.cq.poll(&mut wc);
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        for k in 0..N {
+            let mut wr = send_wr(k as u64, WrOpcode::Send, mr.sge(k * LEN, LEN as u32));
+            wr.ud = Some(ah.ud_dest(b.qp.qpn(), qkey));
+            qp.post_send(wr).unwrap();
+        }
+        drop(qp);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    for k in 0..N {
+        let c = one(&b.cq);
+        assert_eq!((c.wr_id, c.status), (k as u64, WcStatus::Success));
+        let mut got = vec![0; LEN];
+        b.mr.read(c.wr_id as usize * (40 + LEN) + 40, &mut got)
+            .unwrap();
+        assert_eq!(got, pattern(LEN, k as u8), "message {k}");
+    }
+}

@@ -346,11 +346,18 @@ impl Stepper {
         step
     }
 
-    /// Sends what a step held for the application's answer (before a QP or the device
-    /// goes away: the peer must still get the ACKs of what completed here).
+    /// Sends what a step held for the application's answer and what posted work made
+    /// ready (before a QP or the device goes away: the peer must still get the ACKs of
+    /// what completed here, and a UD or UC send posted before `ibv_destroy_qp` is on the
+    /// wire after it, as with rxe, whose post runs the requester before it returns).
     pub(crate) fn flush_held(&mut self, shared: &DatapathShared) {
-        if self.held || !self.deferred.is_empty() || self.unbuilt > 0 {
-            self.transmit(shared);
+        let mut more = self.held
+            || !self.deferred.is_empty()
+            || self.unbuilt > 0
+            || shared.pending.load(Ordering::SeqCst);
+        // Finite: a transmit receives nothing, so only work already posted is built.
+        while more {
+            more = self.transmit(shared);
         }
         // And the completions held with them: nothing waits for an answer any more.
         shared.engine.lock().deliver(shared);
