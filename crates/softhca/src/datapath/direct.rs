@@ -19,7 +19,7 @@
 //! disarms it too.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use softhca_wire::Bth;
 
@@ -85,8 +85,8 @@ pub(crate) struct DirectRx {
     iov: Vec<libc::iovec>,
     segments: Vec<Segment>,
     /// The next datagram's expected metadata, its headers in `head` (see the module
-    /// comment).
-    guess: Option<RecvMeta>,
+    /// comment), and the local address of the socket it is expected on.
+    guess: Option<(RecvMeta, SocketAddr)>,
     armed: bool,
     misses: u8,
     shorts: u8,
@@ -148,7 +148,9 @@ impl DirectRx {
     ) -> (usize, Then) {
         let mut done = 0;
         while done < RECV_BATCH {
-            let guessed = self.guess.take();
+            let on = socket.local_addr();
+            // A guess holds for the socket whose stream it continues only.
+            let guessed = self.guess.take().filter(|g| g.1 == on).map(|g| g.0);
             let meta = match guessed {
                 Some(g) => g,
                 None => match self.rx.peek(socket, &mut self.head) {
@@ -200,7 +202,7 @@ impl DirectRx {
             let got = match got {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.guess = guessed;
+                    self.guess = guessed.map(|g| (g, on));
                     return (done, Then::Empty);
                 }
                 Err(_) => return (done, Then::Batch),
@@ -221,7 +223,7 @@ impl DirectRx {
             }
             self.feed_segments(&mut core.engine, now, &info, header_len, st);
             if fits && plan.is_some() {
-                self.guess = self.next_guess(&got, header_len);
+                self.guess = self.next_guess(&got, header_len).map(|g| (g, on));
             }
             if !self.armed {
                 return (done, Then::Batch);
