@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -84,9 +85,36 @@ fn ping_pong(me: &Side, peer_addr: u64, peer_rkey: u32, first: bool) {
 fn served_ping_pong(a: &Side, b: &Side, held: &str) {
     let (a_addr, a_rkey) = (a.mr.addr(), a.mr.rkey());
     let (b_addr, b_rkey) = (b.mr.addr(), b.mr.rkey());
+    // A side done with its rounds polls on until the other is done too and the peer's
+    // last WRITE has landed, as an application does while it waits for its peer: that
+    // WRITE then does not strand it (a period started by that stranding has nothing to
+    // serve), and a UC one is in place before the check below.
+    let done = AtomicUsize::new(0);
+    let run = |me: &Side, peer: (u64, u32), first: bool| {
+        ping_pong(me, peer.0, peer.1, first);
+        done.fetch_add(1, Ordering::SeqCst);
+        let mut wc = [Completion::default(); 1];
+        let t = Instant::now();
+        let last = || {
+            let mut b = [0u8; 1];
+            me.mr.read(LEN - 1, &mut b).unwrap();
+            b[0]
+        };
+        while done.load(Ordering::SeqCst) < 2 || last() != ROUNDS {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the peer's last WRITE never landed"
+            );
+            assert_eq!(
+                me.cq.poll(&mut wc),
+                0,
+                "a completion nothing was posted for"
+            );
+        }
+    };
     std::thread::scope(|s| {
-        s.spawn(|| ping_pong(a, b_addr, b_rkey, true));
-        s.spawn(|| ping_pong(b, a_addr, a_rkey, false));
+        s.spawn(|| run(a, (b_addr, b_rkey), true));
+        s.spawn(|| run(b, (a_addr, a_rkey), false));
     });
     let mut got = [0u8; 1];
     b.mr.read(LEN - 1, &mut got).unwrap();
