@@ -36,6 +36,27 @@ fn run(harness: &Path, guest: &str, host: &str) -> (bool, String) {
     )
 }
 
+/// Whether both programs finished (see [`assert_both_finished`]).
+fn both_finished(ok: bool, text: &str, iters: u32) -> bool {
+    ok && text.matches(&format!("{iters} iters in")).count() == 2 && text.contains("guest-rc=0")
+}
+
+/// [`run`], and once more in a fresh VM if the exchange did not finish on both sides: the
+/// guest runs under software emulation on a shared host, and CI has seen the kernel's
+/// server hang after softhca's client finished every iteration (rxe retransmitting into
+/// the void), which no retry inside one VM run can pair again. The failed run's output
+/// is printed; the second run must finish whole.
+fn run_to_the_end(h: &Path, guest: &str, host: &str, iters: u32) {
+    let (ok, text) = run(h, guest, host);
+    if both_finished(ok, &text, iters) {
+        println!("{text}");
+        return;
+    }
+    println!("---- first VM run did not finish on both sides ----\n{text}");
+    let (ok, text) = run(h, guest, host);
+    assert_both_finished(ok, &text, iters);
+}
+
 /// Both programs print "N iters in S seconds"; the guest's rc line must say 0.
 fn assert_both_finished(ok: bool, text: &str, iters: u32) {
     println!("{text}");
@@ -74,17 +95,15 @@ fn softhca_client_kernel_rxe_server(h: &Path, ex: &Path) {
         "sleep 3; for i in $(seq 30); do {} 10.99.0.2 -n 200 -s 8192 && exit 0; sleep 3; done; exit 1",
         ex.display()
     );
-    let guest = "ok=1; for i in 1 2; do timeout 45 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192 && { ok=0; break; }; echo kernel server attempt $i failed; done; [ $ok = 0 ]";
-    let (ok, text) = run(h, guest, &host);
-    assert_both_finished(ok, &text, 200);
+    let guest = "ok=1; for i in 1 2; do timeout 45 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192 2>&1 && { ok=0; break; }; echo kernel server attempt $i failed; done; [ $ok = 0 ]";
+    run_to_the_end(h, guest, &host, 200);
 }
 
 fn kernel_rxe_client_softhca_server(h: &Path, ex: &Path) {
-    let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 60 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 && break; done";
+    let guest = "for i in 1 2 3 4 5 6 7 8; do sleep 3; timeout 60 stdbuf -oL ibv_rc_pingpong -g 1 -n 200 -s 8192 10.99.0.1 2>&1 && break; done";
     let host = format!(
         "for i in 1 2; do timeout 100 {} -n 200 -s 8192 && exit 0; echo softhca server attempt $i failed; done; exit 1",
         ex.display()
     );
-    let (ok, text) = run(h, guest, &host);
-    assert_both_finished(ok, &text, 200);
+    run_to_the_end(h, guest, &host, 200);
 }
