@@ -112,25 +112,12 @@ fn ud_sends_posted_right_before_destroy_still_leave() {
         b.qp.post_recv(recv_wr(k as u64, sge)).unwrap();
         a.mr.write(k * LEN, &pattern(LEN, k as u8)).unwrap();
     }
-    let ah =
-        a.pd.create_ah(AddressVector {
-            dgid: b.ctx.gids()[0],
-            sgid_index: 0,
-            ..AddressVector::default()
-        })
-        .unwrap();
+    let ah = ah_to(&a.pd, &b.ctx);
     // Datagrams arriving meanwhile keep the sender's datapath thread in its steps, so
     // posts find it busy and leave their work to it.
     let noise = side(b.ctx.clone(), QpType::Ud, LEN);
     noise.qp.ready_ud(qkey, 0).unwrap();
-    let to_a = noise
-        .pd
-        .create_ah(AddressVector {
-            dgid: a.ctx.gids()[0],
-            sgid_index: 0,
-            ..AddressVector::default()
-        })
-        .unwrap();
+    let to_a = ah_to(&noise.pd, &a.ctx);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let Side { qp, mr, .. } = a;
     let a_qpn = qp.qpn();

@@ -958,13 +958,7 @@ fn gsi_qp_is_qp_1_and_carries_mads() {
     let mad = pattern(256, 3);
     a.mr.write(0, &mad).unwrap();
     b.qp.post_recv(recv_wr(1, b.mr.sge(0, 40 + 256))).unwrap();
-    let ah =
-        a.pd.create_ah(AddressVector {
-            dgid: b.ctx.gids()[0],
-            sgid_index: 0,
-            ..AddressVector::default()
-        })
-        .unwrap();
+    let ah = ah_to(&a.pd, &b.ctx);
     let mut wr = send_wr(2, WrOpcode::Send, a.mr.sge(0, 256));
     wr.ud = Some(ah.ud_dest(b.qp.qpn(), GSI_QKEY));
     a.qp.post_send(wr).unwrap();

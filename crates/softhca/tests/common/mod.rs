@@ -173,3 +173,13 @@ pub fn send_burst(a: &Side, b: &Side, lens: &[usize], slot: usize, seed: u64) {
         }
     }
 }
+
+/// An address handle on `pd` towards the first GID of the device `to` (source GID 0).
+pub fn ah_to(pd: &Pd, to: &Context) -> Ah {
+    pd.create_ah(AddressVector {
+        dgid: to.gids()[0],
+        sgid_index: 0,
+        ..AddressVector::default()
+    })
+    .unwrap()
+}
