@@ -224,7 +224,7 @@ pub struct PerfArgs {
     /// Message size: bytes, or with K, M, G (64K, 1M). Default 65536 (bw) / 2 (lat).
     #[arg(short = 's', long, value_parser = size_arg)]
     pub size: Option<u64>,
-    /// Messages per QP (default 5000 bw, 1000 lat).
+    /// Messages per QP (default 5000 bw, 1000 lat; `all` runs each test for a second).
     #[arg(short = 'n', long = "iters", conflicts_with = "duration")]
     pub iters: Option<u64>,
     /// Run for this many seconds instead of a fixed count.

@@ -127,7 +127,9 @@ fn options(a: &PerfArgs) -> TestOptions {
     TestOptions {
         size: a.size,
         iters: a.iters,
-        duration: a.duration,
+        duration: a
+            .duration
+            .or_else(|| (a.op == PerfOp::All && a.iters.is_none()).then_some(ALL_SECONDS_PER_TEST)),
         qps: a.qps,
         tx_depth: a.tx_depth,
         mtu: a.mtu,
@@ -359,6 +361,10 @@ fn start_server(a: &PerfArgs, ip: IpAddr, port: u16) -> Result<Proc, CliError> {
 
 /// Free addresses tried for the server before giving up.
 const SERVER_ATTEMPTS: usize = 8;
+/// Seconds each test of `perf all` runs without `-n` or `-D`. It is the demo a newcomer
+/// runs first, and perftest's counts (5000 messages of 64 KiB) last a tenth of a second on
+/// loopback: the start (connection, cold caches, the first window) set half the figure.
+const ALL_SECONDS_PER_TEST: f64 = 1.0;
 
 /// How long a `--loopback` server may take to start, and to exit after the last test.
 const SERVER_READY: Duration = Duration::from_secs(10);
@@ -413,5 +419,37 @@ fn print_counters(who: &str, ctx: &Context) {
     for (qpn, mp) in ctx.multipath() {
         let text = mp.to_string().replace('\n', &format!("\n{who}: "));
         eprintln!("{who}: qp {:#x} {text}", qpn.value());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn opts(args: &[&str]) -> TestOptions {
+        let cli = Cli::try_parse_from([&["softhca", "perf"], args].concat()).unwrap();
+        let Command::Perf(a) = cli.command else {
+            panic!("not a perf command");
+        };
+        options(&a)
+    }
+
+    #[test]
+    fn perf_all_runs_each_test_a_second_unless_told_otherwise() {
+        let all = opts(&["all", "--loopback"]);
+        assert_eq!(
+            (all.iters, all.duration),
+            (None, Some(ALL_SECONDS_PER_TEST))
+        );
+        let counted = opts(&["all", "--loopback", "-n", "20"]);
+        assert_eq!((counted.iters, counted.duration), (Some(20), None));
+        let timed = opts(&["all", "--loopback", "-D", "3"]);
+        assert_eq!(timed.duration, Some(3.0));
+        // A single test keeps perftest's counts.
+        let one = opts(&["write", "--loopback"]);
+        assert_eq!((one.iters, one.duration), (None, None));
     }
 }
