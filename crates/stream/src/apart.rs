@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softhca::{Config, Context, Gid, Mtu, PollMode, RemoteQp};
+use softhca::{Config, Context, Gid, Mtu, RemoteQp};
 
 use crate::harness::{
     build_report, camera_loop, check_spec, injected_drops, rc_drop_ppm, receiver_loop, Cam, Rx,
@@ -148,13 +148,7 @@ fn recv_line<T: serde::de::DeserializeOwned>(
 /// Opens a softhca device on `ip`, named `name` (its datapath thread is
 /// `softhca-dp-<name>`).
 fn open_device(ip: IpAddr, name: &str, tx_drop_ppm: u32) -> Result<Arc<Context>, StreamError> {
-    // Blocking unless SOFTHCA_POLL says otherwise: the receiver's CPU numbers then show
-    // work, not spinning.
-    let base = Config::from_env_with(Config {
-        poll: PollMode::Blocking,
-        ..Config::default()
-    })
-    .map_err(StreamError::verbs("configuration"))?;
+    let base = crate::harness::device_config()?;
     let cfg = Config {
         addrs: vec![ip],
         name: name.into(),
